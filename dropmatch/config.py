@@ -1,0 +1,142 @@
+"""Frozen settings of a run. Every value is checked here, once, with a one-line message."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
+# Rules that read the K Monte-Carlo dropout paths of the target's LM head.
+MC_RULES = ("naive", "js", "majority", "dropmatch")
+
+EMBEDDED = "embedded"
+MAX_GAMMA = 16
+MAX_PATHS = 64
+
+
+class ConfigError(ValueError):
+    """A setting a user gave is out of range; the message is meant to be shown as is."""
+
+
+def _number(name: str, value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(number) or math.isinf(number):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def _integer(name: str, value, low: int, high: int) -> int:
+    number = _number(name, value)
+    if number != int(number):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if not low <= number <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}, got {int(number)}")
+    return int(number)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How tokens are drafted and sampled. temperature 0 means greedy."""
+
+    gamma: int = 4
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "gamma", _integer("gamma (draft length)", self.gamma, 1, MAX_GAMMA))
+        object.__setattr__(
+            self, "max_new_tokens", _integer("max new tokens", self.max_new_tokens, 1, 100_000)
+        )
+        temperature = _number("temperature", self.temperature)
+        if not 0.0 <= temperature <= 5.0:
+            raise ConfigError(f"temperature must be between 0 and 5, got {temperature:g}")
+        top_p = _number("top-p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"top-p must be in (0, 1], got {top_p:g}")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "seed", _integer("seed", self.seed, 0, 2**63 - 1))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    """Which acceptance rule runs and its parameters (DESIGN.md section 1).
+
+    p is the dropout rate on the LM-head input; None means "auto" (calibrated per prompt).
+    """
+
+    rule: str = "dropmatch"
+    num_paths: int = 5
+    p: float | None = 0.3
+    majority_fraction: float = 0.5
+    typical_eps: float = 0.3
+    typical_delta: float = 0.09
+    fixed_js_threshold: float = 0.1
+    auto_agreement: float = 0.9
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ConfigError(f"unknown rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        object.__setattr__(self, "num_paths", _integer("K (paths)", self.num_paths, 1, MAX_PATHS))
+        if self.p is not None:
+            p = _number("p (dropout rate)", self.p)
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"p (dropout rate) must be in [0, 1), got {p:g}")
+            object.__setattr__(self, "p", p)
+        fraction = _number("majority fraction", self.majority_fraction)
+        if not 0.0 <= fraction < 1.0:
+            raise ConfigError(f"majority fraction must be in [0, 1), got {fraction:g}")
+        object.__setattr__(self, "majority_fraction", fraction)
+        for name in ("typical_eps", "typical_delta", "fixed_js_threshold"):
+            value = _number(name.replace("_", " "), getattr(self, name))
+            if value < 0:
+                raise ConfigError(f"{name.replace('_', ' ')} must be >= 0, got {value:g}")
+            object.__setattr__(self, name, value)
+        agreement = _number("auto agreement", self.auto_agreement)
+        if not 0.0 < agreement <= 1.0:
+            raise ConfigError(f"auto agreement must be in (0, 1], got {agreement:g}")
+        object.__setattr__(self, "auto_agreement", agreement)
+
+    @property
+    def uses_paths(self) -> bool:
+        return self.rule in MC_RULES
+
+
+def parse_p(text) -> float | None:
+    """'auto' (or None/empty) -> None, else a float checked by RuleConfig."""
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "auto")):
+        return None
+    return _number("p (dropout rate)", text)
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which models to load. EMBEDDED means the shipped CPU pair."""
+
+    target: str = EMBEDDED
+    draft: str = EMBEDDED
+    trust_remote_code: bool = False
+
+    def __post_init__(self):
+        for role in ("target", "draft"):
+            name = str(getattr(self, role) or "").strip()
+            if not name:
+                raise ConfigError(f"the {role} model id is empty")
+            object.__setattr__(self, role, name)
+        if (self.target == EMBEDDED) != (self.draft == EMBEDDED):
+            raise ConfigError("the embedded target and draft only come as a pair")
+
+    @property
+    def label(self) -> str:
+        if self.target == EMBEDDED:
+            return "embedded: SmolLM2-135M-Instruct + shipped draft (CPU)"
+        return f"{self.target} + {self.draft}"

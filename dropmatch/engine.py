@@ -1,0 +1,309 @@
+"""The draft -> verify -> MC head -> accept -> crop loop, on token ids, yielding RoundTraces.
+
+    engine = Engine(pair)
+    ids = engine.encode("What is 2 + 3?")
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(), RuleConfig("dropmatch")))
+
+`speculative` and `autoregressive` are generators: they yield one RoundTrace per target call
+(so a UI can stream) and return the GenerationTrace. Nothing here knows about Gradio or plots.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Generator
+
+import torch
+
+from . import acceptance, mc_head
+from .acceptance import BONUS
+from .config import ConfigError, DecodeConfig, RuleConfig
+from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
+from .sampling import draw, sampling_probs, signal_probs
+from .trace import DraftedToken, GenerationTrace, RoundTrace
+
+TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
+CALIBRATION_POSITIONS = 64
+
+Run = Generator[RoundTrace, None, GenerationTrace]
+
+
+def run_to_end(run: Run) -> GenerationTrace:
+    """Drive a run generator to its end and return its GenerationTrace."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            return stop.value
+
+
+@dataclass
+class _Clock:
+    device: torch.device
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+
+@dataclass
+class _Sequence:
+    """Committed tokens (prompt + output) and, per model, the tokens its cache still lacks."""
+
+    prompt: list[int]
+    output: list[int]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def pending(self, cache_length: int) -> list[int]:
+        return self.tokens[cache_length:]
+
+
+class Engine:
+    """Speculative and autoregressive decoding over one loaded pair, batch size 1."""
+
+    def __init__(self, pair: LoadedPair):
+        self.pair = pair
+        self.target: CausalLM = pair.target
+        self.draft: CausalLM = pair.draft
+        self.tokenizer = pair.tokenizer
+        self.device = pair.target.device
+        self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model))
+
+    # ------------------------------------------------------------ prompts
+
+    def encode(self, prompt: str) -> list[int]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ConfigError("the prompt is empty; type a question or pick an example")
+        return encode_prompt(self.tokenizer, prompt)
+
+    def check_fits(self, prompt_ids: list[int], decode: DecodeConfig) -> None:
+        """Prompt + new tokens + one draft block must fit both models' context."""
+        limit = min(self.target.max_positions, self.draft.max_positions)
+        needed = len(prompt_ids) + decode.max_new_tokens + decode.gamma + 1
+        if len(prompt_ids) + decode.gamma + 2 > limit:
+            raise ConfigError(f"the prompt is {len(prompt_ids)} tokens; this pair reads at most {limit}")
+        if needed > limit:
+            most = limit - len(prompt_ids) - decode.gamma - 1
+            raise ConfigError(
+                f"prompt ({len(prompt_ids)} tokens) + max new tokens ({decode.max_new_tokens}) exceeds "
+                f"the context of {limit}; use at most {most} new tokens"
+            )
+
+    def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
+        return tuple(self.tokenizer.decode([i]) for i in ids)
+
+    # ------------------------------------------------------------ runs
+
+    def autoregressive(
+        self, prompt_ids: list[int], decode: DecodeConfig, stop_event: threading.Event | None = None
+    ) -> Run:
+        """The target alone, one token per call, with the same instrumentation (tau = 1)."""
+        self.check_fits(prompt_ids, decode)
+        clock = _Clock(self.device)
+        generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        start = clock.now()
+        cache = self.target.new_cache()
+        hidden = self.target.hidden(self._ids(prompt_ids), cache)
+        first = self._pick(self.target.logits(hidden[-1]), decode, generator)
+        t_prefill = clock.now() - start
+        seq = _Sequence(list(prompt_ids), [first])
+        rounds: list[RoundTrace] = []
+        stop_reason = self._stop_reason(seq, decode, stop_event)
+        while stop_reason is None:
+            t0 = clock.now()
+            hidden = self.target.hidden(self._ids(seq.pending(cache.get_seq_length())), cache)
+            t1 = clock.now()
+            logits = self.target.logits(hidden[-1])
+            t2 = clock.now()
+            token = self._pick(logits, decode, generator)
+            seq.output.append(token)
+            t3 = clock.now()
+            rounds.append(RoundTrace(len(rounds), (), (token,), "target", 0, 0.0, t1 - t0, t2 - t1, 0.0, t3 - t0, 1))
+            yield rounds[-1]
+            stop_reason = self._stop_reason(seq, decode, stop_event)
+        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, first, rounds, stop_reason,
+                            t_prefill, clock.now() - start)
+
+    def speculative(
+        self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
+        stop_event: threading.Event | None = None,
+    ) -> Run:
+        """Draft gamma tokens, verify gamma + 1 positions in one target call, accept, crop."""
+        self.check_fits(prompt_ids, decode)
+        clock = _Clock(self.device)
+        generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        start = clock.now()
+        target_cache, draft_cache = self.target.new_cache(), self.draft.new_cache()
+        prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
+        p = self._dropout_rate(rule, prompt_hidden, generator)
+        first = self._pick(self.target.logits(prompt_hidden[-1]), decode, generator)
+        self.draft.hidden(self._ids(prompt_ids), draft_cache)
+        t_prefill = clock.now() - start
+        seq = _Sequence(list(prompt_ids), [first])
+        rounds: list[RoundTrace] = []
+        stop_reason = self._stop_reason(seq, decode, stop_event)
+        while stop_reason is None:
+            remaining = decode.max_new_tokens - len(seq.output)
+            gamma = min(decode.gamma, remaining - 1)  # never draft past max_new_tokens
+            round_trace = self._round(len(rounds), seq, target_cache, draft_cache, gamma, decode, rule, p,
+                                      generator, clock)
+            rounds.append(round_trace)
+            yield round_trace
+            stop_reason = self._stop_reason(seq, decode, stop_event)
+        return self._finish("sd", rule, p, decode, seq, first, rounds, stop_reason, t_prefill, clock.now() - start)
+
+    # ------------------------------------------------------------ one round
+
+    def _round(self, index, seq, target_cache, draft_cache, gamma, decode, rule, p, generator, clock) -> RoundTrace:
+        t0 = clock.now()
+        drafted, q_sample, q_signal = self._draft(seq, draft_cache, gamma, decode, generator)
+        t1 = clock.now()
+        verify_ids = seq.pending(target_cache.get_seq_length()) + drafted  # [last emitted] + drafts
+        hidden = self.target.hidden(self._ids(verify_ids), target_cache)  # [gamma + 1, H]
+        t2 = clock.now()
+        use_paths = rule.uses_paths and gamma > 0
+        num_rows = hidden.shape[0]
+        rows = mc_head.stack_head_rows(hidden, rule.num_paths, p, generator) if use_paths else hidden
+        logits = self.target.logits(rows)  # one matmul for clean + K path rows
+        t3 = clock.now()
+        clean_logits, path_logits = mc_head.split_head_logits(logits, num_rows, rule.num_paths)
+        paths = path_tokens = None
+        if use_paths:
+            paths = mc_head.path_stats(path_logits[:, :gamma], decode.temperature)
+            path_tokens = self._path_tokens(path_logits[:, :gamma], paths, decode, generator)
+        t4 = clock.now()
+        p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
+        draft_tensor = torch.tensor(drafted, dtype=torch.long, device=self.device)
+        signals = acceptance.position_signals(
+            draft_tensor, q_signal, signal_probs(clean_logits[:gamma], decode.temperature), paths, path_tokens
+        )
+        verdict = acceptance.decide(rule, decode.greedy, signals, q_sample, p_sample, generator)
+        emitted = self._commit(seq, drafted[: verdict.num_accepted] + [verdict.next_token], decode)
+        committed = len(seq.tokens) - len(emitted)  # tokens the caches may keep = before this round
+        keep = committed + verdict.num_accepted
+        self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
+        self.draft.crop(draft_cache, min(keep, draft_cache.get_seq_length()))
+        records = self._records(signals, verdict.reasons, q_signal, clean_logits[:gamma], paths, decode)
+        t5 = clock.now()
+        return RoundTrace(
+            index=index, drafted=records, emitted=tuple(emitted),
+            extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
+            t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t3, t_round=t5 - t0,
+            head_rows=int(rows.shape[0]),
+        )
+
+    def _draft(self, seq, draft_cache, gamma, decode, generator):
+        """gamma draft tokens; q_sample / q_signal [gamma, V] (sampling / smooth distributions)."""
+        drafted, q_sample, q_signal = [], [], []
+        feed = seq.pending(draft_cache.get_seq_length())  # 1 token, or 2 after an all-accepted round
+        for _ in range(gamma):
+            logits = self.draft.logits(self.draft.hidden(self._ids(feed), draft_cache)[-1])
+            probs = sampling_probs(logits, decode.temperature, decode.top_p)
+            token = int(logits.argmax()) if decode.greedy else int(draw(probs, generator))
+            drafted.append(token)
+            q_sample.append(probs)
+            q_signal.append(signal_probs(logits, decode.temperature))
+            feed = [token]
+        vocab = self.target.vocab_size
+        empty = torch.empty(0, vocab, device=self.device)
+        return drafted, torch.stack(q_sample) if drafted else empty, torch.stack(q_signal) if drafted else empty
+
+    def _path_tokens(self, path_logits, paths, decode, generator) -> torch.Tensor:
+        """[K, g]: each path's token, its argmax when greedy, a draw from it when sampling."""
+        if decode.greedy:
+            return path_logits.argmax(-1)
+        return draw(sampling_probs(path_logits, decode.temperature, decode.top_p), generator)
+
+    def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
+        """Append tokens to the output, cut after a stop token and at max_new_tokens."""
+        kept = []
+        for token in tokens[: decode.max_new_tokens - len(seq.output)]:
+            kept.append(token)
+            if token in self.stop_ids:
+                break
+        seq.output.extend(kept)
+        return kept
+
+    def _records(self, signals, reasons, q_signal, target_logits, paths, decode) -> tuple[DraftedToken, ...]:
+        if not reasons:
+            return ()
+        as_list = {name: (value.tolist() if isinstance(value, torch.Tensor) else None)
+                   for name, value in vars(signals).items()}
+        draft_top = _top(q_signal)
+        target_top = _top(signal_probs(target_logits, decode.temperature))
+        path_top = _top(paths.probs) if paths is not None else None  # [K][g]
+        records = []
+        for i, reason in enumerate(reasons):
+            has_paths = paths is not None
+            records.append(DraftedToken(
+                token=as_list["draft_tokens"][i],
+                draft_prob=as_list["draft_prob"][i],
+                target_token=as_list["target_tokens"][i],
+                target_token_prob=as_list["target_token_prob"][i],
+                target_prob=as_list["target_prob"][i],
+                js_target=as_list["js_draft_target"][i],
+                reason=reason,
+                path_tokens=tuple(row[i] for row in as_list["path_tokens"]) if has_paths else (),
+                js=as_list["js_draft_centroid"][i] if has_paths else None,
+                threshold=as_list["js_threshold"][i] if has_paths else None,
+                majority_token=as_list["majority_tokens"][i] if has_paths else None,
+                majority_votes=as_list["majority_votes"][i] if has_paths else None,
+                draft_votes=as_list["draft_votes"][i] if has_paths else None,
+                draft_top=draft_top[i],
+                target_top=target_top[i],
+                path_top=tuple(path[i] for path in path_top) if has_paths else (),
+            ))
+        return tuple(records)
+
+    # ------------------------------------------------------------ helpers
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def _pick(self, logits: torch.Tensor, decode: DecodeConfig, generator: torch.Generator) -> int:
+        if decode.greedy:
+            return int(logits.argmax())
+        return int(draw(sampling_probs(logits, decode.temperature, decode.top_p), generator))
+
+    def _dropout_rate(self, rule: RuleConfig, prompt_hidden: torch.Tensor, generator) -> float | None:
+        if not rule.uses_paths:
+            return None
+        if rule.p is not None:
+            return rule.p
+        positions = prompt_hidden[-CALIBRATION_POSITIONS:]
+        p, _ = mc_head.calibrate_p(positions, self.target.head_weight, rule.num_paths, rule.auto_agreement, generator)
+        return p
+
+    def _stop_reason(self, seq: _Sequence, decode: DecodeConfig, stop_event) -> str | None:
+        if seq.output and seq.output[-1] in self.stop_ids:
+            return "eos"
+        if len(seq.output) >= decode.max_new_tokens:
+            return "max_new_tokens"
+        if stop_event is not None and stop_event.is_set():
+            return "stopped"
+        return None
+
+    def _finish(self, mode, rule, p, decode, seq, first, rounds, stop_reason, t_prefill, t_total) -> GenerationTrace:
+        output = seq.output
+        shown = output[:-1] if output and output[-1] in self.stop_ids else output
+        return GenerationTrace(
+            mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, num_paths=rule.num_paths,
+            gamma=decode.gamma, temperature=decode.temperature, top_p=decode.top_p, seed=decode.seed,
+            prompt_ids=tuple(seq.prompt), first_token=first, rounds=tuple(rounds), output_ids=tuple(output),
+            token_texts=self.decode_tokens(output), text=self.tokenizer.decode(shown, skip_special_tokens=True),
+            stop_reason=stop_reason, t_prefill=t_prefill, t_total=t_total,
+            target_name=self.target.name, draft_name=self.draft.name if mode == "sd" else "",
+        )
+
+
+def _top(probs: torch.Tensor) -> list:
+    """probs [g, V] -> g tuples of (token, prob); [K, g, V] -> K such lists. TOP_SHOWN each."""
+    values, indices = probs.topk(TOP_SHOWN, dim=-1)
+    if probs.dim() == 2:
+        return [tuple(zip(ids, ps)) for ids, ps in zip(indices.tolist(), values.tolist())]
+    return [_top(path) for path in probs]

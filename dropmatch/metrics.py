@@ -1,0 +1,175 @@
+"""Metrics as pure functions of traces (DESIGN.md section 2).
+
+- rounds: target verification calls (the prefill call is counted apart).
+- tau: tokens emitted by the rounds / rounds, correction or bonus token included (vLLM, SGLang);
+  autoregressive decoding has tau = 1.
+- acceptance rate: accepted drafted tokens / drafted tokens.
+- per-position acceptance: at draft position j, accepted / reached (positions after a rejection
+  are never looked at, so they do not count against j).
+- tokens/s: new tokens / wall time of the whole generation, prefill included.
+- MC-head share: the Monte-Carlo work of the rounds / round time. That work is the dropout masks,
+  path softmaxes, JS and votes (timed as t_mc) plus what the K * (gamma + 1) extra rows add to
+  the fused head matmul, measured as this run's head time minus the lossless run's head time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .trace import GenerationTrace
+
+LOSSY_REASONS = ("js", "majority", "naive", "typical", "fixed_js")
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    label: str
+    p: float | None
+    new_tokens: int
+    rounds: int
+    target_calls: int
+    tau: float | None
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    per_position_acceptance: tuple[float | None, ...]
+    tokens_per_s: float
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    head_s: float
+    mc_s: float
+    other_s: float
+    mc_overhead: float | None
+    lossy_share: float
+    speedup_vs_ar: float | None = None
+    speedup_vs_lossless: float | None = None
+    first_divergence: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def tau(trace: GenerationTrace) -> float | None:
+    return _ratio(sum(len(r.emitted) for r in trace.rounds), len(trace.rounds))
+
+
+def acceptance_counts(trace: GenerationTrace) -> tuple[int, int]:
+    """(accepted, drafted) over all rounds."""
+    drafted = sum(r.num_drafted for r in trace.rounds)
+    accepted = sum(sum(d.accepted for d in r.drafted) for r in trace.rounds)
+    return accepted, drafted
+
+
+def per_position_acceptance(trace: GenerationTrace) -> tuple[float | None, ...]:
+    reached = [0] * trace.gamma
+    accepted = [0] * trace.gamma
+    for round_trace in trace.rounds:
+        for j, token in enumerate(round_trace.drafted):
+            if token.reason != "unchecked":
+                reached[j] += 1
+                accepted[j] += token.accepted
+    return tuple(_ratio(a, n) for a, n in zip(accepted, reached))
+
+
+def tokens_per_s(trace: GenerationTrace) -> float:
+    return len(trace.output_ids) / trace.t_total if trace.t_total > 0 else 0.0
+
+
+def mean_head_s(trace: GenerationTrace) -> float | None:
+    return _ratio(sum(r.t_head for r in trace.rounds), len(trace.rounds))
+
+
+def mc_overhead(trace: GenerationTrace, lossless: GenerationTrace | None = None) -> float | None:
+    """MC work / round time; None for rules without paths. See the module docstring."""
+    if trace.p is None or not trace.rounds:
+        return None
+    extra_head = 0.0
+    reference = mean_head_s(lossless) if lossless is not None else None
+    if reference is not None:
+        extra_head = sum(max(0.0, r.t_head - reference) for r in trace.rounds)
+    return _ratio(sum(r.t_mc for r in trace.rounds) + extra_head, sum(r.t_round for r in trace.rounds))
+
+
+def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int | None:
+    """Index of the first output token that differs from the reference; None if identical."""
+    for i, (a, b) in enumerate(zip(trace.output_ids, reference.output_ids)):
+        if a != b:
+            return i
+    if len(trace.output_ids) != len(reference.output_ids):
+        return min(len(trace.output_ids), len(reference.output_ids))
+    return None
+
+
+def lossy_share(trace: GenerationTrace) -> float:
+    """Share of the new tokens that only a lossy rule let through."""
+    lossy = sum(d.reason in LOSSY_REASONS for r in trace.rounds for d in r.drafted)
+    return lossy / len(trace.output_ids) if trace.output_ids else 0.0
+
+
+def summarize(
+    trace: GenerationTrace, ar: GenerationTrace | None = None, lossless: GenerationTrace | None = None
+) -> RunMetrics:
+    accepted, drafted = acceptance_counts(trace)
+    draft_s = sum(r.t_draft for r in trace.rounds)
+    verify_s = sum(r.t_forward for r in trace.rounds)
+    head_s = sum(r.t_head for r in trace.rounds)
+    mc_s = sum(r.t_mc for r in trace.rounds)
+    speed = tokens_per_s(trace)
+    return RunMetrics(
+        label=trace.label,
+        p=trace.p,
+        new_tokens=len(trace.output_ids),
+        rounds=len(trace.rounds),
+        target_calls=len(trace.rounds) + 1,
+        tau=tau(trace),
+        drafted=drafted,
+        accepted=accepted,
+        acceptance_rate=_ratio(accepted, drafted),
+        per_position_acceptance=per_position_acceptance(trace) if trace.mode == "sd" else (),
+        tokens_per_s=speed,
+        wall_s=trace.t_total,
+        prefill_s=trace.t_prefill,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        head_s=head_s,
+        mc_s=mc_s,
+        other_s=max(0.0, trace.t_total - trace.t_prefill - draft_s - verify_s - head_s - mc_s),
+        mc_overhead=mc_overhead(trace, lossless),
+        lossy_share=lossy_share(trace),
+        speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,
+        speedup_vs_lossless=_ratio(speed, tokens_per_s(lossless)) if lossless is not None else None,
+        first_divergence=first_divergence(trace, lossless) if lossless is not None else None,
+    )
+
+
+def pooled(traces: list[GenerationTrace]) -> dict:
+    """Totals over many generations (a benchmark): ratios of sums, not means of ratios."""
+    rounds = sum(len(t.rounds) for t in traces)
+    emitted = sum(len(r.emitted) for t in traces for r in t.rounds)
+    counts = [acceptance_counts(t) for t in traces]
+    accepted, drafted = sum(a for a, _ in counts), sum(d for _, d in counts)
+    tokens = sum(len(t.output_ids) for t in traces)
+    wall = sum(t.t_total for t in traces)
+    return {
+        "prompts": len(traces),
+        "new_tokens": tokens,
+        "rounds": rounds,
+        "tau": _ratio(emitted, rounds),
+        "acceptance_rate": _ratio(accepted, drafted),
+        "tokens_per_s": _ratio(tokens, wall),
+        "wall_s": wall,
+        "draft_step_ms": _ms(_ratio(sum(r.t_draft for t in traces for r in t.rounds),
+                                    sum(r.num_drafted for t in traces for r in t.rounds))),
+        "verify_round_ms": _ms(_ratio(sum(r.t_round for t in traces for r in t.rounds), rounds)),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None or math.isnan(seconds) else 1000.0 * seconds

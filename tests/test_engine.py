@@ -1,0 +1,184 @@
+"""The speculative decoding loop on tiny random pairs saved and loaded through the real code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
+from dropmatch.engine import Engine, run_to_end
+from dropmatch.metrics import first_divergence, summarize, tau
+from dropmatch.models import ModelLoadError, greedy_reference, load_hub_pair
+from dropmatch.trace import GenerationTrace
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_lossless_greedy_is_token_identical_to_target_generate(tiny_engine, prompt, gamma):
+    """Greedy lossless SD emits exactly the target's own greedy generate() tokens."""
+    ids = tiny_engine.encode(prompt)
+    decode = DecodeConfig(gamma=gamma, max_new_tokens=40)
+    trace = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("lossless")))
+    reference = greedy_reference(tiny_engine.target, ids, 40, tiny_engine.stop_ids)
+    assert list(trace.output_ids) == reference
+    assert any(r.num_accepted > 0 for r in trace.rounds), "the test pair should accept some drafts"
+
+
+def test_lossless_greedy_identity_holds_with_a_poor_draft(far_engine):
+    """Many rejections and corrections still give the target's greedy text."""
+    ids = far_engine.encode(PROMPTS[0])
+    decode = DecodeConfig(gamma=4, max_new_tokens=40)
+    trace = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
+    assert list(trace.output_ids) == greedy_reference(far_engine.target, ids, 40, far_engine.stop_ids)
+    assert sum(r.extra_kind == "correction" for r in trace.rounds) > 3
+
+
+def test_autoregressive_is_token_identical_to_target_generate(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[1])
+    trace = run_to_end(tiny_engine.autoregressive(ids, DecodeConfig(max_new_tokens=30)))
+    assert list(trace.output_ids) == greedy_reference(tiny_engine.target, ids, 30, tiny_engine.stop_ids)
+    assert tau(trace) == 1.0
+
+
+@pytest.mark.parametrize("rule", ["naive", "js", "majority", "dropmatch"])
+def test_every_dropmatch_rule_with_p_zero_is_lossless_greedy(far_engine, rule):
+    """p = 0: every path is the clean target, so only exact matches are accepted."""
+    ids = far_engine.encode(PROMPTS[0])
+    decode = DecodeConfig(gamma=4, max_new_tokens=40)
+    lossless = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
+    trace = run_to_end(far_engine.speculative(ids, decode, RuleConfig(rule, p=0.0)))
+    assert trace.output_ids == lossless.output_ids
+    assert [r.num_accepted for r in trace.rounds] == [r.num_accepted for r in lossless.rounds]
+
+
+def test_dropmatch_with_dropout_accepts_more_than_lossless(far_engine):
+    """With p > 0 the lossy rules add acceptances on top of the exact ones (and say why)."""
+    decode = DecodeConfig(gamma=4, max_new_tokens=40)
+    ids = far_engine.encode(PROMPTS[0])
+    lossless = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
+    lossy = run_to_end(far_engine.speculative(ids, decode, RuleConfig("naive", num_paths=8, p=0.5)))
+    reasons = {d.reason for r in lossy.rounds for d in r.drafted}
+    assert "naive" in reasons
+    assert tau(lossy) > tau(lossless)
+
+
+def test_same_seed_gives_same_sampled_text_and_other_seed_differs(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[2])
+    runs = [run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=30, temperature=1.0, seed=s),
+                                               RuleConfig("dropmatch", p=0.2))) for s in (7, 7, 8)]
+    assert runs[0].output_ids == runs[1].output_ids
+    assert runs[0].output_ids != runs[2].output_ids
+
+
+def test_identical_draft_accepts_every_token_and_takes_the_bonus(tiny_dirs):
+    """Draft == target: every round accepts gamma tokens and adds a bonus (tau = gamma + 1)."""
+    target, _ = tiny_dirs
+    engine = Engine(load_hub_pair(PairSpec(str(target), str(target)), torch.device("cpu")))
+    ids = engine.encode(PROMPTS[0])
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=3, max_new_tokens=41), RuleConfig("lossless")))
+    full_rounds = [r for r in trace.rounds if len(r.emitted) == 4]
+    assert len(full_rounds) >= len(trace.rounds) - 1
+    assert all(r.extra_kind == "bonus" for r in full_rounds)
+
+
+def test_max_new_tokens_is_respected_exactly(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[0])
+    for limit in (1, 2, 7):
+        trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=limit),
+                                                   RuleConfig("dropmatch", p=0.3)))
+        assert len(trace.output_ids) <= limit
+        assert trace.stop_reason in ("max_new_tokens", "eos")
+
+
+def test_generation_stops_at_the_end_of_turn_token(tiny_engine):
+    """A stop token in the emitted block ends the run and nothing after it is kept."""
+    stop = next(iter(tiny_engine.stop_ids))
+    engine = Engine(tiny_engine.pair)
+    engine.stop_ids = frozenset(engine.stop_ids)
+    ids = engine.encode(PROMPTS[0])
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(max_new_tokens=60), RuleConfig("lossless")))
+    tokens = list(trace.output_ids)
+    if stop in tokens:
+        assert tokens.index(stop) == len(tokens) - 1 and trace.stop_reason == "eos"
+    # Force a stop: treat the 5th greedy token as end of turn.
+    fifth = tokens[4]
+    engine.stop_ids = frozenset({fifth})
+    cut = run_to_end(engine.speculative(ids, DecodeConfig(max_new_tokens=60), RuleConfig("lossless")))
+    assert cut.output_ids[-1] == fifth and fifth not in cut.output_ids[:-1]
+    assert cut.stop_reason == "eos"
+
+
+def test_mc_rows_ride_in_the_same_head_call(tiny_engine):
+    """A DropMatch round sends (K + 1) * (gamma + 1) rows through the head once."""
+    ids = tiny_engine.encode(PROMPTS[0])
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=20),
+                                               RuleConfig("dropmatch", num_paths=5, p=0.3)))
+    first = trace.rounds[0]
+    assert first.head_rows == 6 * 6
+    assert all(len(d.path_tokens) == 5 and d.threshold is not None for d in first.drafted)
+
+
+def test_a_set_stop_event_ends_the_run_before_any_round(tiny_engine):
+    import threading
+
+    event = threading.Event()
+    event.set()
+    stopped = run_to_end(tiny_engine.speculative(tiny_engine.encode(PROMPTS[0]), DecodeConfig(max_new_tokens=200),
+                                                 RuleConfig("lossless"), stop_event=event))
+    assert stopped.stop_reason == "stopped" and len(stopped.rounds) == 0
+
+
+def test_auto_p_is_chosen_from_the_prompt_and_recorded(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[1])
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=10), RuleConfig("dropmatch", p=None)))
+    assert trace.p is not None and 0.0 < trace.p < 1.0
+
+
+def test_trace_survives_a_json_round_trip(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[0])
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=20), RuleConfig("dropmatch", p=0.3)))
+    again = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    assert again == trace
+
+
+def test_metrics_count_emitted_tokens_per_round(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[0])
+    decode = DecodeConfig(gamma=4, max_new_tokens=30)
+    ar = run_to_end(tiny_engine.autoregressive(ids, decode))
+    lossless = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("lossless")))
+    lossy = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("dropmatch", p=0.3)))
+    m = summarize(lossy, ar=ar, lossless=lossless)
+    assert m.tau == pytest.approx((len(lossy.output_ids) - 1) / len(lossy.rounds))
+    assert m.target_calls == len(lossy.rounds) + 1
+    assert 0.0 <= m.acceptance_rate <= 1.0
+    assert m.mc_overhead is not None and 0.0 <= m.mc_overhead < 1.0
+    assert m.speedup_vs_ar is not None
+    assert first_divergence(lossless, lossless) is None
+    assert summarize(lossless).mc_overhead is None
+
+
+def test_empty_prompt_and_overlong_request_get_clear_errors(tiny_engine):
+    with pytest.raises(ConfigError, match="empty"):
+        tiny_engine.encode("   ")
+    ids = tiny_engine.encode(PROMPTS[0])
+    with pytest.raises(ConfigError, match="context"):
+        tiny_engine.check_fits(ids, DecodeConfig(max_new_tokens=10_000))
+
+
+def test_pair_with_different_tokenizers_is_refused(tmp_path, tiny_dirs):
+    from tiny_models import make_llama, save_tokenizer
+
+    other_tokenizer = save_tokenizer(tmp_path / "tok", vocab_size=300)
+    other = make_llama(len(other_tokenizer), seed=3)
+    other.save_pretrained(tmp_path / "other")
+    other_tokenizer.save_pretrained(tmp_path / "other")
+    with pytest.raises(ModelLoadError, match="do not share a tokenizer"):
+        load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tmp_path / "other")), torch.device("cpu"))
+
+
+def test_missing_model_is_a_load_error_not_a_traceback(tmp_path):
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_hub_pair(PairSpec(str(tmp_path / "nowhere"), str(tmp_path / "nowhere")), torch.device("cpu"))

@@ -1,0 +1,82 @@
+"""Tiny causal LMs and a tiny tokenizer, built and saved locally by the tests (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "speculative decoding drafts tokens and verifies them in one pass",
+    "what is two plus three? two plus three is five.",
+    "write a poem about the sea and the moon",
+] * 20
+
+
+def save_tokenizer(path: Path, vocab_size: int = 200):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="<|im_end|>", bos_token="<|im_start|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+def make_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32, scale: float = 0.4):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=scale, tie_word_embeddings=False, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config)
+    # Sharp, well-separated logits: random near-ties would make greedy choices depend on
+    # summation order, which is not what the tests are about.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def perturbed_copy(model, noise: float, seed: int):
+    """A draft that mostly agrees with the target: the same weights plus Gaussian noise."""
+    import copy
+
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(noise * parameter.std() * torch.randn_like(parameter))
+    return draft
+
+
+def save_pair(root: Path, noise: float = 0.3, seed: int = 0) -> tuple[Path, Path]:
+    """Target and draft folders sharing one tokenizer; the draft is a noisy copy of the target."""
+    tokenizer_dir = root / "tokenizer"
+    tokenizer = save_tokenizer(tokenizer_dir)
+    target = make_llama(len(tokenizer), seed)
+    draft = perturbed_copy(target, noise, seed + 1)
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        path = root / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(path)
+    return paths[0], paths[1]
