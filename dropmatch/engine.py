@@ -73,6 +73,7 @@ class Engine:
         self.tokenizer = pair.tokenizer
         self.device = pair.target.device
         self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model))
+        self._token_texts: dict[int, str] = {}
 
     # ------------------------------------------------------------ prompts
 
@@ -94,8 +95,15 @@ class Engine:
                 f"the context of {limit}; use at most {most} new tokens"
             )
 
+    def token_text(self, token: int) -> str:
+        """The text of one token id, as the UI shows it."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
+
     def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
-        return tuple(self.tokenizer.decode([i]) for i in ids)
+        return tuple(self.token_text(i) for i in ids)
 
     # ------------------------------------------------------------ runs
 
@@ -116,6 +124,7 @@ class Engine:
         stop_reason = self._stop_reason(seq, decode, stop_event)
         while stop_reason is None:
             t0 = clock.now()
+            context = seq.output[-1]
             hidden = self.target.hidden(self._ids(seq.pending(cache.get_seq_length())), cache)
             t1 = clock.now()
             logits = self.target.logits(hidden[-1])
@@ -123,11 +132,10 @@ class Engine:
             token = self._pick(logits, decode, generator)
             seq.output.append(token)
             t3 = clock.now()
-            rounds.append(RoundTrace(len(rounds), (), (token,), "target", 0, 0.0, t1 - t0, t2 - t1, 0.0, t3 - t0, 1))
+            rounds.append(RoundTrace(len(rounds), context, (), (token,), "target", 0, 0.0, t1 - t0, t2 - t1, 0.0, t3 - t0, 1))
             yield rounds[-1]
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, first, rounds, stop_reason,
-                            t_prefill, clock.now() - start)
+        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, first, rounds, stop_reason, t_prefill)
 
     def speculative(
         self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
@@ -155,7 +163,7 @@ class Engine:
             rounds.append(round_trace)
             yield round_trace
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("sd", rule, p, decode, seq, first, rounds, stop_reason, t_prefill, clock.now() - start)
+        return self._finish("sd", rule, p, decode, seq, first, rounds, stop_reason, t_prefill)
 
     # ------------------------------------------------------------ one round
 
@@ -191,7 +199,7 @@ class Engine:
         records = self._records(signals, verdict.reasons, q_signal, clean_logits[:gamma], paths, decode)
         t5 = clock.now()
         return RoundTrace(
-            index=index, drafted=records, emitted=tuple(emitted),
+            index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
             extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
             t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t3, t_round=t5 - t0,
             head_rows=int(rows.shape[0]),
@@ -288,7 +296,10 @@ class Engine:
             return "stopped"
         return None
 
-    def _finish(self, mode, rule, p, decode, seq, first, rounds, stop_reason, t_prefill, t_total) -> GenerationTrace:
+    def _finish(self, mode, rule, p, decode, seq, first, rounds, stop_reason, t_prefill) -> GenerationTrace:
+        # The run's own time: prefill + rounds. Time spent by the caller between rounds (another
+        # run interleaved with this one, a UI update) is not this run's.
+        t_total = t_prefill + sum(r.t_round for r in rounds)
         output = seq.output
         shown = output[:-1] if output and output[-1] in self.stop_ids else output
         return GenerationTrace(

@@ -54,6 +54,7 @@ class RoundTrace:
     """
 
     index: int
+    context_token: int  # the last emitted token, fed first: verified positions = [context] + drafted
     drafted: tuple[DraftedToken, ...]
     emitted: tuple[int, ...]
     extra_kind: str

@@ -1,0 +1,170 @@
+"""Plotly figures built from traces only (no model, no UI). Sized for a projector.
+
+token_text: a function from token id to its text, so that hover labels read as words.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .trace import DraftedToken, GenerationTrace, RoundTrace
+
+TokenText = Callable[[int], str]
+
+COLORS = {
+    "exact": "#2e7d32",
+    "js": "#1565c0",
+    "majority": "#6a1b9a",
+    "naive": "#ef6c00",
+    "typical": "#ef6c00",
+    "fixed_js": "#ef6c00",
+    "correction": "#c62828",
+    "bonus": "#f9a825",
+    "target": "#546e7a",
+    "first": "#757575",
+    "rejected": "#c62828",
+    "unchecked": "#bdbdbd",
+}
+RUN_COLORS = {"lossless": "#455a64", "lossy": "#1565c0", "autoregressive": "#9e9e9e"}
+FONT = dict(size=16)
+MAX_HEATMAP_COLUMNS = 60
+
+
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=20)), font=FONT, template="plotly_white", height=height,
+        margin=dict(l=70, r=30, t=70, b=60), legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+
+
+def _empty(title: str, message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=18), x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height=300)
+
+
+def drafted_positions(rounds: tuple[RoundTrace, ...] | list[RoundTrace]) -> list[tuple[int, int, DraftedToken]]:
+    """(round, position in round, record) of every drafted token, in order."""
+    return [(r.index, j, d) for r in rounds for j, d in enumerate(r.drafted)]
+
+
+def show(text: str) -> str:
+    """Token text made visible in a label: spaces and newlines shown."""
+    return text.replace(" ", "␣").replace("\n", "⏎") or "∅"
+
+
+def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
+    """Rows: K paths, the clean target, the draft; columns: drafted positions;
+    cell: does this row's token equal the drafted token."""
+    title = "MC-path agreement with the draft token"
+    cells = [(r, j, d) for r, j, d in drafted_positions(trace.rounds) if d.path_tokens][:MAX_HEATMAP_COLUMNS]
+    if not cells:
+        return _empty(title, f"the {trace.label} rule reads no Monte-Carlo paths")
+    num_paths = len(cells[0][2].path_tokens)
+    rows = [f"path {k + 1}" for k in range(num_paths)] + ["clean target", "draft"]
+    z, hover = [], []
+    for k in range(num_paths):
+        z.append([int(d.path_tokens[k] == d.token) for _, _, d in cells])
+        hover.append([_path_hover(d, k, token_text) for _, _, d in cells])
+    z.append([int(d.target_token == d.token) for _, _, d in cells])
+    hover.append([f"clean target: {show(token_text(d.target_token))} (p={d.target_token_prob:.3f})" for _, _, d in cells])
+    z.append([1 for _ in cells])
+    hover.append([f"draft: {show(token_text(d.token))} (q={d.draft_prob:.3f})<br>decision: {d.reason}" for _, _, d in cells])
+    labels = [f"r{r}·{j + 1}" for r, j, _ in cells]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=labels, y=rows, text=hover, hoverinfo="text", zmin=0, zmax=1, xgap=2, ygap=2, showscale=False,
+        colorscale=[[0, "#eceff1"], [0.5, "#eceff1"], [0.5, "#43a047"], [1, "#43a047"]],
+    ))
+    for i, (_, _, d) in enumerate(cells):
+        fig.add_annotation(x=labels[i], y="draft", text=show(token_text(d.token))[:6], showarrow=False,
+                           font=dict(size=11, color="white"), textangle=-90)
+    fig.update_xaxes(title="drafted position (round · slot)", tickangle=-60, tickfont=dict(size=11))
+    return _layout(fig, title + "  (green = same token)", height=260 + 28 * len(rows))
+
+
+def _path_hover(d: DraftedToken, k: int, token_text: TokenText) -> str:
+    top = d.path_top[k] if d.path_top else ()
+    listing = ", ".join(f"{show(token_text(t))} {p:.2f}" for t, p in top)
+    return (f"path {k + 1}: {show(token_text(d.path_tokens[k]))}<br>top: {listing}"
+            f"<br>draft: {show(token_text(d.token))}")
+
+
+def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
+    """JS(draft || centroid) of each checked drafted token against its threshold (max path JS)."""
+    title = "JS divergence vs threshold"
+    cells = [(i, r, j, d) for i, (r, j, d) in enumerate(drafted_positions(trace.rounds))
+             if d.js is not None and d.reason != "unchecked"]
+    if not cells:
+        return _empty(title, f"the {trace.label} rule computes no JS against MC paths")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=[i for i, *_ in cells], y=[d.threshold for *_, d in cells], mode="markers", name="threshold (max path JS)",
+        marker=dict(symbol="line-ew-open", size=18, line=dict(width=3, color="#37474f")), hoverinfo="skip",
+    ))
+    for reason in ("exact", "js", "majority", "naive", "rejected"):
+        group = [(i, r, j, d) for i, r, j, d in cells if d.reason == reason]
+        if not group:
+            continue
+        rejected = reason == "rejected"
+        fig.add_trace(go.Scatter(
+            x=[i for i, *_ in group], y=[d.js for *_, d in group], mode="markers", name=reason,
+            marker=dict(color=COLORS[reason], size=14 if rejected else 10,
+                        symbol="x" if rejected else "circle", line=dict(width=1, color="white")),
+            text=[f"r{r}·{j + 1} {show(token_text(d.token))}<br>JS={d.js:.4f} threshold={d.threshold:.4f}"
+                  f"<br>votes {d.draft_votes}/{len(d.path_tokens)} → {d.reason}" for _, r, j, d in group],
+            hoverinfo="text",
+        ))
+    fig.update_yaxes(title="JS (nats)", type="log")
+    fig.update_xaxes(title="drafted token (in order)")
+    return _layout(fig, title)
+
+
+def acceptance_lengths(lossless: GenerationTrace, lossy: GenerationTrace) -> go.Figure:
+    """Accepted draft tokens per round for both runs, and their histograms."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
+                        subplot_titles=("accepted per round", "how often each length"))
+    for trace, key in ((lossless, "lossless"), (lossy, "lossy")):
+        accepted = [r.num_accepted for r in trace.rounds]
+        fig.add_trace(go.Scatter(x=list(range(1, len(accepted) + 1)), y=accepted, mode="lines+markers",
+                                 name=trace.label, line=dict(color=RUN_COLORS[key], width=3),
+                                 legendgroup=key), row=1, col=1)
+        fig.add_trace(go.Histogram(x=accepted, name=trace.label, marker_color=RUN_COLORS[key], opacity=0.7,
+                                   xbins=dict(start=-0.5, end=lossless.gamma + 0.5, size=1),
+                                   legendgroup=key, showlegend=False), row=1, col=2)
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="round", row=1, col=1)
+    fig.update_yaxes(title="accepted draft tokens", row=1, col=1)
+    fig.update_xaxes(title="accepted draft tokens", dtick=1, row=1, col=2)
+    return _layout(fig, "Acceptance length")
+
+
+def tokens_vs_calls(lossless: GenerationTrace, lossy: GenerationTrace, ar: GenerationTrace | None = None) -> go.Figure:
+    """Tokens emitted against target calls: the steeper, the fewer expensive target passes."""
+    fig = go.Figure()
+    traces = [(lossless, "lossless"), (lossy, "lossy")] + ([(ar, "autoregressive")] if ar is not None else [])
+    for trace, key in traces:
+        calls, tokens = [1], [1]  # the prefill call emits the first token
+        for r in trace.rounds:
+            calls.append(calls[-1] + 1)
+            tokens.append(tokens[-1] + len(r.emitted))
+        fig.add_trace(go.Scatter(x=calls, y=tokens, mode="lines+markers", name=trace.label,
+                                 line=dict(color=RUN_COLORS[key], width=3, dash="dot" if key == "autoregressive" else None)))
+    fig.update_xaxes(title="target calls (prefill + verification rounds)")
+    fig.update_yaxes(title="tokens emitted")
+    return _layout(fig, "Tokens emitted vs target calls")
+
+
+def all_figures(lossless: GenerationTrace, lossy: GenerationTrace, ar: GenerationTrace | None,
+                token_text: TokenText) -> dict[str, go.Figure]:
+    return {
+        "agreement": agreement_heatmap(lossy, token_text),
+        "js": js_scatter(lossy, token_text),
+        "acceptance": acceptance_lengths(lossless, lossy),
+        "tokens_vs_calls": tokens_vs_calls(lossless, lossy, ar),
+    }

@@ -1,0 +1,177 @@
+"""HTML and sentences for the app, built from traces only (pure string functions)."""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+from .metrics import RunMetrics
+from .trace import DraftedToken, RoundTrace
+
+TokenText = Callable[[int], str]
+
+KIND_LABELS = {
+    "exact": "accepted: target's own choice",
+    "js": "accepted by JS",
+    "majority": "accepted by majority",
+    "naive": "accepted by another lossy rule",
+    "typical": "accepted by another lossy rule",
+    "fixed_js": "accepted by another lossy rule",
+    "correction": "correction after a rejection",
+    "bonus": "bonus token",
+    "target": "target token",
+    "first": "first token (prefill)",
+}
+LEGEND = (("exact", "exact"), ("js", "JS"), ("majority", "majority"), ("naive", "other lossy rule"),
+          ("correction", "correction"), ("bonus", "bonus"), ("first", "prefill"))
+
+CSS = """
+.dm-text { font-size: 1.15rem; line-height: 2.0; white-space: pre-wrap; word-break: break-word; }
+.dm-tok { border-radius: 4px; padding: 1px 1px; margin: 0 0.5px; cursor: help; }
+.dm-exact { background: #c8e6c9; } .dm-js { background: #bbdefb; } .dm-majority { background: #e1bee7; }
+.dm-naive, .dm-typical, .dm-fixed_js { background: #ffe0b2; }
+.dm-correction { background: #ffcdd2; } .dm-bonus { background: #fff59d; }
+.dm-first, .dm-target { background: #eceff1; }
+.dm-legend span { margin-right: 10px; padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; }
+.dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
+.dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
+.dm-step .why { max-width: 460px; }
+"""
+
+
+def _q(text: str) -> str:
+    return "“" + text.replace("\n", "⏎") + "”"
+
+
+def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
+                stop_ids: frozenset[int] = frozenset()) -> list[tuple[str, str, str]]:
+    """(text, kind, tooltip) for every emitted token, in order."""
+    spans = []
+    if first_token is not None and first_token not in stop_ids:
+        spans.append((token_text(first_token), "first", "first token, from the prefill call"))
+    for r in rounds:
+        for j, token in enumerate(r.emitted):
+            if token in stop_ids:
+                continue
+            if j < r.num_accepted:
+                d = r.drafted[j]
+                spans.append((token_text(token), d.reason, tooltip(d, token_text, r.index)))
+            else:
+                spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
+    return spans
+
+
+def tooltip(d: DraftedToken, token_text: TokenText, round_index: int) -> str:
+    lines = [f"round {round_index}: {KIND_LABELS.get(d.reason, d.reason)}",
+             f"draft prob q = {d.draft_prob:.3f}",
+             f"clean target: {_q(token_text(d.target_token))} p = {d.target_token_prob:.3f}"
+             f" (this token: p = {d.target_prob:.3f})"]
+    if d.path_tokens:
+        lines.append("K paths: " + " | ".join(_q(token_text(t)) for t in d.path_tokens))
+        lines.append(f"JS = {d.js:.4f}, threshold = {d.threshold:.4f}, votes = {d.draft_votes}/{len(d.path_tokens)}")
+    return "\n".join(lines)
+
+
+def _extra_tooltip(r: RoundTrace, token_text: TokenText) -> str:
+    if r.extra_kind == "correction":
+        return f"round {r.index}: correction — the clean target's token after draft slot {r.num_accepted + 1} was rejected"
+    if r.extra_kind == "bonus":
+        return f"round {r.index}: bonus — every drafted token was accepted; the target adds one more"
+    return f"step {r.index}: the target's own token"
+
+
+def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
+    parts = [f'<span class="dm-tok dm-{kind}" title="{html.escape(tip)}">{html.escape(text)}</span>'
+             for text, kind, tip in spans]
+    return f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>'
+
+
+def legend_html() -> str:
+    items = "".join(f'<span class="dm-{kind}">{label}</span>' for kind, label in LEGEND)
+    return f'<div class="dm-legend">{items} &nbsp; (hover a token for its numbers)</div>'
+
+
+def stats_html(m: RunMetrics | None, live_rounds: int = 0) -> str:
+    if m is None:
+        return f'<table class="dm-stats"><tr><td>rounds so far</td><td>{live_rounds}</td></tr></table>'
+
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    def num(x, digits=2, suffix=""):
+        return "–" if x is None else f"{x:.{digits}f}{suffix}"
+
+    rows = [
+        ("tau (tokens / round)", num(m.tau)),
+        ("acceptance rate", pct(m.acceptance_rate)),
+        ("target calls", f"{m.target_calls}"),
+        ("new tokens", f"{m.new_tokens}"),
+        ("tokens/s", num(m.tokens_per_s, 1)),
+        ("wall time", num(m.wall_s, 2, " s")),
+        ("time: draft / verify / head / MC", f"{m.draft_s:.2f} / {m.verify_s:.2f} / {m.head_s:.2f} / {m.mc_s:.2f} s"),
+        ("MC-head share", pct(m.mc_overhead)),
+        ("speedup vs autoregressive", num(m.speedup_vs_ar, 2, "x")),
+    ]
+    if m.p is not None:
+        rows.append(("dropout rate p", f"{m.p:g}"))
+    if m.speedup_vs_lossless is not None:
+        rows.append(("speed vs lossless SD", num(m.speedup_vs_lossless, 2, "x")))
+        rows.append(("first departure from lossless",
+                     "identical text" if m.first_divergence is None else f"token {m.first_divergence + 1}"))
+        rows.append(("tokens accepted only by the lossy rule", pct(m.lossy_share)))
+    body = "".join(f"<tr><td>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
+    return f'<table class="dm-stats">{body}</table>'
+
+
+def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.5) -> str:
+    """One plain sentence: which rule accepted or rejected this drafted token, and why."""
+    tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
+    k = len(d.path_tokens)
+    if d.reason == "exact":
+        return f"{tok} is the clean target's own choice (p = {d.target_token_prob:.2f}), so lossless SD accepts it too."
+    if d.reason == "js":
+        return (f"{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
+                f"centroid as the paths themselves: JS {d.js:.4f} ≤ threshold {d.threshold:.4f}.")
+    if d.reason == "majority":
+        return (f"{tok} failed the JS test ({d.js:.4f} > {d.threshold:.4f}), but {d.draft_votes} of {k} dropout paths "
+                f"chose it: more than {majority_fraction:.0%} of them.")
+    if d.reason == "naive":
+        return f"{tok} is one of the K path tokens ({d.draft_votes} of {k} paths chose it)."
+    if d.reason == "typical":
+        return f"{tok} has target probability {d.target_prob:.3f}, above the typical-acceptance floor."
+    if d.reason == "fixed_js":
+        return f"JS(draft ‖ target) = {d.js_target:.4f} is under the fixed threshold, so {tok} is accepted."
+    if d.reason == "unchecked":
+        return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
+    why = [f"the target prefers {target} (p = {d.target_token_prob:.2f}; {tok} has p = {d.target_prob:.3f})"]
+    if d.path_tokens:
+        why.append(f"JS {d.js:.4f} > threshold {d.threshold:.4f}")
+        why.append(f"only {d.draft_votes} of {k} paths chose it")
+    return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
+
+
+def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.5) -> str:
+    """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
+    if not r.drafted:
+        return "<p>This round drafted nothing (the last token before max new tokens).</p>"
+
+    def top(pairs):
+        return "<br>".join(f"{html.escape(_q(token_text(t)))} {p:.2f}" for t, p in pairs)
+
+    num_paths = len(r.drafted[0].path_tokens)
+    head = ("<tr><th>slot</th><th>draft (top)</th><th>clean target (top)</th>"
+            + "".join(f"<th>path {k + 1}</th>" for k in range(num_paths))
+            + ("<th>JS / threshold</th><th>votes</th>" if num_paths else "") + "<th>decision</th></tr>")
+    rows = []
+    for j, d in enumerate(r.drafted):
+        cells = [f"{j + 1}", top(d.draft_top), top(d.target_top)]
+        cells += [top(path) for path in d.path_top]
+        if num_paths:
+            cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} (majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes})"]
+        cells.append(f'<b class="dm-tok dm-{d.reason if d.accepted else "correction"}">{d.reason}</b>'
+                     f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
+    summary = (f"<p>Round {r.index}: {r.num_accepted} of {len(r.drafted)} drafted tokens accepted, then a "
+               f"{r.extra_kind} token. Emitted: {emitted}</p>")
+    return f'<div class="dm-step">{summary}<table>{head}{"".join(rows)}</table></div>'
