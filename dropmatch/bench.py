@@ -1,19 +1,24 @@
-"""Command-line benchmark: autoregressive + each rule on every prompt, a table and a JSON file.
+"""Command-line benchmark: autoregressive + each rule on every prompt; a table, JSON, HTML report.
 
     python -m dropmatch.bench --prompts assets/prompts/mt_bench.jsonl --limit 10 \\
         --max-new-tokens 128 --gamma 4 --rules lossless,dropmatch --json out.json
 
-Prompts are read from the field `prompt`, `question` or the first of `turns`. Ctrl-C stops the
-run and keeps the results so far.
+Several prompt files may be given, comma-separated; each is a benchmark of its own kind, known
+from its fields: GSM8K (question + answer), HumanEval (entry_point), IFEval (instruction_id_list),
+MT-Bench (turns, first turn used) or plain (prompt). Every generation gets quality proxies (target
+NLL, distinct-2, overlap with the lossless answer) and, where the kind allows, an accuracy.
+--p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted generation;
+--report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .config import RULES, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p
@@ -23,11 +28,43 @@ class BenchError(Exception):
     """Bad benchmark input; printed as one line."""
 
 
-def read_prompts(path: str, limit: int | None) -> list[str]:
+# ---------------------------------------------------------------- prompts
+
+
+@dataclass(frozen=True)
+class Item:
+    """One benchmark prompt: the text sent to the model and the record it came from."""
+
+    prompt: str
+    record: dict
+
+
+def detect_kind(record: dict) -> str:
+    if "entry_point" in record:
+        return "humaneval"
+    if "instruction_id_list" in record:
+        return "ifeval"
+    if "question" in record and "answer" in record:
+        return "gsm8k"
+    if "turns" in record:
+        return "mt_bench"
+    return "plain"
+
+
+def prompt_of(record: dict, kind: str) -> str | None:
+    from .quality import HUMANEVAL_PROMPT
+
+    if kind == "humaneval":
+        return HUMANEVAL_PROMPT.format(prompt=record["prompt"])
+    return record.get("prompt") or record.get("question") or (record.get("turns") or [None])[0]
+
+
+def read_prompts(path: str, limit: int | None) -> tuple[str, list[Item]]:
+    """(kind, items) of a JSONL file; BenchError with one line if it cannot be used."""
     file = Path(path)
     if not file.is_file():
         raise BenchError(f"prompt file not found: {path}")
-    prompts = []
+    items, kind = [], None
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -35,15 +72,18 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise BenchError(f"{path}:{number} is not a JSON line") from None
-        prompt = record.get("prompt") or record.get("question") or (record.get("turns") or [None])[0]
+        if not isinstance(record, dict):
+            raise BenchError(f"{path}:{number} is not a JSON object")
+        kind = kind or detect_kind(record)
+        prompt = prompt_of(record, kind)
         if not isinstance(prompt, str) or not prompt.strip():
             raise BenchError(f"{path}:{number} has no 'prompt', 'question' or 'turns'")
-        prompts.append(prompt)
-        if limit is not None and len(prompts) >= limit:
+        items.append(Item(prompt, record))
+        if limit is not None and len(items) >= limit:
             break
-    if not prompts:
+    if not items:
         raise BenchError(f"{path} holds no prompts")
-    return prompts
+    return kind, items
 
 
 def parse_rules(text: str) -> list[str]:
@@ -56,72 +96,131 @@ def parse_rules(text: str) -> list[str]:
     return rules
 
 
-@dataclass
-class BenchResult:
-    """Traces per prompt for the autoregressive baseline and each rule."""
+def parse_sweep(text: str | None) -> list[float]:
+    if not text:
+        return []
+    values = []
+    for part in text.split(","):
+        value = parse_p(part.strip())
+        if value is None:
+            raise BenchError("--p-sweep takes numbers, e.g. 0,0.1,0.2")
+        RuleConfig(p=value)  # range check
+        values.append(value)
+    return values
 
-    prompts: list[str]
-    rules: list[str]
-    ar: list = field(default_factory=list)
-    runs: dict = field(default_factory=dict)  # rule -> [GenerationTrace]
-    identical: list = field(default_factory=list)  # lossless greedy == target generate(), per prompt
+
+def variants(rules: list[str], template: RuleConfig, sweep: list[float]) -> list[tuple[str, RuleConfig]]:
+    """(label, rule config) of every speculative run per prompt."""
+    runs = [(rule, replace(template, rule=rule)) for rule in rules]
+    runs += [(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p)) for p in sweep]
+    return runs
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Generation:
+    """One run's trace plus its quality numbers."""
+
+    trace: object
+    target_nll: float | None
+    distinct2: float
+    correct: float | None = None  # 1/0 (or a share for IFEval); None where the kind has no score
+    overlap_with_lossless: float | None = None
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    kind: str
+    items: list[Item] = field(default_factory=list)
+    ar: list[Generation] = field(default_factory=list)
+    runs: dict[str, list[Generation | None]] = field(default_factory=dict)
+    identical: list[bool] = field(default_factory=list)
+    peer: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # why prompts that do not fit were left out
     interrupted: bool = False
 
 
-def run_bench(engine, prompts, rules, decode: DecodeConfig, rule_template: RuleConfig, check_identity: bool,
-              progress=None) -> BenchResult:
-    """Runs AR then every rule on each prompt, in that order, so machine noise hits all alike."""
-    from .engine import run_to_end
-    from .models import greedy_reference
+def score(kind: str, item: Item, text: str) -> float | None:
+    from . import quality
 
-    result = BenchResult(prompts=[], rules=rules, runs={rule: [] for rule in rules})
+    if kind == "gsm8k":
+        return float(quality.gsm8k_correct(text, item.record["answer"]))
+    if kind == "humaneval":
+        return float(quality.humaneval_passes(item.record, text))
+    if kind == "ifeval":
+        followed, checked = quality.ifeval_followed(item.record, text)
+        return followed / checked if checked else None
+    return None
+
+
+def generation(engine, kind, item, trace, lossless=None) -> Generation:
+    from . import quality
+
+    return Generation(
+        trace=trace,
+        target_nll=engine.target_nll(list(trace.prompt_ids), trace.output_ids),
+        distinct2=quality.distinct2(trace.output_ids),
+        correct=score(kind, item, trace.text),
+        overlap_with_lossless=None if lossless is None else quality.token_overlap(trace.output_ids, lossless.output_ids),
+    )
+
+
+def run_benchmark(engine, name, kind, items, runs, decode, check_identity, peer, sweep_limit, progress) -> BenchmarkResult:
+    """AR, then every variant, then the peer, prompt by prompt, so machine noise hits all alike.
+    Ctrl-C ends it early; the prompts that finished are kept (result.interrupted is set)."""
+    result = BenchmarkResult(name, kind, runs={label: [] for label, _ in runs})
     try:
-        for prompt in prompts:
-            ids = engine.encode(prompt)
-            engine.check_fits(ids, decode)
-            ar = run_to_end(engine.autoregressive(ids, decode))
-            traces = {rule: run_to_end(engine.speculative(ids, decode, _with_rule(rule_template, rule)))
-                      for rule in rules}
-            if check_identity and "lossless" in rules:
-                reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
-                result.identical.append(list(traces["lossless"].output_ids) == reference)
-            result.prompts.append(prompt)
-            result.ar.append(ar)
-            for rule, trace in traces.items():
-                result.runs[rule].append(trace)
-            if progress is not None:
-                progress(result)
+        _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result)
     except KeyboardInterrupt:
         result.interrupted = True
     return result
 
 
-def _with_rule(template: RuleConfig, rule: str) -> RuleConfig:
-    from dataclasses import replace
+def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result) -> None:
+    from .engine import run_to_end
+    from .models import assisted_generate, greedy_reference
 
-    return replace(template, rule=rule)
+    for index, item in enumerate(items):
+        ids = engine.encode(item.prompt)
+        try:
+            engine.check_fits(ids, decode)
+        except ConfigError as error:
+            result.skipped.append(str(error))
+            progress()
+            continue
+        ar = run_to_end(engine.autoregressive(ids, decode))
+        traces = {}
+        for label, rule in runs:
+            if "@" in label and sweep_limit is not None and index >= sweep_limit:
+                continue
+            traces[label] = run_to_end(engine.speculative(ids, decode, rule))
+        peer_row = None
+        if peer:
+            tokens, seconds = assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                                                decode.gamma, engine.stop_ids)
+            peer_row = {"tokens": len(tokens), "seconds": seconds,
+                        "identical_to_lossless": "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
+        identical = None
+        if check_identity and "lossless" in traces:
+            reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
+            identical = list(traces["lossless"].output_ids) == reference
+        lossless = traces.get("lossless")
+        result.items.append(item)
+        result.ar.append(generation(engine, kind, item, ar))
+        for label in result.runs:
+            trace = traces.get(label)
+            result.runs[label].append(None if trace is None else generation(engine, kind, item, trace, lossless))
+        if identical is not None:
+            result.identical.append(identical)
+        if peer_row is not None:
+            result.peer.append(peer_row)
+        progress()
 
 
-def summary(result: BenchResult) -> dict:
-    """Pooled numbers per rule (ratios of sums over prompts) and per prompt."""
-    from .metrics import mc_overhead, pooled
-
-    ar = pooled(result.ar)
-    out = {"autoregressive": ar, "rules": {}}
-    lossless = result.runs.get("lossless")
-    for rule, traces in result.runs.items():
-        stats = pooled(traces)
-        stats["speedup_vs_ar"] = _div(stats["tokens_per_s"], ar["tokens_per_s"])
-        if lossless:
-            stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], pooled(lossless)["tokens_per_s"])
-        shares = [mc_overhead(t, lossless[i] if lossless else None) for i, t in enumerate(traces)]
-        shares = [s for s in shares if s is not None]
-        stats["mc_overhead"] = sum(shares) / len(shares) if shares else None
-        stats["p"] = _mean([t.p for t in traces if t.p is not None])
-        if rule == "lossless" and traces and traces[0].temperature == 0.0 and result.identical:
-            stats["identical_to_target_greedy"] = all(result.identical)
-        out["rules"][rule] = stats
-    return out
+# ---------------------------------------------------------------- summaries
 
 
 def _div(a, b):
@@ -129,47 +228,124 @@ def _div(a, b):
 
 
 def _mean(values):
+    values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
 
-def format_table(numbers: dict) -> str:
-    rows = [("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p")]
+def summarize_benchmark(result: BenchmarkResult) -> dict:
+    """Pooled numbers per run label (ratios of sums over prompts)."""
+    from .metrics import mc_overhead, per_position_acceptance, pooled
+
+    ar = pooled([g.trace for g in result.ar])
+    ar.update(target_nll=_mean([g.target_nll for g in result.ar]), distinct2=_mean([g.distinct2 for g in result.ar]),
+              accuracy=_mean([g.correct for g in result.ar]))
+    rules = {}
+    lossless_runs = result.runs.get("lossless")
+    for label, generations in result.runs.items():
+        pairs = [(i, g) for i, g in enumerate(generations) if g is not None]
+        if not pairs:
+            continue
+        traces = [g.trace for _, g in pairs]
+        stats = pooled(traces)
+        ar_subset = pooled([result.ar[i].trace for i, _ in pairs])
+        stats["speedup_vs_ar"] = _div(stats["tokens_per_s"], ar_subset["tokens_per_s"])
+        if lossless_runs:
+            lossless_subset = pooled([lossless_runs[i].trace for i, _ in pairs])
+            stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
+        shares = [mc_overhead(g.trace, lossless_runs[i].trace if lossless_runs else None) for i, g in pairs]
+        stats["mc_overhead"] = _mean(shares)
+        stats["p"] = _mean([t.p for t in traces])
+        stats["accuracy"] = _mean([g.correct for _, g in pairs])
+        stats["target_nll"] = _mean([g.target_nll for _, g in pairs])
+        stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
+        stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
+        stats["per_position_acceptance"] = _per_position(traces)
+        if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
+            stats["identical_to_target_greedy"] = all(result.identical)
+            stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
+        rules[label] = stats
+    out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
+           "autoregressive": ar, "rules": rules}
+    if result.peer:
+        ours = rules.get("lossless", {}).get("tokens_per_s")
+        theirs = _div(sum(r["tokens"] for r in result.peer), sum(r["seconds"] for r in result.peer))
+        out["peer"] = {"name": "transformers assisted generation", "tokens_per_s": theirs,
+                       "ours_over_peer": _div(ours, theirs),
+                       "identical_to_lossless": all(r["identical_to_lossless"] for r in result.peer)}
+    return out
+
+
+def _per_position(traces) -> list[float | None]:
+    reached, accepted = {}, {}
+    for trace in traces:
+        for r in trace.rounds:
+            for j, d in enumerate(r.drafted):
+                if d.reason != "unchecked":
+                    reached[j] = reached.get(j, 0) + 1
+                    accepted[j] = accepted.get(j, 0) + d.accepted
+    return [accepted[j] / reached[j] for j in sorted(reached)]
+
+
+def format_table(name: str, numbers: dict) -> str:
+    header = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "dist-2")
+    rows = [header]
     ar = numbers["autoregressive"]
-    rows.append(("autoregressive", "1.00", "-", _f(ar["tokens_per_s"], 1), "1.00x", "-", "-", "-"))
-    for rule, s in numbers["rules"].items():
-        rows.append((rule, _f(s["tau"]), _f(s["acceptance_rate"]), _f(s["tokens_per_s"], 1),
+    rows.append(("autoregressive", "1.00", "-", _f(ar["tokens_per_s"], 1), "1.00x", "-", "-", "-",
+                 _f(ar["accuracy"], 3), _f(ar["target_nll"], 3), _f(ar["distinct2"], 3)))
+    for label, s in numbers["rules"].items():
+        rows.append((label, _f(s["tau"]), _f(s["acceptance_rate"]), _f(s["tokens_per_s"], 1),
                      _f(s["speedup_vs_ar"]) + "x", _f(s.get("speedup_vs_lossless")) + "x",
-                     "-" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%", _f(s["p"], 3)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+                     "-" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%", _f(s["p"], 3),
+                     _f(s["accuracy"], 3), _f(s["target_nll"], 3), _f(s["distinct2"], 3)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
+    lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    if "peer" in numbers:
+        peer = numbers["peer"]
+        lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
+    return "\n".join(lines)
 
 
 def _f(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def to_json(result: BenchResult, numbers: dict, settings: dict) -> dict:
-    return {
-        "settings": settings,
-        "interrupted": result.interrupted,
-        "summary": numbers,
-        "prompts": [
-            {
-                "prompt": prompt,
-                "autoregressive": result.ar[i].text,
-                **{rule: result.runs[rule][i].text for rule in result.rules},
-                **({"lossless_identical_to_target_greedy": result.identical[i]} if result.identical else {}),
-            }
-            for i, prompt in enumerate(result.prompts)
-        ],
-    }
+def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
+    """Every prompt of every benchmark together: the engine issue's per-rule fields."""
+    merged = BenchmarkResult("all", "mixed", runs={label: [] for label in results[0].runs})
+    for result in results:
+        merged.items += result.items
+        merged.ar += result.ar
+        merged.identical += result.identical
+        for label in merged.runs:
+            merged.runs[label] += result.runs[label]
+    return summarize_benchmark(merged)
+
+
+def per_prompt(result: BenchmarkResult) -> list[dict]:
+    rows = []
+    for i, item in enumerate(result.items):
+        row = {"prompt": item.prompt, "autoregressive": result.ar[i].trace.text}
+        for label, generations in result.runs.items():
+            g = generations[i]
+            if g is not None:
+                row[label] = {"text": g.trace.text, "correct": g.correct, "target_nll": g.target_nll,
+                              "distinct2": g.distinct2, "p": g.trace.p}
+        if result.identical:
+            row["lossless_identical_to_target_greedy"] = result.identical[i]
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- command line
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m dropmatch.bench", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", required=True, help="JSONL file with prompt / question / turns")
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--prompts", required=True, help="JSONL file(s), comma-separated")
+    parser.add_argument("--limit", default=None, help="prompts per file")
     parser.add_argument("--max-new-tokens", default=128)
     parser.add_argument("--gamma", default=4)
     parser.add_argument("--rules", default="lossless,dropmatch")
@@ -177,10 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", default="embedded")
     parser.add_argument("--k", default=5, help="Monte-Carlo paths")
     parser.add_argument("--p", default="auto", help="dropout rate, or 'auto'")
+    parser.add_argument("--auto-agreement", default=0.9, help="path agreement that p=auto aims for")
+    parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
+    parser.add_argument("--sweep-limit", default=None, help="run the sweep on the first N prompts of each file")
     parser.add_argument("--temperature", default=0.0)
     parser.add_argument("--top-p", default=1.0)
     parser.add_argument("--seed", default=0)
+    parser.add_argument("--peer", action="store_true", help="also time transformers' assisted generation")
     parser.add_argument("--json", default=None, help="write every number and text here")
+    parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
     parser.add_argument("--no-identity-check", action="store_true",
                         help="skip comparing lossless greedy output with the target's generate()")
     return parser
@@ -191,24 +372,39 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _positive(name: str, value) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise BenchError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 1:
+        raise BenchError(f"{name} must be at least 1")
+    return number
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         decode = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-        rule_template = RuleConfig(num_paths=args.k, p=parse_p(args.p))
-        rules = parse_rules(args.rules)
-        if args.limit is not None and args.limit < 1:
-            raise BenchError("--limit must be at least 1")
-        prompts = read_prompts(args.prompts, args.limit)
+        template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement)
+        runs = variants(parse_rules(args.rules), template, parse_sweep(args.p_sweep))
+        limit = _positive("--limit", args.limit)
+        sweep_limit = _positive("--sweep-limit", args.sweep_limit)
+        files = [f.strip() for f in args.prompts.split(",") if f.strip()]
+        if not files:
+            raise BenchError("--prompts is empty")
+        benchmarks = [(Path(f).stem, *read_prompts(f, limit)) for f in files]
         spec = PairSpec(target=args.target, draft=args.draft)
-        return _run(args, decode, rule_template, rules, prompts, spec)
+        return _run(args, decode, runs, benchmarks, spec, sweep_limit)
     except (ConfigError, BenchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
 
-def _run(args, decode, rule_template, rules, prompts, spec) -> int:
+def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     from tqdm import tqdm
 
     from .engine import Engine
@@ -219,37 +415,66 @@ def _run(args, decode, rule_template, rules, prompts, spec) -> int:
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    warm_up(engine, decode, rule_template, rules)
-    bar = tqdm(total=len(prompts), desc="prompts", unit="prompt")
-    result = run_bench(engine, prompts, rules, decode, rule_template,
-                       check_identity=decode.greedy and not args.no_identity_check,
-                       progress=lambda r: bar.update(1))
+    started = time.time()
+    warm_up(engine, decode, runs)
+    total = sum(len(items) for _, _, items in benchmarks)
+    bar = tqdm(total=total, desc="prompts", unit="prompt")
+    results, interrupted = [], False
+    for name, kind, items in benchmarks:
+        result = run_benchmark(engine, name, kind, items, runs, decode,
+                               check_identity=decode.greedy and not args.no_identity_check,
+                               peer=args.peer and decode.greedy, sweep_limit=sweep_limit,
+                               progress=lambda: bar.update(1))
+        results.append(result)
+        if result.interrupted:
+            interrupted = True
+            print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
+            break
     bar.close()
-    if result.interrupted:
-        print(f"interrupted: keeping {len(result.prompts)} of {len(prompts)} prompts", file=sys.stderr)
-    if not result.prompts:
+    results = [r for r in results if r.items]
+    if not results:
         print("error: no prompt finished", file=sys.stderr)
         return 1
-    numbers = summary(result)
-    print(format_table(numbers))
+    summaries = {r.name: summarize_benchmark(r) for r in results}
+    for name, numbers in summaries.items():
+        print(format_table(name, numbers))
+    document = {
+        "settings": {**vars(args), "command": "python -m dropmatch.bench " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+                     "wall_s": time.time() - started},
+        "interrupted": interrupted,
+        "rules": pooled_over_benchmarks(results)["rules"],
+        "benchmarks": summaries,
+        "prompts": {r.name: per_prompt(r) for r in results},
+    }
     if args.json:
-        settings = {**{k: v for k, v in vars(args).items()}, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-        Path(args.json).write_text(json.dumps(to_json(result, numbers, settings), indent=2))
+        Path(args.json).write_text(json.dumps(document, indent=2))
         print(f"wrote {args.json}")
-    return 0
+    if args.report:
+        from .report import write_report
+
+        write_report(document, Path(args.report))
+        print(f"wrote {args.report}")
+    return 130 if interrupted else 0
 
 
-def warm_up(engine, decode: DecodeConfig, rule_template: RuleConfig, rules: list[str]) -> None:
+def machine() -> str:
+    import os
+
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def warm_up(engine, decode: DecodeConfig, runs) -> None:
     """One short run of each kind first, so that one-time allocations are not timed."""
-    from dataclasses import replace
-
     from .engine import run_to_end
 
     ids = engine.encode("Hello!")
     short = replace(decode, max_new_tokens=min(8, decode.max_new_tokens))
     run_to_end(engine.autoregressive(ids, short))
-    for rule in rules:
-        run_to_end(engine.speculative(ids, short, _with_rule(rule_template, rule)))
+    for _, rule in runs:
+        run_to_end(engine.speculative(ids, short, rule))
 
 
 if __name__ == "__main__":

@@ -268,6 +268,18 @@ class Engine:
             ))
         return tuple(records)
 
+    @torch.inference_mode()
+    def target_nll(self, prompt_ids: list[int], output_ids: list[int] | tuple[int, ...]) -> float | None:
+        """Mean negative log-likelihood (nats/token) of an answer under the clean target:
+        how much the target endorses text that a lossy rule let through."""
+        if not output_ids:
+            return None
+        ids = list(prompt_ids) + list(output_ids)
+        hidden = self.target.hidden(self._ids(ids[:-1]), self.target.new_cache())[len(prompt_ids) - 1:]
+        log_probs = self.target.logits(hidden).log_softmax(-1)
+        answer = self._ids(list(output_ids)).unsqueeze(-1)
+        return float(-log_probs.gather(-1, answer).mean())
+
     # ------------------------------------------------------------ helpers
 
     def _ids(self, ids: list[int]) -> torch.Tensor:

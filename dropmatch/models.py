@@ -43,41 +43,45 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class CausalLM:
-    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits.
+class RestrictedHead(torch.nn.Module):
+    """An LM head that scores only some token ids (a frequency-restricted draft head).
 
-    head_rows: when given, the head only scores these token ids (a frequency-restricted draft
-    head); every other token gets logit -inf, i.e. draft probability 0, which keeps rejection
-    sampling exact.
+    Every other token gets logit -inf, i.e. probability 0: the draft never proposes it, and
+    rejection sampling stays exact. As a module it also works inside transformers' generate().
+    weight [S, H] are the rows of the full head for `rows` [S]; output [..., vocab_size].
     """
 
-    def __init__(self, model, name: str, vocab_size: int, head_rows: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, rows: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("rows", rows.long(), persistent=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = torch.nn.functional.linear(hidden, self.weight)
+        full = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.rows] = scores
+        return full
+
+
+class CausalLM:
+    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits."""
+
+    def __init__(self, model, name: str, vocab_size: int):
         self.model = model.eval().requires_grad_(False)
         self.name = name
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
-        head = model.get_output_embeddings()
-        weight, bias = head.weight, getattr(head, "bias", None)
-        if head_rows is not None:
-            head_rows = head_rows.to(self.device)
-            weight = weight[head_rows]
-            bias = None if bias is None else bias[head_rows]
-        self.head_rows = head_rows
-        self._head_weight = weight
-        self._head_bias = bias
+        self.head = model.get_output_embeddings()
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._logit_scale = getattr(model.config, "logit_scale", None)
         self._logits_scaling = getattr(model.config, "logits_scaling", None)
 
     @property
-    def hidden_size(self) -> int:
-        return self._head_weight.shape[1]
-
-    @property
     def head_weight(self) -> torch.Tensor:
         """[V', H]: the rows the head scores (V' = vocab, or the restricted rows of a draft)."""
-        return self._head_weight
+        return self.head.weight
 
     @property
     def max_positions(self) -> int:
@@ -98,17 +102,13 @@ class CausalLM:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept."""
-        logits = torch.nn.functional.linear(hidden, self._head_weight, self._head_bias).float()
+        logits = self.head(hidden).float()
         if self._logit_scale is not None:  # Cohere
             logits = logits * self._logit_scale
         if self._logits_scaling is not None:  # Granite
             logits = logits / self._logits_scaling
         if self._softcap is not None:  # Gemma 2/3
             logits = torch.tanh(logits / self._softcap) * self._softcap
-        if self.head_rows is not None:
-            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-            full[..., self.head_rows] = logits
-            return full
         return logits[..., : self.vocab_size]
 
     @staticmethod
@@ -291,7 +291,8 @@ def build_draft_model(config_dict: dict, target_model):
 
 
 def load_draft_weights(draft_dir: Path, target_model):
-    """(draft model, head_rows) from a draft folder written by scripts/distill_draft.py."""
+    """The draft model from a folder written by scripts/distill_draft.py. Its head scores only the
+    shipped token ids; those rows are gathered from the target's head at load time, not shipped."""
     from safetensors.torch import load_file
 
     config_dict = json.loads((draft_dir / "config.json").read_text())
@@ -304,7 +305,10 @@ def load_draft_weights(draft_dir: Path, target_model):
     missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
     if missing or unexpected:
         raise ModelLoadError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    return draft.to(target_model.device).eval(), head_rows
+    full_head = target_model.get_output_embeddings().weight
+    head_rows = head_rows.to(full_head.device)
+    draft.set_output_embeddings(RestrictedHead(full_head.detach()[head_rows], head_rows, full_head.shape[0]))
+    return draft.to(target_model.device).eval()
 
 
 def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
@@ -313,11 +317,11 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
     target_model, tokenizer = load_embedded_target(device)
     if not (draft_dir / "draft.safetensors").exists():
         raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
-    draft_model, head_rows = load_draft_weights(draft_dir, target_model)
+    draft_model = load_draft_weights(draft_dir, target_model)
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     return LoadedPair(
         target=CausalLM(target_model, "SmolLM2-135M-Instruct", vocab_size),
-        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size, head_rows=head_rows),
+        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size),
         tokenizer=tokenizer,
         spec=PairSpec(),
     )
@@ -339,3 +343,28 @@ def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: in
             temperature=None, top_p=None, top_k=None,
         )
     return out[0, len(prompt_ids):].tolist()
+
+
+def assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], max_new_tokens: int,
+                      gamma: int, stop_ids) -> tuple[list[int], float]:
+    """transformers' own assisted generation on the same pair (greedy, constant gamma), timed.
+
+    The peer we compare our engine's speed with. Returns (new tokens, seconds).
+    """
+    import time
+
+    input_ids = torch.tensor([prompt_ids], device=target.device)
+    config = draft.model.generation_config
+    config.num_assistant_tokens = gamma
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+    synchronize(target.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft.model,
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stop_ids),
+            pad_token_id=sorted(stop_ids)[0], temperature=None, top_p=None, top_k=None,
+        )
+    synchronize(target.device)
+    return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start

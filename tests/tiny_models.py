@@ -44,7 +44,7 @@ def make_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32, sc
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         initializer_range=scale, tie_word_embeddings=False, eos_token_id=2, bos_token_id=1, pad_token_id=0,
     )
     model = LlamaForCausalLM(config)

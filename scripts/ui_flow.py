@@ -1,0 +1,81 @@
+"""Drive the app in a real headless Chromium: pick an example, Run, wait, take screenshots.
+
+Used by tests/test_browser.py and, to refresh the README's pictures:
+    python scripts/ui_flow.py --out assets/screenshots
+(starts the app on the embedded pair itself). Needs Debian's chromium at /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48, timeout_s: float = 300) -> dict:
+    """Returns what the page showed: token counts per column, number of charts, status, file paths."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
+        page.goto(url)
+        page.get_by_text(example_prefix).first.click()
+        tokens_box = page.get_by_label("max new tokens", exact=False).first
+        tokens_box.fill(str(max_new_tokens))
+        tokens_box.press("Enter")
+        page.click("#run-button")
+        page.wait_for_function(
+            "() => { const s = document.querySelector('#status'); return s && /Done|⚠️/.test(s.innerText); }",
+            timeout=timeout_s * 1000,
+        )
+        page.wait_for_timeout(1500)  # let Plotly finish drawing
+        found = {
+            "status": page.inner_text("#status"),
+            "lossless_tokens": page.locator("#lossless-text .dm-tok").count(),
+            "lossy_tokens": page.locator("#lossy-text .dm-tok").count(),
+            "charts": page.locator(".js-plotly-plot").count(),
+            "lossless_stats": page.inner_text("#lossless-stats"),
+            "lossy_stats": page.inner_text("#lossy-stats"),
+        }
+        main_png = out_dir / "main.png"
+        page.screenshot(path=str(main_png), full_page=True)
+        page.get_by_role("tab", name="Step through").click()
+        page.wait_for_selector("#step-view .dm-step", timeout=30_000)
+        found["step_text"] = page.inner_text("#step-view")
+        step_png = out_dir / "step.png"
+        page.locator("#step-view").screenshot(path=str(step_png))
+        browser.close()
+    found["screenshots"] = [str(main_png), str(step_png)]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="assets/screenshots")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    import json
+
+    import app
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_pair
+    from dropmatch.studio import Policy, Studio
+
+    demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.CSS)
+    try:
+        example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
+        print(drive(demo.local_url, Path(args.out), example, args.max_new_tokens))
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""End to end in a real headless Chromium on the embedded pair: click an example, Run, check."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def embedded_app():
+    import app
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_pair
+    from dropmatch.studio import Policy, Studio
+
+    demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.CSS)
+    try:
+        yield demo.local_url, json.loads(app.EXAMPLES_FILE.read_text())
+    finally:
+        demo.close()
+
+
+def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):
+    """Clicking an example and Run shows both columns, their stats, four charts and a round."""
+    if not Path("/usr/bin/chromium").exists():
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
+    from ui_flow import drive
+
+    url, examples = embedded_app
+    found = drive(url, tmp_path, examples[0]["prompt"][:40], max_new_tokens=24)
+    assert found["status"].startswith("Done"), found["status"]
+    assert found["lossless_tokens"] >= 5 and found["lossy_tokens"] >= 5
+    assert found["charts"] == 4
+    assert "tau" in found["lossless_stats"] and "MC-head share" in found["lossy_stats"]
+    assert "Round 0" in found["step_text"]
+    for path in found["screenshots"]:
+        assert Path(path).stat().st_size > 10_000
+    print("screenshots:", found["screenshots"])
