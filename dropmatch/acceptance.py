@@ -23,7 +23,8 @@ CORRECTION, BONUS = "correction", "bonus"
 
 def js_divergence(p_a: torch.Tensor, p_b: torch.Tensor) -> torch.Tensor:
     """Jensen-Shannon divergence (natural log) over the last axis; broadcasts; >= 0, <= ln 2."""
-    mixture = 0.5 * (p_a + p_b)
+    # clamped: half of a subnormal probability rounds to 0, and a * log(a / 0) would be inf
+    mixture = (0.5 * (p_a + p_b)).clamp_min(torch.finfo(p_a.dtype).tiny)
     kl_a = torch.xlogy(p_a, p_a) - torch.xlogy(p_a, mixture)
     kl_b = torch.xlogy(p_b, p_b) - torch.xlogy(p_b, mixture)
     return (0.5 * (kl_a + kl_b).sum(-1)).clamp_min(0.0)

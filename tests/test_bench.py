@@ -1,0 +1,117 @@
+"""The benchmark CLI: one-line errors, the JSON it writes, quality scoring."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dropmatch import quality
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "assets" / "prompts"
+
+
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dropmatch.bench", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+@pytest.fixture()
+def one_prompt(tmp_path) -> Path:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gamma", "0"], "gamma"),
+    (["--k", "0"], "K"),
+    (["--p", "1.0"], "dropout rate"),
+    (["--p", "-0.1"], "dropout rate"),
+    (["--rules", "lossless,telepathy"], "unknown rule"),
+    (["--temperature", "abc"], "temperature"),
+    (["--limit", "0"], "--limit"),
+    (["--max-new-tokens", "nan"], "max new tokens"),
+])
+def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message):
+    out = bench("--prompts", str(one_prompt), *extra)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for path, message in ((empty, "holds no prompts"), (tmp_path / "nope.jsonl", "not found")):
+        out = bench("--prompts", str(path))
+        assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and message in out.stderr
+
+
+def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
+    """JSON per rule: tau, acceptance_rate, tokens_per_s, speedup_vs_ar, mc_overhead, identity, quality."""
+    target, draft = tiny_dirs
+    out_json, out_html = tmp_path / "out.json", tmp_path / "report.html"
+    run = bench("--prompts", f"{PROMPTS / 'gsm8k_test_100.jsonl'},{PROMPTS / 'mt_bench.jsonl'}", "--limit", "2",
+                "--max-new-tokens", "12", "--gamma", "3", "--rules", "lossless,dropmatch", "--p-sweep", "0,0.3",
+                "--sweep-limit", "1", "--peer", "--target", str(target), "--draft", str(draft),
+                "--json", str(out_json), "--report", str(out_html))
+    assert run.returncode == 0, run.stderr[-2000:]
+    document = json.loads(out_json.read_text())
+    rules = document["rules"]
+    for key in ("tau", "acceptance_rate", "tokens_per_s", "speedup_vs_ar", "mc_overhead", "target_nll", "distinct2", "p"):
+        assert key in rules["lossless"] and key in rules["dropmatch"], key
+    assert rules["lossless"]["identical_to_target_greedy"] is True
+    assert rules["lossless"]["mc_overhead"] is None and rules["dropmatch"]["mc_overhead"] is not None
+    gsm8k = document["benchmarks"]["gsm8k_test_100"]
+    assert gsm8k["rules"]["lossless"]["accuracy"] is not None
+    assert gsm8k["peer"]["identical_to_lossless"] is True
+    assert "dropmatch@p=0.3" in gsm8k["rules"]
+    assert len(document["prompts"]["mt_bench"]) == 2
+    page = out_html.read_text()
+    assert "<html" in page and "plotly" in page.lower() and "Sweep over p" in page
+
+
+def test_gsm8k_scoring_reads_the_final_number():
+    assert quality.gsm8k_correct("She sells 9 eggs, so she makes 9 * 2 = $18.", "...\n#### 18")
+    assert quality.gsm8k_correct("The answer is 1,234.", "#### 1234")
+    assert not quality.gsm8k_correct("It is 17.", "#### 18")
+    assert not quality.gsm8k_correct("no idea", "#### 18")
+
+
+def test_humaneval_sandbox_passes_a_correct_solution_and_fails_wrong_ones():
+    problem = json.loads((PROMPTS / "humaneval_40.jsonl").read_text().splitlines()[0])
+    correct = "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```"
+    assert quality.humaneval_passes(problem, correct)
+    assert not quality.humaneval_passes(problem, "```python\ndef has_close_elements(a, b):\n    return True\n```")
+    assert not quality.humaneval_passes(problem, "```python\ndef has_close_elements(a, b):\n    while True: pass\n```",
+                                        timeout_s=3)
+
+
+def test_humaneval_sandbox_refuses_files_outside_its_folder_and_the_network():
+    """A solution that is right but first reads /etc/hostname or opens a socket fails."""
+    problem = json.loads((PROMPTS / "humaneval_40.jsonl").read_text().splitlines()[0])
+    body = problem["canonical_solution"]
+    for sneaky in ("    open('/etc/hostname').read()\n", "    import socket; socket.socket()\n"):
+        code = "```python\n" + problem["prompt"] + sneaky + body + "```"
+        assert not quality.humaneval_passes(problem, code)
+
+
+def test_ifeval_checks_follow_the_instructions():
+    record = {"instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase",
+                                      "startend:end_checker", "unknown:thing"],
+              "kwargs": [{}, {}, {"end_phrase": "bye."}, {}]}
+    assert quality.ifeval_followed(record, "hello there bye.") == (3, 3)
+    assert quality.ifeval_followed(record, "Hello, there") == (0, 3)
+
+
+def test_distinct2_and_overlap_see_repetition_and_difference():
+    assert quality.distinct2([1, 2, 1, 2, 1, 2]) == pytest.approx(2 / 5)
+    assert quality.distinct2([1, 2, 3, 4]) == 1.0
+    assert quality.token_overlap([1, 2, 3], [1, 2, 3]) == 1.0
+    assert quality.token_overlap([1, 2, 3], [4, 5, 6]) == 0.0

@@ -1,0 +1,121 @@
+"""Property-based tests (hypothesis) of the acceptance rules and the MC head on random logits."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dropmatch.acceptance import REASONS, decide, js_divergence, position_signals
+from dropmatch.config import RULES, RuleConfig
+from dropmatch.mc_head import calibrate_p, path_stats, split_head_logits, stack_head_rows
+from dropmatch.sampling import sampling_probs, signal_probs
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@st.composite
+def rounds(draw):
+    """A random verification round: hidden states, a head, draft logits and tokens."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    vocab = draw(st.integers(2, 40))
+    gamma = draw(st.integers(1, 6))
+    num_paths = draw(st.integers(1, 8))
+    p = draw(st.sampled_from([0.0, 0.05, 0.3, 0.7, 0.95]))
+    scale = draw(st.sampled_from([0.01, 1.0, 30.0]))  # flat, ordinary and extremely peaked logits
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(gamma + 1, 8, generator=generator) * scale
+    head = torch.randn(vocab, 8, generator=generator)
+    q_logits = torch.randn(gamma, vocab, generator=generator) * scale
+    return dict(seed=seed, vocab=vocab, gamma=gamma, num_paths=num_paths, p=p, hidden=hidden, head=head,
+                q_logits=q_logits)
+
+
+def verdict_for(case, rule: str, greedy: bool = True, drafted=None):
+    generator = torch.Generator().manual_seed(case["seed"])
+    gamma, num_paths = case["gamma"], case["num_paths"]
+    rows = stack_head_rows(case["hidden"], num_paths, case["p"], generator)
+    clean, paths = split_head_logits(rows @ case["head"].T, gamma + 1, num_paths)
+    stats = path_stats(paths[:, :gamma], 0.0 if greedy else 1.0)
+    temperature = 0.0 if greedy else 1.0
+    q_sample = sampling_probs(case["q_logits"], temperature, 1.0)
+    if drafted is None:
+        drafted = case["q_logits"].argmax(-1) if greedy else torch.multinomial(q_sample, 1, generator=generator)[:, 0]
+    signals = position_signals(drafted, signal_probs(case["q_logits"], temperature),
+                               signal_probs(clean[:gamma], temperature), stats, paths[:, :gamma].argmax(-1))
+    verdict = decide(RuleConfig(rule, num_paths=num_paths, p=case["p"]), greedy, signals, q_sample,
+                     sampling_probs(clean, temperature, 1.0), generator)
+    return verdict, signals, stats, clean
+
+
+@SETTINGS
+@given(rounds(), st.sampled_from(RULES), st.booleans())
+def test_no_nan_or_inf_and_decisions_stay_in_the_allowed_set(case, rule, greedy):
+    verdict, signals, stats, clean = verdict_for(case, rule, greedy)
+    for tensor in (stats.centroid, stats.path_js, stats.threshold, signals.js_draft_centroid,
+                   signals.js_draft_target, signals.target_entropy, signals.draft_prob, signals.target_prob):
+        assert torch.isfinite(tensor).all()
+    assert (stats.path_js >= 0).all() and (stats.path_js <= 0.6932).all()
+    assert set(verdict.reasons) <= set(REASONS)
+    assert len(verdict.reasons) == case["gamma"]
+    assert 0 <= verdict.num_accepted <= case["gamma"]
+    assert all(r not in ("rejected", "unchecked") for r in verdict.reasons[: verdict.num_accepted])
+    assert all(r == "unchecked" for r in verdict.reasons[verdict.num_accepted + 1:])
+    assert 0 <= verdict.next_token < case["vocab"]
+    assert verdict.next_kind == ("bonus" if verdict.num_accepted == case["gamma"] else "correction")
+
+
+@SETTINGS
+@given(rounds(), st.sampled_from(RULES))
+def test_every_rule_keeps_the_lossless_greedy_prefix(case, rule):
+    """Whatever the rule, the drafted tokens lossless greedy accepts are accepted too (exact wins)."""
+    lossless, *_ = verdict_for(case, "lossless")
+    lossy, *_ = verdict_for(case, rule)
+    assert lossy.num_accepted >= lossless.num_accepted
+    assert lossy.reasons[: lossless.num_accepted] == ("exact",) * lossless.num_accepted
+    if lossy.num_accepted == lossless.num_accepted and lossless.num_accepted < case["gamma"]:
+        assert lossy.next_token == lossless.next_token  # the correction is the clean argmax
+
+
+@SETTINGS
+@given(rounds(), st.sampled_from(["naive", "js", "majority", "dropmatch"]))
+def test_with_p_zero_every_dropmatch_rule_decides_like_lossless(case, rule):
+    case = {**case, "p": 0.0}
+    lossless, *_ = verdict_for(case, "lossless")
+    lossy, *_ = verdict_for(case, rule)
+    assert (lossy.num_accepted, lossy.next_token) == (lossless.num_accepted, lossless.next_token)
+
+
+@SETTINGS
+@given(rounds())
+def test_mc_head_rows_split_back_to_the_clean_logits(case):
+    generator = torch.Generator().manual_seed(case["seed"])
+    rows = stack_head_rows(case["hidden"], case["num_paths"], case["p"], generator)
+    clean, paths = split_head_logits(rows @ case["head"].T, case["gamma"] + 1, case["num_paths"])
+    assert torch.allclose(clean, case["hidden"] @ case["head"].T, atol=1e-4, rtol=1e-4)
+    assert paths.shape == (case["num_paths"], case["gamma"] + 1, case["vocab"])
+    assert torch.isfinite(paths).all()
+
+
+@SETTINGS
+@given(st.integers(0, 10_000), st.integers(2, 30))
+def test_js_divergence_is_symmetric_and_bounded(seed, vocab):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.rand(vocab, generator=generator).softmax(-1)
+    b = torch.rand(vocab, generator=generator).pow(8).softmax(-1)
+    ab, ba = js_divergence(a, b), js_divergence(b, a)
+    assert torch.allclose(ab, ba, atol=1e-6) and 0.0 <= float(ab) <= 0.6932
+
+
+@SETTINGS
+@given(st.integers(0, 10_000), st.floats(0.5, 1.0))
+def test_calibrated_p_is_on_the_grid_and_meets_its_agreement(seed, target_agreement):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(12, 16, generator=generator)
+    head = torch.randn(50, 16, generator=generator)
+    p, tried = calibrate_p(hidden, head, 5, target_agreement, generator)
+    assert p in tried or p == min(tried)
+    assert all(0.0 <= a <= 1.0 for a in tried.values())
+    if tried[p] >= target_agreement:
+        smaller = [q for q in tried if q < p]
+        assert all(tried[q] >= target_agreement for q in smaller)
