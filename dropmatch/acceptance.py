@@ -170,7 +170,7 @@ def correction_token(
     lossy rule adds, the lossless part keeps the target's distribution.
     """
     if greedy:
-        return int(p_sample.argmax())
+        return int(p_sample.argmax())  # the emitted id: the one host copy this needs
     residual = (p_sample - q_sample).clamp_min(0.0)
     if float(residual.sum()) <= 0.0:
         residual = p_sample
@@ -184,11 +184,14 @@ def decide(
     q_sample: torch.Tensor,
     p_sample: torch.Tensor,
     generator: torch.Generator,
+    exact: torch.Tensor | None = None,
 ) -> Verdict:
-    """q_sample [g, V], p_sample [g + 1, V]: the distributions tokens are drawn from."""
+    """q_sample [g, V], p_sample [g + 1, V]: the distributions tokens are drawn from.
+    exact [g]: the lossless test's result when the caller computed it already."""
     draft_tokens = signals.draft_tokens
     num_drafted = int(draft_tokens.shape[0])
-    exact = exact_accepts(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
+    if exact is None:
+        exact = exact_accepts(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
     checks = RULE_CHECKS[cfg.rule](signals, cfg) if num_drafted else []
     exact_list = exact.tolist()
     check_lists = [(reason, mask.tolist()) for reason, mask in checks]

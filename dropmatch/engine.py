@@ -171,8 +171,8 @@ class Engine:
         t0 = clock.now()
         drafted, q_sample, q_signal = self._draft(seq, draft_cache, gamma, decode, generator)
         t1 = clock.now()
-        verify_ids = seq.pending(target_cache.get_seq_length()) + drafted  # [last emitted] + drafts
-        hidden = self.target.hidden(self._ids(verify_ids), target_cache)  # [gamma + 1, H]
+        context = self._ids(seq.pending(target_cache.get_seq_length()))  # the last emitted token
+        hidden = self.target.hidden(torch.cat([context, drafted]), target_cache)  # [gamma + 1, H]
         t2 = clock.now()
         use_paths = rule.uses_paths and gamma > 0
         num_rows = hidden.shape[0]
@@ -186,17 +186,20 @@ class Engine:
             path_tokens = self._path_tokens(path_logits[:, :gamma], paths, decode, generator)
         t4 = clock.now()
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
-        draft_tensor = torch.tensor(drafted, dtype=torch.long, device=self.device)
-        signals = acceptance.position_signals(
-            draft_tensor, q_signal, signal_probs(clean_logits[:gamma], decode.temperature), paths, path_tokens
-        )
-        verdict = acceptance.decide(rule, decode.greedy, signals, q_sample, p_sample, generator)
-        emitted = self._commit(seq, drafted[: verdict.num_accepted] + [verdict.next_token], decode)
+        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
+        signals = acceptance.position_signals(drafted, q_signal, p_signal, paths, path_tokens)
+        exact = acceptance.exact_accepts(drafted, q_sample, p_sample[:gamma], decode.greedy, generator)
+        # One device -> host copy per round for everything the decision and the trace read.
+        host = _to_host({**vars(signals), "exact": exact, **_tops(q_signal, p_signal, paths)})
+        signals = acceptance.Signals(**{name: host[name] for name in vars(signals)})
+        verdict = acceptance.decide(rule, decode.greedy, signals, q_sample, p_sample, generator, exact=host["exact"])
+        drafted_ids = host["draft_tokens"].tolist()
+        emitted = self._commit(seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], decode)
         committed = len(seq.tokens) - len(emitted)  # tokens the caches may keep = before this round
         keep = committed + verdict.num_accepted
         self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
         self.draft.crop(draft_cache, min(keep, draft_cache.get_seq_length()))
-        records = self._records(signals, verdict.reasons, q_signal, clean_logits[:gamma], paths, decode)
+        records = _records(host, verdict.reasons, has_paths=paths is not None)
         t5 = clock.now()
         return RoundTrace(
             index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
@@ -206,20 +209,20 @@ class Engine:
         )
 
     def _draft(self, seq, draft_cache, gamma, decode, generator):
-        """gamma draft tokens; q_sample / q_signal [gamma, V] (sampling / smooth distributions)."""
-        drafted, q_sample, q_signal = [], [], []
-        feed = seq.pending(draft_cache.get_seq_length())  # 1 token, or 2 after an all-accepted round
+        """drafted [gamma] (on the device: no host sync per token); q_sample / q_signal [gamma, V]."""
+        tokens, q_sample, q_signal = [], [], []
+        feed = self._ids(seq.pending(draft_cache.get_seq_length()))  # 1 token, or 2 after an all-accepted round
         for _ in range(gamma):
-            logits = self.draft.logits(self.draft.hidden(self._ids(feed), draft_cache)[-1])
+            logits = self.draft.logits(self.draft.hidden(feed, draft_cache)[-1])
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
-            token = int(logits.argmax()) if decode.greedy else int(draw(probs, generator))
-            drafted.append(token)
+            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, generator).view(1)
+            tokens.append(feed)
             q_sample.append(probs)
             q_signal.append(signal_probs(logits, decode.temperature))
-            feed = [token]
-        vocab = self.target.vocab_size
-        empty = torch.empty(0, vocab, device=self.device)
-        return drafted, torch.stack(q_sample) if drafted else empty, torch.stack(q_signal) if drafted else empty
+        if not tokens:
+            empty = torch.empty(0, self.target.vocab_size, device=self.device)
+            return torch.empty(0, dtype=torch.long, device=self.device), empty, empty
+        return torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal)
 
     def _path_tokens(self, path_logits, paths, decode, generator) -> torch.Tensor:
         """[K, g]: each path's token, its argmax when greedy, a draw from it when sampling."""
@@ -236,37 +239,6 @@ class Engine:
                 break
         seq.output.extend(kept)
         return kept
-
-    def _records(self, signals, reasons, q_signal, target_logits, paths, decode) -> tuple[DraftedToken, ...]:
-        if not reasons:
-            return ()
-        as_list = {name: (value.tolist() if isinstance(value, torch.Tensor) else None)
-                   for name, value in vars(signals).items()}
-        draft_top = _top(q_signal)
-        target_top = _top(signal_probs(target_logits, decode.temperature))
-        path_top = _top(paths.probs) if paths is not None else None  # [K][g]
-        records = []
-        for i, reason in enumerate(reasons):
-            has_paths = paths is not None
-            records.append(DraftedToken(
-                token=as_list["draft_tokens"][i],
-                draft_prob=as_list["draft_prob"][i],
-                target_token=as_list["target_tokens"][i],
-                target_token_prob=as_list["target_token_prob"][i],
-                target_prob=as_list["target_prob"][i],
-                js_target=as_list["js_draft_target"][i],
-                reason=reason,
-                path_tokens=tuple(row[i] for row in as_list["path_tokens"]) if has_paths else (),
-                js=as_list["js_draft_centroid"][i] if has_paths else None,
-                threshold=as_list["js_threshold"][i] if has_paths else None,
-                majority_token=as_list["majority_tokens"][i] if has_paths else None,
-                majority_votes=as_list["majority_votes"][i] if has_paths else None,
-                draft_votes=as_list["draft_votes"][i] if has_paths else None,
-                draft_top=draft_top[i],
-                target_top=target_top[i],
-                path_top=tuple(path[i] for path in path_top) if has_paths else (),
-            ))
-        return tuple(records)
 
     @torch.inference_mode()
     def target_nll(self, prompt_ids: list[int], output_ids: list[int] | tuple[int, ...]) -> float | None:
@@ -324,9 +296,59 @@ class Engine:
         )
 
 
-def _top(probs: torch.Tensor) -> list:
-    """probs [g, V] -> g tuples of (token, prob); [K, g, V] -> K such lists. TOP_SHOWN each."""
-    values, indices = probs.topk(TOP_SHOWN, dim=-1)
-    if probs.dim() == 2:
-        return [tuple(zip(ids, ps)) for ids, ps in zip(indices.tolist(), values.tolist())]
-    return [_top(path) for path in probs]
+def _tops(q_signal, p_signal, paths) -> dict[str, torch.Tensor]:
+    """Top TOP_SHOWN (prob, id) of the draft, the clean target and each path, per drafted position."""
+    tops = {}
+    sources = {"draft": q_signal, "target": p_signal, "path": paths.probs if paths is not None else None}
+    for name, probs in sources.items():
+        if probs is not None and probs.shape[-1] >= TOP_SHOWN:
+            values, indices = probs.topk(TOP_SHOWN, dim=-1)
+            tops[f"{name}_top_p"], tops[f"{name}_top_id"] = values, indices
+    return tops
+
+
+def _to_host(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    """Moves many small tensors to the CPU in one copy (one sync on a GPU), dtypes kept."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    if not present:
+        return dict(tensors)
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in present.values()]).cpu()
+    out, offset = dict.fromkeys(tensors), 0
+    for name, tensor in present.items():
+        out[name] = flat[offset : offset + tensor.numel()].reshape(tensor.shape).to(tensor.dtype)
+        offset += tensor.numel()
+    return out
+
+
+def _pairs(ids: torch.Tensor, probs: torch.Tensor) -> tuple[tuple[int, float], ...]:
+    return tuple(zip(ids.tolist(), probs.tolist()))
+
+
+def _records(host: dict, reasons: tuple[str, ...], has_paths: bool) -> tuple[DraftedToken, ...]:
+    """One DraftedToken per drafted position from the host copies of the round's tensors."""
+    if not reasons:
+        return ()
+    value = {name: (t.tolist() if isinstance(t, torch.Tensor) else None) for name, t in host.items()
+             if not name.endswith(("_top_p", "_top_id"))}
+    records = []
+    for i, reason in enumerate(reasons):
+        records.append(DraftedToken(
+            token=value["draft_tokens"][i],
+            draft_prob=value["draft_prob"][i],
+            target_token=value["target_tokens"][i],
+            target_token_prob=value["target_token_prob"][i],
+            target_prob=value["target_prob"][i],
+            js_target=value["js_draft_target"][i],
+            reason=reason,
+            path_tokens=tuple(row[i] for row in value["path_tokens"]) if has_paths else (),
+            js=value["js_draft_centroid"][i] if has_paths else None,
+            threshold=value["js_threshold"][i] if has_paths else None,
+            majority_token=value["majority_tokens"][i] if has_paths else None,
+            majority_votes=value["majority_votes"][i] if has_paths else None,
+            draft_votes=value["draft_votes"][i] if has_paths else None,
+            draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
+            target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
+            path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])
+                           for k in range(host["path_top_id"].shape[0])) if has_paths and "path_top_id" in host else (),
+        ))
+    return tuple(records)

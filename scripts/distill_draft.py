@@ -237,7 +237,11 @@ def train(args) -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         step = ckpt["step"]
         print(f"resumed at step {step}", flush=True)
-    schedule = lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
+    def schedule(step: int) -> float:
+        """Warm-up, then cosine to zero by whichever comes first: the last step or the time budget."""
+        progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
+        return min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
     records.sort(key=lambda r: len(r["ids"]))
     batches = [records[i : i + args.batch] for i in range(0, len(records), args.batch)]
     started = time.time()
