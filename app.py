@@ -98,6 +98,15 @@ def write_downloads(state: Comparison) -> tuple[str, str]:
     return str(trace_path), str(metrics_path)
 
 
+def on_gpu(fn):
+    """On a ZeroGPU Space (package `spaces` importable) a GPU is attached for the call; else as is."""
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=180)(fn)
+
+
 def create_demo(studio: Studio) -> gr.Blocks:
     """The whole UI over one Studio. Callbacks are thin: settings -> compare_stream -> render."""
 
@@ -149,7 +158,7 @@ def create_demo(studio: Studio) -> gr.Blocks:
             lossless_out: column_html(state.lossless, engine),
             lossy_out: column_html(state.lossy, engine),
             lossless_stats: stats_html(lossless_metrics),
-            lossy_stats: stats_html(lossy_metrics),
+            lossy_stats: stats_html(lossy_metrics, p_auto=state.rule.p is None),
             plot_agreement: figs["agreement"], plot_js: figs["js"],
             plot_acceptance: figs["acceptance"], plot_calls: figs["tokens_vs_calls"],
             step_round: gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
@@ -259,14 +268,14 @@ def create_demo(studio: Studio) -> gr.Blocks:
                       api_visibility="private")
         inputs = [prompt_box, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
                   seed, run_ar]
-        run_event = run_button.click(run_ui, inputs, [
+        run_event = run_button.click(on_gpu(run_ui), inputs, [
             status, lossy_header, lossless_out, lossy_out, lossless_stats, lossy_stats, plot_agreement, plot_js,
             plot_acceptance, plot_calls, step_round, step_out, last_run, download_trace, download_metrics,
         ], api_visibility="private", concurrency_id="engine")
         stop_button.click(lambda: "Stopped.", None, status, cancels=[run_event], api_visibility="private")
         step_round.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
         step_column.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
-        gr.api(compare_api, api_name="compare", concurrency_id="engine")
+        gr.api(on_gpu(compare_api), api_name="compare", concurrency_id="engine")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

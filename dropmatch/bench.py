@@ -362,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer", action="store_true", help="also time transformers' assisted generation")
     parser.add_argument("--json", default=None, help="write every number and text here")
     parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")
     parser.add_argument("--no-identity-check", action="store_true",
                         help="skip comparing lossless greedy output with the target's generate()")
     return parser
@@ -454,6 +455,11 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
 
         write_report(document, Path(args.report))
         print(f"wrote {args.report}")
+    if args.markdown:
+        from .report import markdown_table
+
+        Path(args.markdown).write_text(markdown_table(document) + "\n")
+        print(f"wrote {args.markdown}")
     return 130 if interrupted else 0
 
 

@@ -35,7 +35,9 @@ CSS = """
 .dm-legend span { margin-right: 10px; padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; }
 .dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
-.dm-step .why { max-width: 460px; }
+.dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
+.dm-step .why { max-width: 460px; } .dm-unchecked { background: #eceff1; color: #78909c; }
+.dm-rejected { background: #ffcdd2; }
 """
 
 
@@ -91,9 +93,7 @@ def legend_html() -> str:
     return f'<div class="dm-legend">{items} &nbsp; (hover a token for its numbers)</div>'
 
 
-def stats_html(m: RunMetrics | None, live_rounds: int = 0) -> str:
-    if m is None:
-        return f'<table class="dm-stats"><tr><td>rounds so far</td><td>{live_rounds}</td></tr></table>'
+def stats_html(m: RunMetrics, p_auto: bool = False) -> str:
 
     def pct(x):
         return "–" if x is None else f"{100 * x:.1f}%"
@@ -113,7 +113,7 @@ def stats_html(m: RunMetrics | None, live_rounds: int = 0) -> str:
         ("speedup vs autoregressive", num(m.speedup_vs_ar, 2, "x")),
     ]
     if m.p is not None:
-        rows.append(("dropout rate p", f"{m.p:g}"))
+        rows.append(("dropout rate p", f"auto → {m.p:g}" if p_auto else f"{m.p:g}"))
     if m.speedup_vs_lossless is not None:
         rows.append(("speed vs lossless SD", num(m.speedup_vs_lossless, 2, "x")))
         rows.append(("first departure from lossless",
@@ -168,9 +168,9 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
         cells += [top(path) for path in d.path_top]
         if num_paths:
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} (majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes})"]
-        cells.append(f'<b class="dm-tok dm-{d.reason if d.accepted else "correction"}">{d.reason}</b>'
-                     f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
+                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     summary = (f"<p>Round {r.index}: {r.num_accepted} of {len(r.drafted)} drafted tokens accepted, then a "
                f"{r.extra_kind} token. Emitted: {emitted}</p>")

@@ -128,3 +128,31 @@ columns are the NLL, distinct-2 and token overlap with the lossless answer, not 
 {''.join(parts)}
 </body></html>"""
     path.write_text(page, encoding="utf-8")
+
+
+def markdown_table(document: dict) -> str:
+    """The README's results table: one row per benchmark and run, with the settings it came from."""
+    settings = document["settings"]
+    lines = [
+        f"Measured {settings.get('date', '')} on {settings.get('machine', '')} with:",
+        "",
+        f"```bash\n{settings.get('command', '')}\n```",
+        "",
+        "| benchmark | run | tau | acceptance | tokens/s | vs AR | vs lossless | MC share | p | accuracy | target NLL | distinct-2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, summary in document["benchmarks"].items():
+        ar = summary["autoregressive"]
+        lines.append(f"| {name} ({summary['prompts']}) | autoregressive | 1.00 | – | {_f(ar['tokens_per_s'], 1)} | 1.00x | – | – | – "
+                     f"| {_f(ar.get('accuracy'), 3)} | {_f(ar.get('target_nll'), 3)} | {_f(ar.get('distinct2'), 3)} |")
+        for label, s in summary["rules"].items():
+            share = "–" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
+            lines.append(f"| | {label} | {_f(s['tau'])} | {_f(s['acceptance_rate'])} | {_f(s['tokens_per_s'], 1)} "
+                         f"| {_f(s['speedup_vs_ar'])}x | {_f(s.get('speedup_vs_lossless'))}x | {share} | {_f(s['p'], 3)} "
+                         f"| {_f(s['accuracy'], 3)} | {_f(s['target_nll'], 3)} | {_f(s['distinct2'], 3)} |")
+        if "peer" in summary:
+            peer = summary["peer"]
+            lines.append(f"| | transformers assisted generation | – | – | {_f(peer['tokens_per_s'], 1)} | – "
+                         f"| ours/peer {_f(peer['ours_over_peer'])} | – | – | – | – | – |")
+    lines += ["", PAPER]
+    return "\n".join(lines)

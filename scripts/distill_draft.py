@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -64,7 +65,8 @@ CODE_TASKS = [
 ]
 
 
-def training_prompts(num_gsm8k: int, num_written: int, seed: int) -> list[str]:
+def all_prompts(seed: int) -> tuple[list[str], list[str]]:
+    """(GSM8K train questions, written prompts), each shuffled with the seed."""
     rng = random.Random(seed)
     questions = [json.loads(line)["question"] for line in GSM8K_TRAIN.read_text().splitlines()]
     rng.shuffle(questions)
@@ -77,7 +79,24 @@ def training_prompts(num_gsm8k: int, num_written: int, seed: int) -> list[str]:
         written.append(f"Write a Python function that {task}.")
         written.append(f"Write a Python function that {task}, with a docstring and an example.")
     rng.shuffle(written)
+    return questions, written
+
+
+def training_prompts(num_gsm8k: int, num_written: int, seed: int) -> list[str]:
+    questions, written = all_prompts(seed)
     return questions[:num_gsm8k] + written[:num_written]
+
+
+def devset(args) -> None:
+    """Held-out development prompts for tuning (p = auto's agreement): GSM8K train questions and
+    written prompts that the teacher step did not use. Never the evaluation sets."""
+    questions, written = all_prompts(args.seed)
+    out = WORK / "dev.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"prompt": q}) for q in questions[args.gsm8k : args.gsm8k + args.count]]
+    lines += [json.dumps({"prompt": w}) for w in written[args.written : args.written + args.count]]
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}: {len(lines)} prompts")
 
 
 def teacher(args) -> None:
@@ -124,13 +143,62 @@ def teacher(args) -> None:
         torch.save(records, path)
 
 
+def forced(args) -> None:
+    """Teacher forcing on GSM8K *train* reference answers: one target forward per batch gives the
+    target's top-k at every answer position, far faster than generating. Questions from
+    --skip on (the first ones feed the generated teacher data and the dev set)."""
+    out_dir = WORK / "forced"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_embedded_target(torch.device("cpu"))
+    rows = [json.loads(line) for line in GSM8K_TRAIN.read_text().splitlines()]
+    questions, _ = all_prompts(args.seed)
+    answer_of = {r["question"]: r["answer"] for r in rows}
+    pairs = [(q, answer_of[q]) for q in questions[args.skip :]]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = [pairs[i : i + args.batch] for i in range(0, len(pairs), args.batch)]
+    started = time.time()
+    for shard, batch in enumerate(tqdm(batches, desc="forced batches")):
+        path = out_dir / f"shard_{shard:04d}.pt"
+        if path.exists():
+            continue
+        if time.time() - started > args.minutes * 60:
+            break
+        encoded = []
+        for question, answer in batch:
+            prompt = encode_prompt(tokenizer, question)
+            text = re.sub(r"<<[^>]*>>", "", answer).replace("####", "The answer is") + "<|im_end|>"
+            encoded.append((prompt, tokenizer(text, add_special_tokens=False)["input_ids"]))
+        width = max(len(p) + len(a) for p, a in encoded)
+        input_ids = torch.full((len(encoded), width), pad)
+        attention = torch.zeros(len(encoded), width, dtype=torch.long)
+        for b, (prompt, answer) in enumerate(encoded):
+            input_ids[b, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+            attention[b, : len(prompt) + len(answer)] = 1
+        with torch.inference_mode():
+            logprobs = model(input_ids=input_ids, attention_mask=attention).logits.float().log_softmax(-1)
+        top_logprobs, top_ids = logprobs.topk(TOP_K, dim=-1)
+        records = []
+        for b, (prompt, answer) in enumerate(encoded):
+            positions = slice(len(prompt) - 1, len(prompt) + len(answer) - 1)  # predicting each answer token
+            records.append({
+                "ids": torch.tensor(prompt + answer, dtype=torch.int32),
+                "prompt_len": len(prompt),
+                "top_ids": top_ids[b, positions].to(torch.int32),
+                "top_logprobs": top_logprobs[b, positions].half(),
+            })
+        torch.save(records, path)
+
+
 # ---------------------------------------------------------------- training
 
 
-def load_teacher() -> list[dict]:
+def load_teacher(folders=("teacher", "forced")) -> list[dict]:
+    """Generated answers (the target's own text) and teacher-forced GSM8K train answers."""
     records = []
-    for path in sorted((WORK / "teacher").glob("shard_*.pt")):
-        records.extend(torch.load(path))
+    for folder in folders:
+        for path in sorted((WORK / folder).glob("shard_*.pt")):
+            records.extend(torch.load(path))
     return [r for r in records if r["top_ids"].shape[0] > 0]
 
 
@@ -211,16 +279,19 @@ def train(args) -> None:
     torch.set_num_threads(args.threads)
     target_model, tokenizer = load_embedded_target(torch.device("cpu"))
     target_model.requires_grad_(False)
-    records = load_teacher()
     rng = random.Random(args.seed)
-    rng.shuffle(records)
-    held_out, records = records[: max(8, len(records) // 20)], records[max(8, len(records) // 20):]
+    generated, forced_records = load_teacher(("teacher",)), load_teacher(("forced",))
+    rng.shuffle(generated)
+    # Held out: only the target's own generated answers, the text a draft meets at inference time.
+    held_out, own = generated[:args.held_out], generated[args.held_out:]
+    records = own + forced_records
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     head_rows = frequent_tokens(records, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model)))
     row_of = torch.full((vocab_size,), -1, dtype=torch.long)
     row_of[head_rows] = torch.arange(len(head_rows))
     answer_tokens = sum(int(r["top_ids"].shape[0]) for r in records)
-    print(f"teacher: {len(records)} answers ({answer_tokens} tokens) for training, {len(held_out)} held out; "
+    print(f"teacher: {len(records)} answers ({answer_tokens} tokens; {len(forced_records)} teacher-forced) for "
+          f"training, {len(held_out)} generated answers held out; "
           f"head of {len(head_rows)} rows covers {coverage(held_out, head_rows):.3f} of held-out answer tokens",
           flush=True)
     layers_from = [int(x) for x in args.layers_from.split(",")]
@@ -228,7 +299,7 @@ def train(args) -> None:
     draft.get_input_embeddings().requires_grad_(False)
     head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
     params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     ckpt_path = WORK / "draft_ckpt.pt"
     step = 0
     if ckpt_path.exists() and not args.restart:
@@ -242,15 +313,20 @@ def train(args) -> None:
         progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
         return min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    records.sort(key=lambda r: len(r["ids"]))
-    batches = [records[i : i + args.batch] for i in range(0, len(records), args.batch)]
+    def length_batches(pool):
+        pool = sorted(pool, key=lambda r: len(r["ids"]))
+        return [pool[i : i + args.batch] for i in range(0, len(pool), args.batch)]
+
+    # Half the batches from the target's own answers, whatever the amount of teacher-forced text.
+    pools = [pool for pool in (length_batches(own), length_batches(forced_records)) if pool]
     started = time.time()
+    best = -1.0
     bar = tqdm(total=args.steps, initial=step, desc="distil")
     draft.train()
     while step < args.steps and time.time() - started < args.minutes * 60:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * schedule(step)
-        loss, agree = draft_loss(draft, head_weight, make_batch(rng.choice(batches), row_of, args.max_len))
+        loss, agree = draft_loss(draft, head_weight, make_batch(rng.choice(rng.choice(pools)), row_of, args.max_len))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -261,11 +337,13 @@ def train(args) -> None:
         if step % args.eval_every == 0 or step == args.steps:
             held = evaluate(draft, head_weight, held_out, row_of, args)
             print(f"\nstep {step}: held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
-            torch.save({"draft": {k: v for k, v in draft.state_dict().items() if "embed" not in k and "lm_head" not in k},
+            best = max(best, held)
+            for path in [ckpt_path] + ([WORK / "draft_best.pt"] if held >= best else []):
+                torch.save({"draft": {k: v for k, v in draft.state_dict().items() if "embed" not in k and "lm_head" not in k},
                         "optimizer": optimizer.state_dict(), "step": step, "head_rows": head_rows,
                         "layers_from": layers_from, "config": draft_config(target_model.config.to_dict(), len(layers_from)),
                         "held_out_agreement": held, "train_seconds": time.time() - started,
-                        "answer_tokens": answer_tokens}, ckpt_path)
+                        "answer_tokens": answer_tokens}, path)
     bar.close()
 
 
@@ -285,7 +363,7 @@ def evaluate(draft, head_weight, held_out, row_of, args) -> float:
 def export(args) -> None:
     from safetensors.torch import save_file
 
-    ckpt = torch.load(WORK / "draft_ckpt.pt")
+    ckpt = torch.load(WORK / "draft_best.pt")  # the best held-out agreement, not merely the last step
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.to(torch.float16).contiguous() for name, tensor in ckpt["draft"].items()}
@@ -320,10 +398,23 @@ def main() -> None:
     p_train.add_argument("--threads", type=int, default=2)
     p_train.add_argument("--seed", type=int, default=0)
     p_train.add_argument("--restart", action="store_true")
+    p_train.add_argument("--weight-decay", type=float, default=0.01)
+    p_train.add_argument("--held-out", type=int, default=24, help="generated answers kept for evaluation")
+    p_forced = sub.add_parser("forced")
+    p_forced.add_argument("--skip", type=int, default=720, help="GSM8K train questions kept for teacher/dev")
+    p_forced.add_argument("--batch", type=int, default=16)
+    p_forced.add_argument("--minutes", type=float, default=15.0)
+    p_forced.add_argument("--threads", type=int, default=2)
+    p_forced.add_argument("--seed", type=int, default=0)
+    p_dev = sub.add_parser("devset")
+    p_dev.add_argument("--gsm8k", type=int, default=700, help="questions the teacher used")
+    p_dev.add_argument("--written", type=int, default=500, help="written prompts the teacher used")
+    p_dev.add_argument("--count", type=int, default=20)
+    p_dev.add_argument("--seed", type=int, default=0)
     p_export = sub.add_parser("export")
     p_export.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
     args = parser.parse_args()
-    {"teacher": teacher, "train": train, "export": export}[args.command](args)
+    {"teacher": teacher, "forced": forced, "train": train, "export": export, "devset": devset}[args.command](args)
 
 
 if __name__ == "__main__":
