@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import tempfile
 import threading
 from dataclasses import replace
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True)
+RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
 
 HOW_IT_WORKS = r"""
@@ -143,6 +145,10 @@ def create_demo(studio: Studio) -> gr.Blocks:
         except (ConfigError, RuntimeError, ValueError, OSError) as error:
             gr.Warning(str(error))
             yield {status: f"⚠️ {error}"}
+            return
+        except Exception as error:  # a bug of ours: say so plainly, keep the traceback in the server log
+            logging.exception("run failed")
+            yield {status: f"⚠️ internal error ({type(error).__name__}); the server log has the details"}
             return
         yield finished(state, engine)
 
@@ -271,11 +277,11 @@ def create_demo(studio: Studio) -> gr.Blocks:
         run_event = run_button.click(on_gpu(run_ui), inputs, [
             status, lossy_header, lossless_out, lossy_out, lossless_stats, lossy_stats, plot_agreement, plot_js,
             plot_acceptance, plot_calls, step_round, step_out, last_run, download_trace, download_metrics,
-        ], api_visibility="private", concurrency_id="engine")
+        ], api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
         stop_button.click(lambda: "Stopped.", None, status, cancels=[run_event], api_visibility="private")
         step_round.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
         step_column.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
-        gr.api(on_gpu(compare_api), api_name="compare", concurrency_id="engine")
+        gr.api(on_gpu(compare_api), api_name="compare", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

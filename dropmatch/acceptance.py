@@ -21,17 +21,22 @@ REASONS = ("exact", "js", "majority", "naive", "typical", "fixed_js", "rejected"
 CORRECTION, BONUS = "correction", "bonus"
 
 
+def _log(probs: torch.Tensor) -> torch.Tensor:
+    """log with 0 -> log(tiny): finite, and 0 * log stays 0. (torch.xlogy is ~10x slower on CPU.)"""
+    return torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))
+
+
 def js_divergence(p_a: torch.Tensor, p_b: torch.Tensor) -> torch.Tensor:
     """Jensen-Shannon divergence (natural log) over the last axis; broadcasts; >= 0, <= ln 2."""
-    # clamped: half of a subnormal probability rounds to 0, and a * log(a / 0) would be inf
-    mixture = (0.5 * (p_a + p_b)).clamp_min(torch.finfo(p_a.dtype).tiny)
-    kl_a = torch.xlogy(p_a, p_a) - torch.xlogy(p_a, mixture)
-    kl_b = torch.xlogy(p_b, p_b) - torch.xlogy(p_b, mixture)
-    return (0.5 * (kl_a + kl_b).sum(-1)).clamp_min(0.0)
+    # the mixture is clamped too: half of a subnormal probability rounds to 0, and log 0 is -inf
+    log_mixture = _log(0.5 * (p_a + p_b))
+    kl_a = (p_a * (_log(p_a) - log_mixture)).sum(-1)
+    kl_b = (p_b * (_log(p_b) - log_mixture)).sum(-1)
+    return (0.5 * (kl_a + kl_b)).clamp_min(0.0)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -torch.xlogy(probs, probs).sum(-1)
+    return -(probs * _log(probs)).sum(-1)
 
 
 @dataclass(frozen=True)

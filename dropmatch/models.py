@@ -208,11 +208,47 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target: str, draft: 
         )
 
 
+def available_memory(device: torch.device) -> int:
+    """Bytes free for weights on the device (GPU memory, or the machine's available RAM)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def weight_bytes(name: str, device: torch.device, trust_remote_code: bool) -> int:
+    """Size of a model's weights at the dtype we would load, from its config alone (no weights read)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+        with init_empty_weights():
+            empty = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception as error:
+        raise ModelLoadError(f"could not load {name!r}: {_first_line(error)}") from error
+    return sum(p.numel() for p in empty.parameters()) * _dtype_for(device).itemsize
+
+
+def check_fits_memory(spec: PairSpec, device: torch.device, headroom: float = 1.2) -> None:
+    """Refuse, with a message, a pair whose weights would not fit: better than the OOM killer."""
+    needed = sum(weight_bytes(name, device, spec.trust_remote_code) for name in (spec.target, spec.draft))
+    free = available_memory(device)
+    if needed * headroom > free:
+        where = "GPU memory" if device.type == "cuda" else "memory"
+        raise ModelLoadError(
+            f"{spec.target} + {spec.draft} need about {needed / 2**30:.1f} GiB of weights; "
+            f"only {free / 2**30:.1f} GiB of {where} is free"
+        )
+
+
 def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
     """Any two causal LMs by hub id or local path that share a tokenizer."""
     device = device or pick_device()
     tokenizer = _load_tokenizer(spec.target, spec.trust_remote_code)
     check_same_tokenizer(tokenizer, _load_tokenizer(spec.draft, spec.trust_remote_code), spec.target, spec.draft)
+    check_fits_memory(spec, device)
     target_model = _load_model(spec.target, device, spec.trust_remote_code)
     draft_model = _load_model(spec.draft, device, spec.trust_remote_code)
     vocab_size = min(

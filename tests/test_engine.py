@@ -182,3 +182,11 @@ def test_pair_with_different_tokenizers_is_refused(tmp_path, tiny_dirs):
 def test_missing_model_is_a_load_error_not_a_traceback(tmp_path):
     with pytest.raises(ModelLoadError, match="could not load"):
         load_hub_pair(PairSpec(str(tmp_path / "nowhere"), str(tmp_path / "nowhere")), torch.device("cpu"))
+
+
+def test_a_pair_too_big_for_memory_is_refused_with_a_message(tiny_dirs, monkeypatch):
+    from dropmatch import models
+
+    monkeypatch.setattr(models, "available_memory", lambda device: 1000)
+    with pytest.raises(ModelLoadError, match="only 0.0 GiB of memory is free"):
+        load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu"))
