@@ -86,6 +86,12 @@ def read_prompts(path: str, limit: int | None) -> tuple[str, list[Item]]:
     return kind, items
 
 
+def parse_file(text: str, default_limit: int | None) -> tuple[str, int | None]:
+    """'file.jsonl' or 'file.jsonl:N' (N prompts of that file) -> (path, limit)."""
+    path, _, count = text.rpartition(":") if text.rpartition(":")[2].isdigit() else (text, "", "")
+    return (path, _positive(f"the count after {path}:", count)) if count else (text, default_limit)
+
+
 def parse_rules(text: str) -> list[str]:
     rules = [r.strip() for r in text.split(",") if r.strip()]
     if not rules:
@@ -344,8 +350,8 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m dropmatch.bench", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", required=True, help="JSONL file(s), comma-separated")
-    parser.add_argument("--limit", default=None, help="prompts per file")
+    parser.add_argument("--prompts", required=True, help="JSONL file(s), comma-separated; FILE:N takes N prompts")
+    parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
     parser.add_argument("--max-new-tokens", default=128)
     parser.add_argument("--gamma", default=4)
     parser.add_argument("--rules", default="lossless,dropmatch")
@@ -394,10 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = variants(parse_rules(args.rules), template, parse_sweep(args.p_sweep))
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)
-        files = [f.strip() for f in args.prompts.split(",") if f.strip()]
+        files = [parse_file(f.strip(), limit) for f in args.prompts.split(",") if f.strip()]
         if not files:
             raise BenchError("--prompts is empty")
-        benchmarks = [(Path(f).stem, *read_prompts(f, limit)) for f in files]
+        benchmarks = [(Path(f).stem, *read_prompts(f, n)) for f, n in files]
         spec = PairSpec(target=args.target, draft=args.draft)
         return _run(args, decode, runs, benchmarks, spec, sweep_limit)
     except (ConfigError, BenchError) as error:

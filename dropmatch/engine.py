@@ -132,7 +132,11 @@ class Engine:
             token = self._pick(logits, decode, generator)
             seq.output.append(token)
             t3 = clock.now()
-            rounds.append(RoundTrace(len(rounds), context, (), (token,), "target", 0, 0.0, t1 - t0, t2 - t1, 0.0, t3 - t0, 1))
+            rounds.append(RoundTrace(
+                index=len(rounds), context_token=context, drafted=(), emitted=(token,), extra_kind="target",
+                num_accepted=0, t_draft=0.0, t_forward=t1 - t0, t_head=t2 - t1, t_mc=0.0, t_round=t3 - t0,
+                head_rows=1,
+            ))
             yield rounds[-1]
             stop_reason = self._stop_reason(seq, decode, stop_event)
         return self._finish("ar", RuleConfig("lossless"), None, decode, seq, first, rounds, stop_reason, t_prefill)

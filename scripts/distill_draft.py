@@ -93,8 +93,8 @@ def devset(args) -> None:
     questions, written = all_prompts(args.seed)
     out = WORK / "dev.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"prompt": q}) for q in questions[args.gsm8k : args.gsm8k + args.count]]
-    lines += [json.dumps({"prompt": w}) for w in written[args.written : args.written + args.count]]
+    pairs = zip(questions[args.gsm8k : args.gsm8k + args.count], written[args.written : args.written + args.count])
+    lines = [json.dumps({"prompt": prompt}) for pair in pairs for prompt in pair]  # interleaved: --limit takes both
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: {len(lines)} prompts")
 

@@ -115,3 +115,12 @@ def test_distinct2_and_overlap_see_repetition_and_difference():
     assert quality.distinct2([1, 2, 3, 4]) == 1.0
     assert quality.token_overlap([1, 2, 3], [1, 2, 3]) == 1.0
     assert quality.token_overlap([1, 2, 3], [4, 5, 6]) == 0.0
+
+
+def test_a_count_after_the_file_limits_that_file(one_prompt):
+    from dropmatch.bench import parse_file
+
+    assert parse_file(f"{one_prompt}:3", None) == (str(one_prompt), 3)
+    assert parse_file(str(one_prompt), 7) == (str(one_prompt), 7)
+    out = bench("--prompts", f"{one_prompt}:0")
+    assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
