@@ -43,7 +43,8 @@ The output is exactly the target's.
 
 **DropMatch.** Monte-Carlo dropout on the LM head's input only: the transformer runs once, and the final
 hidden state $h$ is perturbed $K$ times, $h^{(i)} = h \odot m^{(i)}/(1-p)$ with $m^{(i)}_j \sim \mathrm{Bernoulli}(1-p)$.
-The clean rows and the $K(\gamma+1)$ path rows go through the head in **one** matmul. Path distributions
+All $K(\gamma+1)$ path rows go through the head in **one** matmul (bf16 on hardware that has it; the clean
+rows stay fp32, so the lossless decisions are exact). Path distributions
 $p^{(i)} = \mathrm{softmax}(W h^{(i)})$, path tokens $y^{(i)} = \arg\max p^{(i)}$, centroid
 $\bar p = \mathrm{softmax}(\frac1K \sum_i l^{(i)})$ (mean of the *logits*). A drafted token that is not the
 target's choice is still accepted when
@@ -55,12 +56,12 @@ target's choice is still accepted when
 Comparators on the same loop: **naive** (any path chose it), **typical** (Medusa:
 $p_{target}(x) > \min(\epsilon, \delta e^{-H(p_{target})})$), **fixed_js** (Fuzzy SD: $\mathrm{JS}(q\|p_{target}) \le T$).
 `p = auto` picks, per prompt, the largest dropout rate whose paths still agree with the clean target
-on the prompt's own positions at the chosen rate (90% by default) — no data needed.
+on the prompt's own positions at the chosen rate (70% by default) — no data needed.
 
 **Metrics.** *tau* = tokens emitted / verification rounds (correction or bonus included; autoregressive = 1).
 *Acceptance rate* = accepted / drafted tokens. *Target calls* = prefill + rounds. *tokens/s* = new tokens /
-the run's own time (prefill + rounds). *MC-head share* = (dropout masks, path softmaxes, JS, votes, plus the
-extra head rows' cost measured against the lossless run's head) / round time. *Speedup* compares tokens/s
+the run's own time (prefill + rounds). *MC-head share* = the Monte-Carlo work of a round (dropout masks, the
+path rows' head matmul, path softmaxes, JS, votes) / round time. *Speedup* compares tokens/s
 with an autoregressive run of the target on the same prompt, seed and pair.
 """
 

@@ -27,16 +27,17 @@ def _log(probs: torch.Tensor) -> torch.Tensor:
 
 
 def js_divergence(p_a: torch.Tensor, p_b: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence (natural log) over the last axis; broadcasts; >= 0, <= ln 2."""
-    # the mixture is clamped too: half of a subnormal probability rounds to 0, and log 0 is -inf
-    log_mixture = _log(0.5 * (p_a + p_b))
-    kl_a = (p_a * (_log(p_a) - log_mixture)).sum(-1)
-    kl_b = (p_b * (_log(p_b) - log_mixture)).sum(-1)
-    return (0.5 * (kl_a + kl_b)).clamp_min(0.0)
+    """Jensen-Shannon divergence (natural log) over the last axis; broadcasts; >= 0, <= ln 2.
+
+    As H(m) - (H(a) + H(b)) / 2 with m = (a + b) / 2: three logs and three dot products, several
+    times faster on a CPU than summing two KL terms. Exactly 0 when a == b (m == a bit for bit).
+    """
+    mixture = (p_a + p_b).mul_(0.5)
+    return (entropy(mixture) - 0.5 * (entropy(p_a) + entropy(p_b))).clamp_min(0.0)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -(probs * _log(probs)).sum(-1)
+    return -torch.linalg.vecdot(probs, _log(probs))
 
 
 @dataclass(frozen=True)

@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", default="embedded")
     parser.add_argument("--k", default=5, help="Monte-Carlo paths")
     parser.add_argument("--p", default="auto", help="dropout rate, or 'auto'")
-    parser.add_argument("--auto-agreement", default=0.9, help="path agreement that p=auto aims for")
+    parser.add_argument("--auto-agreement", default=0.7, help="path agreement that p=auto aims for")
     parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
     parser.add_argument("--sweep-limit", default=None, help="run the sweep on the first N prompts of each file")
     parser.add_argument("--temperature", default=0.0)

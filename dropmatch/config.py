@@ -81,7 +81,7 @@ class RuleConfig:
     typical_eps: float = 0.3
     typical_delta: float = 0.09
     fixed_js_threshold: float = 0.1
-    auto_agreement: float = 0.9
+    auto_agreement: float = 0.7
 
     def __post_init__(self):
         if self.rule not in RULES:

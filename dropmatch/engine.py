@@ -179,13 +179,11 @@ class Engine:
         hidden = self.target.hidden(torch.cat([context, drafted]), target_cache)  # [gamma + 1, H]
         t2 = clock.now()
         use_paths = rule.uses_paths and gamma > 0
-        num_rows = hidden.shape[0]
-        rows = mc_head.stack_head_rows(hidden, rule.num_paths, p, generator) if use_paths else hidden
-        logits = self.target.logits(rows)  # one matmul for clean + K path rows
+        clean_logits = self.target.logits(hidden)  # [gamma + 1, V], fp32: lossless decisions read these
         t3 = clock.now()
-        clean_logits, path_logits = mc_head.split_head_logits(logits, num_rows, rule.num_paths)
         paths = path_tokens = None
         if use_paths:
+            path_logits = self._path_logits(hidden, clean_logits, rule.num_paths, p, generator)
             paths = mc_head.path_stats(path_logits[:, :gamma], decode.temperature)
             path_tokens = self._path_tokens(path_logits[:, :gamma], paths, decode, generator)
         t4 = clock.now()
@@ -209,7 +207,7 @@ class Engine:
             index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
             extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
             t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t3, t_round=t5 - t0,
-            head_rows=int(rows.shape[0]),
+            head_rows=hidden.shape[0] * (1 + (rule.num_paths if use_paths else 0)),
         )
 
     def _draft(self, seq, draft_cache, gamma, decode, generator):
@@ -227,6 +225,12 @@ class Engine:
             empty = torch.empty(0, self.target.vocab_size, device=self.device)
             return torch.empty(0, dtype=torch.long, device=self.device), empty, empty
         return torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal)
+
+    def _path_logits(self, hidden, clean_logits, num_paths, p, generator) -> torch.Tensor:
+        """[K, gamma + 1, V]: all K x (gamma + 1) dropout rows through the head in one matmul."""
+        if p == 0.0:  # every path is the clean row
+            return clean_logits.unsqueeze(0).expand(num_paths, *clean_logits.shape)
+        return self.target.path_logits(mc_head.dropout_paths(hidden, num_paths, p, generator))
 
     def _path_tokens(self, path_logits, paths, decode, generator) -> torch.Tensor:
         """[K, g]: each path's token, its argmax when greedy, a draw from it when sampling."""

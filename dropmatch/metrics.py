@@ -7,9 +7,10 @@
 - per-position acceptance: at draft position j, accepted / reached (positions after a rejection
   are never looked at, so they do not count against j).
 - tokens/s: new tokens / wall time of the whole generation, prefill included.
-- MC-head share: the Monte-Carlo work of the rounds / round time. That work is the dropout masks,
-  path softmaxes, JS and votes (timed as t_mc) plus what the K * (gamma + 1) extra rows add to
-  the fused head matmul, measured as this run's head time minus the lossless run's head time.
+- MC-head share: the Monte-Carlo work of the rounds / round time. That work (timed as t_mc) is the
+  dropout masks, the one matmul of the K * (gamma + 1) path rows, path softmaxes, JS and votes;
+  should the clean head of a run cost more than the lossless run's (it does not today: the path
+  rows have their own matmul), that difference is counted too.
 """
 
 from __future__ import annotations

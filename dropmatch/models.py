@@ -43,6 +43,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def head_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] @ weight[V, H].T -> [..., V], computed as (weight @ hidden.T).T.
+
+    Same numbers, but on a CPU (MKL) the few-row product with a transposed right operand is
+    several times slower than this layout (measured: 6 rows of SmolLM2's head, 24 ms vs 7 ms).
+    """
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    out = (weight @ rows.T).T.contiguous()
+    return out.reshape(*hidden.shape[:-1], weight.shape[0])
+
+
+def fast_dtype(device: torch.device) -> torch.dtype:
+    """The dtype for the Monte-Carlo path rows: bf16 where the hardware multiplies it natively."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
 class RestrictedHead(torch.nn.Module):
     """An LM head that scores only some token ids (a frequency-restricted draft head).
 
@@ -58,7 +76,7 @@ class RestrictedHead(torch.nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        scores = torch.nn.functional.linear(hidden, self.weight)
+        scores = head_matmul(hidden, self.weight)
         full = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
         full[..., self.rows] = scores
         return full
@@ -74,6 +92,10 @@ class CausalLM:
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
+        plain = isinstance(self.head, torch.nn.Linear) and self.head.bias is None
+        self._head_weight = self.head.weight if plain else None  # None: call the module itself
+        self._path_dtype = fast_dtype(self.device)
+        self._path_weight = None  # a low-precision copy of the head, made on first use
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._logit_scale = getattr(model.config, "logit_scale", None)
         self._logits_scaling = getattr(model.config, "logits_scaling", None)
@@ -81,7 +103,7 @@ class CausalLM:
     @property
     def head_weight(self) -> torch.Tensor:
         """[V', H]: the rows the head scores (V' = vocab, or the restricted rows of a draft)."""
-        return self.head.weight
+        return self.head.weight.detach()
 
     @property
     def max_positions(self) -> int:
@@ -102,7 +124,22 @@ class CausalLM:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept."""
-        logits = self.head(hidden).float()
+        if self._head_weight is not None:
+            return self._postprocess(head_matmul(hidden, self._head_weight).float())
+        return self._postprocess(self.head(hidden).float())
+
+    @torch.inference_mode()
+    def path_logits(self, path_hidden: torch.Tensor) -> torch.Tensor:
+        """Monte-Carlo path rows [K, n, H] -> logits [K, n, V] in one matmul, in bf16 where the
+        hardware has it: the dropout noise in these rows is orders of magnitude above bf16 rounding,
+        and on this project's CPU bf16 makes 30 rows cost 8 ms instead of 26 ms. Clean rows stay fp32."""
+        if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
+            return self.logits(path_hidden)
+        if self._path_weight is None:
+            self._path_weight = self._head_weight.detach().to(self._path_dtype)
+        return self._postprocess(head_matmul(path_hidden.to(self._path_dtype), self._path_weight).float())
+
+    def _postprocess(self, logits: torch.Tensor) -> torch.Tensor:
         if self._logit_scale is not None:  # Cohere
             logits = logits * self._logit_scale
         if self._logits_scaling is not None:  # Granite

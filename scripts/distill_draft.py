@@ -334,7 +334,8 @@ def train(args) -> None:
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{agree.item():.3f}")
-        if step % args.eval_every == 0 or step == args.steps:
+        out_of_time = time.time() - started >= args.minutes * 60
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
             held = evaluate(draft, head_weight, held_out, row_of, args)
             print(f"\nstep {step}: held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
             best = max(best, held)

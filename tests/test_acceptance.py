@@ -9,7 +9,7 @@ import torch
 
 from dropmatch.acceptance import decide, js_divergence, position_signals
 from dropmatch.config import RuleConfig
-from dropmatch.mc_head import PathStats, path_stats, split_head_logits, stack_head_rows
+from dropmatch.mc_head import dropout_paths, path_stats
 from dropmatch.sampling import draw, sampling_probs
 
 V = 6
@@ -148,25 +148,20 @@ def test_centroid_is_softmax_of_mean_logits_not_mean_of_probs():
     assert not torch.allclose(stats.centroid, logits.softmax(-1).mean(0))
 
 
-def test_clean_and_path_rows_share_one_head_call():
-    """stack_head_rows puts clean rows first and K * n dropout rows after; split undoes it."""
+def test_dropout_paths_perturb_only_with_p_above_zero():
+    """K copies of the hidden states; p = 0 gives the clean rows exactly, p > 0 differs."""
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(4, 8)
-    rows = stack_head_rows(hidden, 5, 0.3, generator)
-    assert rows.shape == (6 * 4, 8)
-    assert torch.equal(rows[:4], hidden)
-    weight = torch.randn(10, 8)
-    clean, paths = split_head_logits(rows @ weight.T, 4, 5)
-    assert torch.allclose(clean, hidden @ weight.T)
-    assert paths.shape == (5, 4, 10)
-    assert not torch.allclose(paths[0], clean)
+    paths = dropout_paths(hidden, 5, 0.3, generator)
+    assert paths.shape == (5, 4, 8) and not torch.equal(paths[0], hidden)
+    assert torch.equal(dropout_paths(hidden, 5, 0.0, generator)[3], hidden)
 
 
 def test_dropout_keeps_the_expected_hidden_state():
     """Inverted dropout: the mean over many paths approaches the clean hidden state."""
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, 16)
-    rows = stack_head_rows(hidden, 4000, 0.3, generator)[1:]
+    rows = dropout_paths(hidden, 4000, 0.3, generator).reshape(-1, 16)
     assert torch.allclose(rows.mean(0), hidden[0], atol=0.1)
     zero_share = (rows == 0).float().mean().item()
     assert zero_share == pytest.approx(0.3, abs=0.02)
