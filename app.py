@@ -27,7 +27,7 @@ from dropmatch.studio import DEFAULT_PRESET, PRESETS, Studio, pair_from_choice
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
-DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
+DEFAULTS = dict(gamma=3, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")

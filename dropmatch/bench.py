@@ -265,7 +265,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         stats["target_nll"] = _mean([g.target_nll for _, g in pairs])
         stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
         stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
-        stats["per_position_acceptance"] = _per_position(traces)
+        stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
         if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
             stats["identical_to_target_greedy"] = all(result.identical)
             stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
@@ -279,17 +279,6 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
                        "ours_over_peer": _div(ours, theirs),
                        "identical_to_lossless": all(r["identical_to_lossless"] for r in result.peer)}
     return out
-
-
-def _per_position(traces) -> list[float | None]:
-    reached, accepted = {}, {}
-    for trace in traces:
-        for r in trace.rounds:
-            for j, d in enumerate(r.drafted):
-                if d.reason != "unchecked":
-                    reached[j] = reached.get(j, 0) + 1
-                    accepted[j] = accepted.get(j, 0) + d.accepted
-    return [accepted[j] / reached[j] for j in sorted(reached)]
 
 
 def format_table(name: str, numbers: dict) -> str:

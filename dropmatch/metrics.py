@@ -68,14 +68,16 @@ def acceptance_counts(trace: GenerationTrace) -> tuple[int, int]:
     return accepted, drafted
 
 
-def per_position_acceptance(trace: GenerationTrace) -> tuple[float | None, ...]:
-    reached = [0] * trace.gamma
-    accepted = [0] * trace.gamma
-    for round_trace in trace.rounds:
-        for j, token in enumerate(round_trace.drafted):
-            if token.reason != "unchecked":
-                reached[j] += 1
-                accepted[j] += token.accepted
+def per_position_acceptance(*traces: GenerationTrace) -> tuple[float | None, ...]:
+    """Accepted / reached at each draft slot, pooled over the traces (None where never reached)."""
+    slots = max((t.gamma for t in traces), default=0)
+    reached, accepted = [0] * slots, [0] * slots
+    for trace in traces:
+        for round_trace in trace.rounds:
+            for j, token in enumerate(round_trace.drafted):
+                if token.reason != "unchecked":
+                    reached[j] += 1
+                    accepted[j] += token.accepted
     return tuple(_ratio(a, n) for a, n in zip(accepted, reached))
 
 
