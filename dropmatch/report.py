@@ -94,6 +94,24 @@ def _f(value, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def verdicts(document: dict) -> list[str]:
+    """Plain sentences: does DropMatch (as run) meet +10% tau, <= 2 points accuracy, <= +10% target NLL?"""
+    lines = []
+    for name, summary in document["benchmarks"].items():
+        lossless, lossy = summary["rules"].get("lossless"), summary["rules"].get("dropmatch")
+        if not lossless or not lossy or not lossless["tau"] or not lossless["target_nll"]:
+            continue
+        gain = lossy["tau"] / lossless["tau"] - 1
+        rise = lossy["target_nll"] / lossless["target_nll"] - 1
+        parts = [f"tau {100 * gain:+.0f}% ({'meets' if gain >= 0.10 else 'misses'} the +10% bar)"]
+        if lossless.get("accuracy") is not None and lossy.get("accuracy") is not None:
+            drop = 100 * (lossless["accuracy"] - lossy["accuracy"])
+            parts.append(f"accuracy {-drop:+.1f} points ({'within' if drop <= 2 + 1e-9 else 'NOT within'} 2 points)")
+        parts.append(f"target NLL {100 * rise:+.0f}% ({'within' if rise <= 0.10 else 'does NOT hold:'} the +10% bar)")
+        lines.append(f"{name} ({summary['prompts']} prompts), DropMatch p = auto vs lossless: " + "; ".join(parts) + ".")
+    return lines
+
+
 def write_report(document: dict, path: Path) -> None:
     figures = [
         _bars(document, "tau", "Mean acceptance length tau (tokens per target call)", "tau"),
@@ -120,8 +138,9 @@ K {settings.get('k')}, p {settings.get('p')}, temperature {settings.get('tempera
 {settings.get('max_new_tokens')}{' · <b>interrupted: partial results</b>' if document.get('interrupted') else ''}</p>
 <p><code>{command}</code></p>
 <p>{html.escape(PAPER)}</p>
-<p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, path
-statistics, extra head rows measured against the lossless run) / round time. Target NLL = mean negative
+<h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in verdicts(document))}</ul>
+<p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, the
+path rows' matmul, path softmaxes, JS, votes) / round time. Target NLL = mean negative
 log-likelihood (nats/token) of the answer under the clean target. MT-Bench has no judge offline: its quality
 columns are the NLL, distinct-2 and token overlap with the lossless answer, not a judged score.</p>
 {_table(document)}
@@ -154,5 +173,5 @@ def markdown_table(document: dict) -> str:
             peer = summary["peer"]
             lines.append(f"| | transformers assisted generation | – | – | {_f(peer['tokens_per_s'], 1)} | – "
                          f"| ours/peer {_f(peer['ours_over_peer'])} | – | – | – | – | – |")
-    lines += ["", PAPER]
+    lines += ["", *[f"- {v}" for v in verdicts(document)], "", PAPER]
     return "\n".join(lines)
