@@ -374,7 +374,6 @@ def load_draft_weights(draft_dir: Path, target_model):
     draft = build_draft_model(config_dict, target_model)
     state = {name: tensor.to(target_model.dtype) for name, tensor in tensors.items()}
     missing, unexpected = draft.load_state_dict(state, strict=False)
-    unexpected = [name for name in unexpected]
     missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
     if missing or unexpected:
         raise ModelLoadError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
