@@ -85,16 +85,70 @@ def position_signals(
         target_entropy=entropy(p_target),
     )
     if paths is not None:
-        majority_tokens = path_tokens.mode(0).values
-        signals.update(
-            path_tokens=path_tokens,
-            js_draft_centroid=js_divergence(q_draft, paths.centroid),
-            js_threshold=paths.threshold,
-            majority_tokens=majority_tokens,
-            majority_votes=(path_tokens == majority_tokens.unsqueeze(0)).sum(0),
-            draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
-        )
+        signals.update(path_signals(draft_tokens, q_draft, paths, path_tokens))
     return Signals(**signals)
+
+
+PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
+
+
+def path_signals(
+    draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: PathStats, path_tokens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over
+    [K, m, V], path_tokens [K, m]."""
+    majority_tokens = path_tokens.mode(0).values
+    return dict(
+        path_tokens=path_tokens,
+        js_draft_centroid=js_divergence(q_draft, paths.centroid),
+        js_threshold=paths.threshold,
+        majority_tokens=majority_tokens,
+        majority_votes=(path_tokens == majority_tokens.unsqueeze(0)).sum(0),
+        draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
+    )
+
+
+def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
+    """The signals of some positions only (index [m] into the g drafted positions)."""
+    fields = {}
+    for name, value in vars(signals).items():
+        if value is None:
+            fields[name] = None
+        else:
+            fields[name] = value[:, positions] if name == "path_tokens" else value[positions]
+    return Signals(**fields)
+
+
+def with_path_parts(
+    signals: Signals, parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]], num_paths: int
+) -> Signals:
+    """Signals whose path fields are filled at the positions of each (positions [m], path fields)
+    part; elsewhere path tokens are -1, JS values NaN and votes 0, which no rule accepts."""
+    g = signals.draft_tokens.shape[0]
+    like = signals.draft_tokens
+    full = {
+        "path_tokens": like.new_full((num_paths, g), -1),
+        "js_draft_centroid": signals.js_draft_target.new_full((g,), float("nan")),
+        "js_threshold": signals.js_draft_target.new_full((g,), float("nan")),
+        "majority_tokens": like.new_full((g,), -1),
+        "majority_votes": like.new_zeros(g),
+        "draft_votes": like.new_zeros(g),
+    }
+    for positions, part in parts:
+        for name in PATH_FIELDS:
+            if name == "path_tokens":
+                full[name][:, positions] = part[name].to(full[name].dtype)
+            else:
+                full[name][positions] = part[name].to(full[name].dtype)
+    return Signals(**{**vars(signals), **full})
+
+
+def rule_accepts(cfg: RuleConfig, signals: Signals) -> torch.Tensor:
+    """[g] bool: does any of the rule's checks accept each position (the exact test aside)."""
+    accepted = torch.zeros_like(signals.draft_tokens, dtype=torch.bool)
+    for _, mask in RULE_CHECKS[cfg.rule](signals, cfg):
+        accepted |= mask
+    return accepted
 
 
 # ---------------------------------------------------------------- the rules

@@ -258,7 +258,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         if lossless_runs:
             lossless_subset = pooled([lossless_runs[i].trace for i, _ in pairs])
             stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
-        shares = [mc_overhead(g.trace, lossless_runs[i].trace if lossless_runs else None) for i, g in pairs]
+        shares = [mc_overhead(g.trace) for _, g in pairs]
         stats["mc_overhead"] = _mean(shares)
         stats["p"] = _mean([t.p for t in traces])
         stats["accuracy"] = _mean([g.correct for _, g in pairs])

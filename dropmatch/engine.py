@@ -181,18 +181,18 @@ class Engine:
         use_paths = rule.uses_paths and gamma > 0
         clean_logits = self.target.logits(hidden)  # [gamma + 1, V], fp32: lossless decisions read these
         t3 = clock.now()
-        paths = path_tokens = None
-        if use_paths:
-            path_logits = self._path_logits(hidden, clean_logits, rule.num_paths, p, generator)
-            paths = mc_head.path_stats(path_logits[:, :gamma], decode.temperature)
-            path_tokens = self._path_tokens(path_logits[:, :gamma], paths, decode, generator)
-        t4 = clock.now()
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
         p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
-        signals = acceptance.position_signals(drafted, q_signal, p_signal, paths, path_tokens)
+        signals = acceptance.position_signals(drafted, q_signal, p_signal)
         exact = acceptance.exact_accepts(drafted, q_sample, p_sample[:gamma], decode.greedy, generator)
+        t_mc_start = clock.now()
+        path_rows, path_probs = 0, []
+        if use_paths:
+            signals, path_rows, path_probs = self._checked_paths(hidden, clean_logits, q_signal, signals, exact,
+                                                                 rule, p, decode, generator)
+        t4 = clock.now()
         # One device -> host copy per round for everything the decision and the trace read.
-        host = _to_host({**vars(signals), "exact": exact, **_tops(q_signal, p_signal, paths)})
+        host = _to_host({**vars(signals), "exact": exact, **_tops(q_signal, p_signal, path_probs, gamma)})
         signals = acceptance.Signals(**{name: host[name] for name in vars(signals)})
         verdict = acceptance.decide(rule, decode.greedy, signals, q_sample, p_sample, generator, exact=host["exact"])
         drafted_ids = host["draft_tokens"].tolist()
@@ -201,13 +201,13 @@ class Engine:
         keep = committed + verdict.num_accepted
         self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
         self.draft.crop(draft_cache, min(keep, draft_cache.get_seq_length()))
-        records = _records(host, verdict.reasons, has_paths=paths is not None)
+        records = _records(host, verdict.reasons)
         t5 = clock.now()
         return RoundTrace(
             index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
             extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
-            t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t3, t_round=t5 - t0,
-            head_rows=hidden.shape[0] * (1 + (rule.num_paths if use_paths else 0)),
+            t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t_mc_start, t_round=t5 - t0,
+            head_rows=hidden.shape[0] + path_rows,
         )
 
     def _draft(self, seq, draft_cache, gamma, decode, generator):
@@ -226,11 +226,42 @@ class Engine:
             return torch.empty(0, dtype=torch.long, device=self.device), empty, empty
         return torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal)
 
+    def _checked_paths(self, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, generator):
+        """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
+        exact test rejects, left to right, until the rule rejects one (the positions after it are
+        discarded anyway, and an exact match is accepted whatever the paths say).
+
+        Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
+        runs all the later ones in one more matmul. Usually one stage of K rows instead of
+        K x (gamma + 1): on a CPU the head matmul is compute-bound, so rows are what cost.
+        Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
+        """
+        not_exact = (~exact).nonzero().flatten()
+        stages = [not_exact[:1], not_exact[1:]]
+        parts, probs, rows = [], [], 0
+        for stage in stages:
+            if stage.numel() == 0:
+                break
+            path_logits = self._path_logits(hidden[stage], clean_logits[stage], rule.num_paths, p, generator)
+            stats = mc_head.path_stats(path_logits, decode.temperature)
+            tokens = self._path_tokens(path_logits, stats, decode, generator)
+            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats, tokens)
+            parts.append((stage, part))
+            probs.append((stage, stats.probs))
+            rows += path_logits.shape[0] * path_logits.shape[1]
+            everywhere = torch.arange(stage.numel(), device=stage.device)
+            checked = acceptance.with_path_parts(acceptance.at_positions(signals, stage), [(everywhere, part)],
+                                                 rule.num_paths)
+            if not bool(acceptance.rule_accepts(rule, checked).all()):
+                break
+        return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs
+
     def _path_logits(self, hidden, clean_logits, num_paths, p, generator) -> torch.Tensor:
-        """[K, gamma + 1, V]: all K x (gamma + 1) dropout rows through the head in one matmul."""
+        """[K, n, V]: the K dropout paths of n positions (hidden [n, H], clean_logits [n, V])."""
         if p == 0.0:  # every path is the clean row
             return clean_logits.unsqueeze(0).expand(num_paths, *clean_logits.shape)
-        return self.target.path_logits(mc_head.dropout_paths(hidden, num_paths, p, generator))
+        keep = mc_head.dropout_masks(hidden, num_paths, p, generator)
+        return self.target.path_logits(hidden, keep, p, clean_logits)
 
     def _path_tokens(self, path_logits, paths, decode, generator) -> torch.Tensor:
         """[K, g]: each path's token, its argmax when greedy, a draw from it when sampling."""
@@ -304,14 +335,20 @@ class Engine:
         )
 
 
-def _tops(q_signal, p_signal, paths) -> dict[str, torch.Tensor]:
-    """Top TOP_SHOWN (prob, id) of the draft, the clean target and each path, per drafted position."""
+def _tops(q_signal, p_signal, path_probs, gamma: int) -> dict[str, torch.Tensor]:
+    """Top TOP_SHOWN (prob, id) of the draft, the clean target and each path, per drafted position;
+    path_probs: [(positions [m], probs [K, m, V])] where paths were computed (ids -1 elsewhere)."""
     tops = {}
-    sources = {"draft": q_signal, "target": p_signal, "path": paths.probs if paths is not None else None}
-    for name, probs in sources.items():
-        if probs is not None and probs.shape[-1] >= TOP_SHOWN:
-            values, indices = probs.topk(TOP_SHOWN, dim=-1)
-            tops[f"{name}_top_p"], tops[f"{name}_top_id"] = values, indices
+    for name, probs in {"draft": q_signal, "target": p_signal}.items():
+        if probs.shape[-1] >= TOP_SHOWN:
+            tops[f"{name}_top_p"], tops[f"{name}_top_id"] = probs.topk(TOP_SHOWN, dim=-1)
+    if path_probs and path_probs[0][1].shape[-1] >= TOP_SHOWN:
+        num_paths = path_probs[0][1].shape[0]
+        top_p = q_signal.new_zeros((num_paths, gamma, TOP_SHOWN))
+        top_id = torch.full((num_paths, gamma, TOP_SHOWN), -1, dtype=torch.long, device=q_signal.device)
+        for positions, probs in path_probs:
+            top_p[:, positions], top_id[:, positions] = probs.topk(TOP_SHOWN, dim=-1)
+        tops["path_top_p"], tops["path_top_id"] = top_p, top_id
     return tops
 
 
@@ -332,14 +369,16 @@ def _pairs(ids: torch.Tensor, probs: torch.Tensor) -> tuple[tuple[int, float], .
     return tuple(zip(ids.tolist(), probs.tolist()))
 
 
-def _records(host: dict, reasons: tuple[str, ...], has_paths: bool) -> tuple[DraftedToken, ...]:
-    """One DraftedToken per drafted position from the host copies of the round's tensors."""
+def _records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
+    """One DraftedToken per drafted position from the host copies of the round's tensors; path
+    fields only where the paths were computed (path token ids are -1 elsewhere)."""
     if not reasons:
         return ()
     value = {name: (t.tolist() if isinstance(t, torch.Tensor) else None) for name, t in host.items()
              if not name.endswith(("_top_p", "_top_id"))}
     records = []
     for i, reason in enumerate(reasons):
+        has_paths = value["path_tokens"] is not None and value["path_tokens"][0][i] >= 0
         records.append(DraftedToken(
             token=value["draft_tokens"][i],
             draft_prob=value["draft_prob"][i],

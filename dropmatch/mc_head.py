@@ -1,10 +1,10 @@
 """Monte-Carlo dropout on the LM-head input (pure tensor functions, no model).
 
 The transformer blocks run once. Only the final hidden states h [n, H] are perturbed:
-h^(i) = h * m^(i) / (1 - p), m^(i) ~ Bernoulli(1 - p). All K * n path rows then go through the
-LM head in one matmul (CausalLM.path_logits). On this project's CPU that matmul is not free:
-30 rows of SmolLM2's 49k x 576 head are compute-bound (26 ms in fp32, 8 ms in bf16 against
-6 ms for the 6 clean rows), so the path rows run in bf16 and the clean rows in fp32.
+h^(i) = h * m^(i) / (1 - p), m^(i) ~ Bernoulli(1 - p). The engine runs paths only at the
+positions the rule judges, and CausalLM.path_logits computes them from the clean logits minus
+the dropped entries' share (a sparse product) when few entries are dropped, else in one dense
+matmul (see there for the costs measured on this project's CPU).
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from dataclasses import dataclass
 import torch
 
 
+def dropout_masks(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:
+    """K Bernoulli(1 - p) keep masks [K, n, H] (0/1, hidden's dtype) for hidden [n, H]."""
+    keep = torch.full((num_paths, *hidden.shape), 1.0 - p, device=hidden.device, dtype=torch.float32)
+    return torch.bernoulli(keep, generator=generator).to(hidden.dtype)
+
+
 def dropout_paths(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:
     """hidden [n, H] -> K dropout copies [K, n, H] (inverted dropout, expectation kept)."""
     if p == 0.0:
         return hidden.unsqueeze(0).expand(num_paths, *hidden.shape)
-    keep = torch.full((num_paths, *hidden.shape), 1.0 - p, device=hidden.device, dtype=torch.float32)
-    mask = torch.bernoulli(keep, generator=generator).to(hidden.dtype)
-    return hidden.unsqueeze(0) * mask / (1.0 - p)
+    return hidden.unsqueeze(0) * dropout_masks(hidden, num_paths, p, generator) / (1.0 - p)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@
   are never looked at, so they do not count against j).
 - tokens/s: new tokens / wall time of the whole generation, prefill included.
 - MC-head share: the Monte-Carlo work of the rounds / round time. That work (timed as t_mc) is the
-  dropout masks, the one matmul of the K * (gamma + 1) path rows, path softmaxes, JS and votes;
-  should the clean head of a run cost more than the lossless run's (it does not today: the path
-  rows have their own matmul), that difference is counted too.
+  dropout masks, the path rows through the head (K per position the rule judges), path softmaxes,
+  JS and votes. The clean head rows are the same in every rule (lossless SD needs them too).
 """
 
 from __future__ import annotations
@@ -85,19 +84,11 @@ def tokens_per_s(trace: GenerationTrace) -> float:
     return len(trace.output_ids) / trace.t_total if trace.t_total > 0 else 0.0
 
 
-def mean_head_s(trace: GenerationTrace) -> float | None:
-    return _ratio(sum(r.t_head for r in trace.rounds), len(trace.rounds))
-
-
-def mc_overhead(trace: GenerationTrace, lossless: GenerationTrace | None = None) -> float | None:
+def mc_overhead(trace: GenerationTrace) -> float | None:
     """MC work / round time; None for rules without paths. See the module docstring."""
     if trace.p is None or not trace.rounds:
         return None
-    extra_head = 0.0
-    reference = mean_head_s(lossless) if lossless is not None else None
-    if reference is not None:
-        extra_head = sum(max(0.0, r.t_head - reference) for r in trace.rounds)
-    return _ratio(sum(r.t_mc for r in trace.rounds) + extra_head, sum(r.t_round for r in trace.rounds))
+    return _ratio(sum(r.t_mc for r in trace.rounds), sum(r.t_round for r in trace.rounds))
 
 
 def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int | None:
@@ -144,7 +135,7 @@ def summarize(
         head_s=head_s,
         mc_s=mc_s,
         other_s=max(0.0, trace.t_total - trace.t_prefill - draft_s - verify_s - head_s - mc_s),
-        mc_overhead=mc_overhead(trace, lossless),
+        mc_overhead=mc_overhead(trace),
         lossy_share=lossy_share(trace),
         speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,
         speedup_vs_lossless=_ratio(speed, tokens_per_s(lossless)) if lossless is not None else None,

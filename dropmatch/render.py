@@ -158,15 +158,19 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
     def top(pairs):
         return "<br>".join(f"{html.escape(_q(token_text(t)))} {p:.2f}" for t, p in pairs)
 
-    num_paths = len(r.drafted[0].path_tokens)
+    num_paths = max(len(d.path_tokens) for d in r.drafted)
     head = ("<tr><th>slot</th><th>draft (top)</th><th>clean target (top)</th>"
             + "".join(f"<th>path {k + 1}</th>" for k in range(num_paths))
             + ("<th>JS / threshold</th><th>votes</th>" if num_paths else "") + "<th>decision</th></tr>")
     rows = []
     for j, d in enumerate(r.drafted):
         cells = [f"{j + 1}", top(d.draft_top), top(d.target_top)]
-        cells += [top(path) for path in d.path_top]
-        if num_paths:
+        if num_paths and not d.path_tokens:
+            # the paths are run only where the rule reads them
+            reason = "exact match" if d.reason == "exact" else "after a rejection"
+            cells += [f'<span class="muted">not run ({reason})</span>'] + [""] * (num_paths + 1)
+        elif num_paths:
+            cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} (majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
                     f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')

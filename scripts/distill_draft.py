@@ -1,11 +1,20 @@
 """Recipe of the shipped draft (assets/draft): teacher data -> distillation -> export.
 
+The shipped draft was made on one CUDA GPU in one command (about 8 minutes on an H200):
+
+    python scripts/distill_draft.py gpu --device cuda --work runs/distill_gpu --out assets/draft
+
+which runs `generate` (greedy target answers to every training prompt, batched, ids only),
+`train --online` (distillation against the target's full distributions, computed live) and `export`.
+The older CPU recipe stores the target's top-16 log-probabilities instead (no GPU needed):
+
     python scripts/distill_draft.py teacher   # target answers to training prompts (resumable)
     python scripts/distill_draft.py train     # distil the small draft (checkpoints, resumable)
     python scripts/distill_draft.py export    # write assets/draft/{config.json,draft.safetensors}
 
-Training prompts: GSM8K *train* questions and prompts generated below from templates. Never the
-GSM8K test set, HumanEval, MT-Bench or IFEval (those are what the draft is evaluated on).
+Training prompts: GSM8K *train* questions, prompts written from templates below and questions the
+target itself writes about listed topics (self-instruct). Never the GSM8K test set, HumanEval,
+MT-Bench or IFEval (those are what the draft is evaluated on).
 """
 
 from __future__ import annotations
@@ -28,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_target, stop_token_ids  # noqa: E402
 
-WORK = ROOT / "runs" / "distill"
-GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
+DEFAULT_WORK = ROOT / "runs" / "distill"
+DEFAULT_GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
 TOP_K = 16
 
 TOPICS = [
@@ -65,10 +74,10 @@ CODE_TASKS = [
 ]
 
 
-def all_prompts(seed: int) -> tuple[list[str], list[str]]:
+def all_prompts(seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> tuple[list[str], list[str]]:
     """(GSM8K train questions, written prompts), each shuffled with the seed."""
     rng = random.Random(seed)
-    questions = [json.loads(line)["question"] for line in GSM8K_TRAIN.read_text().splitlines()]
+    questions = [json.loads(line)["question"] for line in Path(gsm8k_train).read_text().splitlines()]
     rng.shuffle(questions)
     written = []
     for template in TEMPLATES:
@@ -82,16 +91,16 @@ def all_prompts(seed: int) -> tuple[list[str], list[str]]:
     return questions, written
 
 
-def training_prompts(num_gsm8k: int, num_written: int, seed: int) -> list[str]:
-    questions, written = all_prompts(seed)
+def training_prompts(num_gsm8k: int, num_written: int, seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> list[str]:
+    questions, written = all_prompts(seed, gsm8k_train)
     return questions[:num_gsm8k] + written[:num_written]
 
 
 def devset(args) -> None:
     """Held-out development prompts for tuning (p = auto's agreement): GSM8K train questions and
     written prompts that the teacher step did not use. Never the evaluation sets."""
-    questions, written = all_prompts(args.seed)
-    out = WORK / "dev.jsonl"
+    questions, written = all_prompts(args.seed, args.gsm8k_train)
+    out = Path(args.work) / "dev.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     pairs = zip(questions[args.gsm8k : args.gsm8k + args.count], written[args.written : args.written + args.count])
     lines = [json.dumps({"prompt": prompt}) for pair in pairs for prompt in pair]  # interleaved: --limit takes both
@@ -101,13 +110,13 @@ def devset(args) -> None:
 
 def teacher(args) -> None:
     """Greedy target answers with the target's top-k log-probabilities at every answer position."""
-    out_dir = WORK / "teacher"
+    out_dir = Path(args.work) / "teacher"
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_embedded_target(torch.device("cpu"))
     stops = list(stop_token_ids(tokenizer, model))
-    prompts = training_prompts(args.gsm8k, args.written, args.seed)
+    prompts = training_prompts(args.gsm8k, args.written, args.seed, args.gsm8k_train)
     encoded = sorted((encode_prompt(tokenizer, p) for p in prompts), key=len)
     batches = [encoded[i : i + args.batch] for i in range(0, len(encoded), args.batch)]
     rng = random.Random(args.seed)
@@ -147,12 +156,12 @@ def forced(args) -> None:
     """Teacher forcing on GSM8K *train* reference answers: one target forward per batch gives the
     target's top-k at every answer position, far faster than generating. Questions from
     --skip on (the first ones feed the generated teacher data and the dev set)."""
-    out_dir = WORK / "forced"
+    out_dir = Path(args.work) / "forced"
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_embedded_target(torch.device("cpu"))
-    rows = [json.loads(line) for line in GSM8K_TRAIN.read_text().splitlines()]
-    questions, _ = all_prompts(args.seed)
+    rows = [json.loads(line) for line in Path(args.gsm8k_train).read_text().splitlines()]
+    questions, _ = all_prompts(args.seed, args.gsm8k_train)
     answer_of = {r["question"]: r["answer"] for r in rows}
     pairs = [(q, answer_of[q]) for q in questions[args.skip :]]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -193,11 +202,11 @@ def forced(args) -> None:
 # ---------------------------------------------------------------- training
 
 
-def load_teacher(folders=("teacher", "forced")) -> list[dict]:
+def load_teacher(work: Path, folders=("teacher", "forced")) -> list[dict]:
     """Generated answers (the target's own text) and teacher-forced GSM8K train answers."""
     records = []
     for folder in folders:
-        for path in sorted((WORK / folder).glob("shard_*.pt")):
+        for path in sorted((work / folder).glob("shard_*.pt")):
             records.extend(torch.load(path))
     return [r for r in records if r["top_ids"].shape[0] > 0]
 
@@ -280,7 +289,7 @@ def train(args) -> None:
     target_model, tokenizer = load_embedded_target(torch.device("cpu"))
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
-    generated, forced_records = load_teacher(("teacher",)), load_teacher(("forced",))
+    generated, forced_records = load_teacher(Path(args.work), ("teacher",)), load_teacher(Path(args.work), ("forced",))
     rng.shuffle(generated)
     # Held out: only the target's own generated answers, the text a draft meets at inference time.
     held_out, own = generated[:args.held_out], generated[args.held_out:]
@@ -300,7 +309,7 @@ def train(args) -> None:
     head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
     params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    ckpt_path = WORK / "draft_ckpt.pt"
+    ckpt_path = Path(args.work) / "draft_ckpt.pt"
     step = 0
     if ckpt_path.exists() and not args.restart:
         ckpt = torch.load(ckpt_path)
@@ -339,7 +348,7 @@ def train(args) -> None:
             held = evaluate(draft, head_weight, held_out, row_of, args)
             print(f"\nstep {step}: held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
             best = max(best, held)
-            for path in [ckpt_path] + ([WORK / "draft_best.pt"] if held >= best else []):
+            for path in [ckpt_path] + ([Path(args.work) / "draft_best.pt"] if held >= best else []):
                 torch.save({"draft": {k: v for k, v in draft.state_dict().items() if "embed" not in k and "lm_head" not in k},
                         "optimizer": optimizer.state_dict(), "step": step, "head_rows": head_rows,
                         "layers_from": layers_from, "config": draft_config(target_model.config.to_dict(), len(layers_from)),
@@ -364,7 +373,7 @@ def evaluate(draft, head_weight, held_out, row_of, args) -> float:
 def export(args) -> None:
     from safetensors.torch import save_file
 
-    ckpt = torch.load(WORK / "draft_best.pt")  # the best held-out agreement, not merely the last step
+    ckpt = torch.load(Path(args.work) / "draft_best.pt")  # the best held-out agreement, not merely the last step
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.to(torch.float16).contiguous() for name, tensor in ckpt["draft"].items()}
@@ -373,21 +382,293 @@ def export(args) -> None:
     (out / "config.json").write_text(json.dumps(ckpt["config"], indent=2))
     recipe = {k: ckpt[k] for k in ("step", "layers_from", "held_out_agreement", "train_seconds", "answer_tokens")}
     recipe["head_rows"] = int(ckpt["head_rows"].numel())
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2))
+    recipe.update({k: ckpt[k] for k in ("answers", "history", "recipe") if k in ckpt})
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
     print(f"wrote {out}: {recipe}")
 
 
+# ---------------------------------------------------------------- GPU recipe: generated ids + online distillation
+
+MORE_TOPICS = [
+    "a trip to Japan", "the French Revolution", "machine learning", "black holes", "gardening",
+    "the water cycle", "a startup idea", "meditation", "the Olympic Games", "renewable energy",
+    "a family reunion", "quantum computing", "ancient Egypt", "the immune system", "budget travel",
+    "a new smartphone", "electric guitars", "the Renaissance", "marathon training", "urban farming",
+    "plate tectonics", "a museum visit", "personal finance", "the history of jazz", "cybersecurity",
+    "a haunted house", "the Amazon rainforest", "video games", "sleep", "a wedding speech",
+    "a customer complaint", "the theory of evolution", "sustainable fashion", "a science fair",
+    "the Great Wall of China", "artificial intelligence ethics", "learning a new language",
+    "a soccer match", "global trade", "the periodic table", "a road trip", "birdwatching",
+    "the Industrial Revolution", "mental health", "a cooking class", "the speed of light",
+    "democracy", "an old lighthouse", "3D printing", "a surprise party", "coral reefs",
+]
+MORE_TEMPLATES = [
+    "Write a travel blog post about {t}.", "Draft a professional email about {t}.",
+    "Write a product description related to {t}.", "Write an opening paragraph for a novel about {t}.",
+    "Explain the main ideas behind {t} step by step.", "What are common misconceptions about {t}?",
+    "Write a short speech about {t}.", "Create a lesson plan for teaching {t}.",
+    "Give a balanced argument for and against {t}.", "How would you explain {t} to a beginner?",
+    "Write a limerick about {t}.", "Write a news headline and a short article about {t}.",
+    "Describe a typical day that involves {t}.", "What questions should I ask an expert on {t}?",
+    "Write a short review of a book about {t}.", "Outline an essay on {t}.",
+]
+ROLES = [
+    "a pirate captain", "a detective", "a medieval knight", "a friendly robot", "a famous chef",
+    "a tour guide", "a science teacher", "a sports commentator", "a wise old wizard", "an astronaut",
+    "a museum curator", "a startup founder", "a doctor", "a poet", "a customer service agent",
+]
+QUESTION_KINDS = [
+    "a practical question", "a tricky reasoning question", "a question asking for advice",
+    "a request for a creative piece of writing", "a question asking to compare two things",
+    "a math word problem", "a question about history", "a request to explain a concept",
+]
+
+
+def gpu_written_prompts(seed: int) -> list[str]:
+    """Template prompts for the GPU recipe: every template x topic, roles, code tasks; shuffled."""
+    rng = random.Random(seed)
+    topics = TOPICS + MORE_TOPICS
+    prompts = []
+    for template in TEMPLATES + MORE_TEMPLATES:
+        for topic in topics:
+            prompts.append(template.format(t=topic, u=rng.choice([t for t in topics if t != topic])))
+    for role in ROLES:
+        for topic in rng.sample(topics, 12):
+            prompts.append(f"Pretend you are {role}. Tell me about {topic}.")
+    for task in CODE_TASKS:
+        prompts.append(f"Write a Python function that {task}.")
+        prompts.append(f"Write a Python function that {task}, with a docstring and an example.")
+        prompts.append(f"Explain how to write a program that {task}, then show the code.")
+    rng.shuffle(prompts)
+    return prompts
+
+
+@torch.inference_mode()
+def batched_generate(model, tokenizer, encoded: list[list[int]], *, batch: int, max_new_tokens: int,
+                     deadline: float, sample: bool = False, desc: str = "generate") -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids up to and including the first stop token) for as many prompts as
+    the deadline allows; batches of similar length, visited in a shuffled order so that a cut
+    run still covers short and long prompts."""
+    stops = list(stop_token_ids(tokenizer, model))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    encoded = sorted(encoded, key=len)
+    batches = [encoded[i : i + batch] for i in range(0, len(encoded), batch)]
+    random.Random(len(encoded)).shuffle(batches)
+    results = []
+    for group in tqdm(batches, desc=desc):
+        if time.time() > deadline:
+            print(f"{desc}: deadline reached after {len(results)} of {len(encoded)} prompts", flush=True)
+            break
+        width = max(len(ids) for ids in group)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group], device=model.device)
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=model.device)
+        options = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
+        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                             eos_token_id=stops, pad_token_id=pad, **options)
+        for row, ids in enumerate(group):
+            answer = out[row, width:].tolist()
+            length = next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))
+            results.append((ids, answer[:length]))
+    return results
+
+
+def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline: float) -> list[str]:
+    """Questions the target writes itself about listed topics (sampled), as extra training prompts."""
+    rng = random.Random(seed)
+    topics = TOPICS + MORE_TOPICS
+    asks = [f"Write {rng.choice(QUESTION_KINDS)} that a user might ask an AI assistant about {rng.choice(topics)}. "
+            "Reply with the question only." for _ in range(count)]
+    generated = batched_generate(model, tokenizer, [encode_prompt(tokenizer, a) for a in asks], batch=batch,
+                                 max_new_tokens=64, deadline=deadline, sample=True, desc="self-instruct")
+    questions = []
+    for _, answer in generated:
+        text = tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').split("\n")[0].strip()
+        if 15 <= len(text) <= 300:
+            questions.append(text)
+    return sorted(set(questions))
+
+
+def generate(args) -> None:
+    """Greedy target answers (token ids only) to GSM8K train questions, template prompts and
+    self-instruct questions, within a time budget; written to WORK/generated.pt."""
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    started = time.time()
+    model, tokenizer = load_embedded_target(device, torch.float32)  # the text as the CPU target writes it
+    loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
+    deadline = loaded + args.minutes * 60
+    questions, _ = all_prompts(args.seed, args.gsm8k_train)
+    # questions[700:720] are the dev set (devset command); never trained on
+    questions = questions[:700] + questions[720:]
+    written = gpu_written_prompts(args.seed)
+    asked = self_instruct(model, tokenizer, args.self_instruct, args.seed, args.batch,
+                          loaded + args.minutes * 60 * 0.15) if args.self_instruct else []
+    print(f"prompts: {len(questions)} GSM8K train, {len(written)} written, {len(asked)} self-instruct, "
+          f"for example {random.Random(args.seed).sample(asked, min(3, len(asked)))}", flush=True)
+    sources = {}
+    for source, prompts in (("gsm8k", questions), ("written", written), ("self", asked)):
+        for prompt in prompts[: args.limit or None]:
+            sources[tuple(encode_prompt(tokenizer, prompt))] = source
+    pairs = batched_generate(model, tokenizer, [list(k) for k in sources], batch=args.batch,
+                             max_new_tokens=args.max_new_tokens, deadline=deadline, desc="answers")
+    records = [{"ids": torch.tensor(prompt + answer, dtype=torch.int32), "prompt_len": len(prompt),
+                "source": sources[tuple(prompt)]} for prompt, answer in pairs if answer]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.save(records, work / "generated.pt")
+    tokens = sum(len(r["ids"]) - r["prompt_len"] for r in records)
+    counts = {s: sum(r["source"] == s for r in records) for s in ("gsm8k", "written", "self")}
+    print(f"generated {len(records)} answers ({tokens} answer tokens; {counts}) in {time.time() - started:.0f} s",
+          flush=True)
+
+
+def right_padded(records: list[dict], max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids [B, T], attention [B, T], index [N, 2] of the positions that predict an answer
+    token, and labels [N]: the token that follows each (the target's greedy choice)."""
+    seqs = [r["ids"][:max_len].long() for r in records]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attention = torch.zeros(len(seqs), width, dtype=torch.long)
+    positions = []
+    for b, (record, seq) in enumerate(zip(records, seqs)):
+        input_ids[b, : len(seq)] = seq
+        attention[b, : len(seq)] = 1
+        columns = torch.arange(record["prompt_len"] - 1, len(seq) - 1)
+        positions.append(torch.stack([torch.full_like(columns, b), columns], dim=1))
+    index = torch.cat(positions)
+    labels = input_ids[index[:, 0], index[:, 1] + 1]
+    return input_ids.to(device), attention.to(device), index.to(device), labels.to(device)
+
+
+def online_loss(draft, target_model, head_weight, head_rows, batch, autocast: bool):
+    """Cross-entropy of the draft's restricted distribution [N, S] against the target's own
+    distribution over the same S head rows, computed live; and greedy agreement with the labels."""
+    input_ids, attention, index, labels = batch
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        with torch.no_grad():
+            target_hidden = target_model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            p_target = torch.softmax((target_hidden[index[:, 0], index[:, 1]] @ head_weight.T).float(), dim=-1)
+        hidden = draft.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        draft_logits = hidden[index[:, 0], index[:, 1]] @ head_weight.T
+    log_q = torch.log_softmax(draft_logits.float(), dim=-1)
+    loss = -(p_target * log_q).sum(-1).mean()
+    agree = (head_rows[log_q.argmax(-1)] == labels).float().mean()
+    return loss, agree
+
+
+@torch.no_grad()
+def target_agreement(target_model, head_weight, head_rows, batch, autocast: bool) -> float:
+    """Sanity check of the data and the alignment of positions: the target's own restricted argmax
+    against the labels (close to the head's coverage when the labels are its greedy tokens)."""
+    input_ids, attention, index, labels = batch
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        hidden = target_model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        scores = hidden[index[:, 0], index[:, 1]] @ head_weight.T
+    return float((head_rows[scores.argmax(-1)] == labels).float().mean())
+
+
+def train_online(args) -> None:
+    """Distil the draft against the target's live distributions on WORK/generated.pt."""
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    autocast = device.type == "cuda"
+    if autocast:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    work = Path(args.work)
+    target_model, tokenizer = load_embedded_target(device, torch.float32)
+    target_model.requires_grad_(False)
+    rng = random.Random(args.seed)
+    records = [r for r in torch.load(work / "generated.pt") if len(r["ids"]) > r["prompt_len"]]
+    rng.shuffle(records)
+    held_out, own = records[: args.held_out], records[args.held_out :]
+    vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    head_rows = frequent_tokens(own, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model))).to(device)
+    answer_tokens = sum(len(r["ids"]) - r["prompt_len"] for r in own)
+    print(f"training on {len(own)} answers ({answer_tokens} answer tokens), {len(held_out)} held out; head of "
+          f"{len(head_rows)} rows covers {coverage(held_out, head_rows.cpu()):.3f} of held-out answer tokens", flush=True)
+    layers_from = [int(x) for x in args.layers_from.split(",")]
+    draft = init_draft(target_model, layers_from)
+    draft.get_input_embeddings().requires_grad_(False)
+    head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
+    params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    own.sort(key=lambda r: len(r["ids"]))
+    batches = [own[i : i + args.batch] for i in range(0, len(own), args.batch)]
+    held_batches = [held_out[i : i + args.batch] for i in range(0, len(held_out), args.batch)]
+    config = draft_config(target_model.config.to_dict(), len(layers_from))
+    sanity = target_agreement(target_model, head_weight, head_rows, right_padded(held_out, args.max_len, device), autocast)
+    print(f"sanity: the target's own restricted argmax matches {sanity:.3f} of held-out labels", flush=True)
+    started = time.time()
+
+    def schedule(step: int) -> float:
+        progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
+        return min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    @torch.no_grad()
+    def held_out_agreement() -> float:
+        draft.eval()
+        agree, total = 0.0, 0
+        for group in held_batches:
+            batch = right_padded(group, args.max_len, device)
+            _, batch_agree = online_loss(draft, target_model, head_weight, head_rows, batch, autocast)
+            agree += float(batch_agree) * len(batch[3])
+            total += len(batch[3])
+        draft.train()
+        return agree / max(total, 1)
+
+    best, step = -1.0, 0
+    history = []
+    bar = tqdm(total=args.steps, desc="distil (online)", mininterval=5)
+    draft.train()
+    while step < args.steps and time.time() - started < args.minutes * 60:
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * schedule(step)
+        loss, agree = online_loss(draft, target_model, head_weight, head_rows,
+                                  right_padded(rng.choice(batches), args.max_len, device), autocast)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        out_of_time = time.time() - started >= args.minutes * 60
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+            held = held_out_agreement()
+            history.append((step, round(time.time() - started, 1), round(loss.item(), 4), round(held, 4)))
+            print(f"\nstep {step}: loss {loss.item():.3f}, train-batch agreement {agree.item():.3f}, "
+                  f"held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
+            if held >= best:
+                best = held
+                torch.save({"draft": {k: v.detach().cpu() for k, v in draft.state_dict().items()
+                                      if "embed" not in k and "lm_head" not in k},
+                            "step": step, "head_rows": head_rows.cpu(), "layers_from": layers_from, "config": config,
+                            "held_out_agreement": held, "train_seconds": time.time() - started,
+                            "answer_tokens": answer_tokens, "answers": len(own), "history": history,
+                            "recipe": vars(args)}, work / "draft_best.pt")
+    bar.close()
+
+
+def gpu(args) -> None:
+    """The shipped recipe in one command: generate, train --online, export."""
+    generate(argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch}))
+    train_online(argparse.Namespace(**{**vars(args), "minutes": args.train_minutes, "steps": args.steps}))
+    export(args)
+
+
 def main() -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--work", default=str(DEFAULT_WORK), help="folder for teacher data and checkpoints")
+    common.add_argument("--gsm8k-train", default=str(DEFAULT_GSM8K_TRAIN))
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--threads", type=int, default=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_teacher = sub.add_parser("teacher")
+    p_teacher = sub.add_parser("teacher", parents=[common])
     p_teacher.add_argument("--gsm8k", type=int, default=700)
     p_teacher.add_argument("--written", type=int, default=500)
     p_teacher.add_argument("--batch", type=int, default=24)
     p_teacher.add_argument("--max-new-tokens", type=int, default=256)
-    p_teacher.add_argument("--threads", type=int, default=2)
-    p_teacher.add_argument("--seed", type=int, default=0)
-    p_train = sub.add_parser("train")
+    p_train = sub.add_parser("train", parents=[common])
     p_train.add_argument("--layers-from", default="0,29", help="target blocks the draft blocks start from")
     p_train.add_argument("--head-size", type=int, default=8192)
     p_train.add_argument("--steps", type=int, default=3000)
@@ -396,26 +677,41 @@ def main() -> None:
     p_train.add_argument("--max-len", type=int, default=512)
     p_train.add_argument("--lr", type=float, default=5e-4)
     p_train.add_argument("--eval-every", type=int, default=100)
-    p_train.add_argument("--threads", type=int, default=2)
-    p_train.add_argument("--seed", type=int, default=0)
     p_train.add_argument("--restart", action="store_true")
     p_train.add_argument("--weight-decay", type=float, default=0.01)
     p_train.add_argument("--held-out", type=int, default=24, help="generated answers kept for evaluation")
-    p_forced = sub.add_parser("forced")
+    p_forced = sub.add_parser("forced", parents=[common])
     p_forced.add_argument("--skip", type=int, default=720, help="GSM8K train questions kept for teacher/dev")
     p_forced.add_argument("--batch", type=int, default=16)
     p_forced.add_argument("--minutes", type=float, default=15.0)
-    p_forced.add_argument("--threads", type=int, default=2)
-    p_forced.add_argument("--seed", type=int, default=0)
-    p_dev = sub.add_parser("devset")
+    p_dev = sub.add_parser("devset", parents=[common])
     p_dev.add_argument("--gsm8k", type=int, default=700, help="questions the teacher used")
     p_dev.add_argument("--written", type=int, default=500, help="written prompts the teacher used")
     p_dev.add_argument("--count", type=int, default=20)
-    p_dev.add_argument("--seed", type=int, default=0)
-    p_export = sub.add_parser("export")
+    p_export = sub.add_parser("export", parents=[common])
     p_export.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
+    p_gpu = sub.add_parser("gpu", parents=[common], help="generate + train --online + export (the shipped recipe)")
+    p_gpu.add_argument("--device", default="cuda")
+    p_gpu.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
+    p_gpu.add_argument("--batch-generate", dest="generate_batch", type=int, default=1024)
+    p_gpu.add_argument("--max-new-tokens", type=int, default=384)
+    p_gpu.add_argument("--self-instruct", type=int, default=4096, help="questions the target writes itself")
+    p_gpu.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
+    p_gpu.add_argument("--generate-minutes", type=float, default=3.0)
+    p_gpu.add_argument("--train-minutes", type=float, default=4.0)
+    p_gpu.add_argument("--layers-from", default="0,1")
+    p_gpu.add_argument("--head-size", type=int, default=8192)
+    p_gpu.add_argument("--steps", type=int, default=100_000)
+    p_gpu.add_argument("--batch", type=int, default=64, help="training batch (answers)")
+    p_gpu.add_argument("--max-len", type=int, default=512)
+    p_gpu.add_argument("--lr", type=float, default=1e-3)
+    p_gpu.add_argument("--weight-decay", type=float, default=0.01)
+    p_gpu.add_argument("--eval-every", type=int, default=250)
+    p_gpu.add_argument("--held-out", type=int, default=128, help="generated answers kept for evaluation")
     args = parser.parse_args()
-    {"teacher": teacher, "forced": forced, "train": train, "export": export, "devset": devset}[args.command](args)
+    torch.set_num_threads(args.threads)
+    commands = {"teacher": teacher, "forced": forced, "train": train, "export": export, "devset": devset, "gpu": gpu}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ def test_embedded_dropmatch_with_auto_p_runs_and_explains_itself(embedded_engine
     trace = run_to_end(embedded_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=48),
                                                    RuleConfig("dropmatch", num_paths=5, p=None)))
     assert trace.p is not None and 0.0 < trace.p <= 0.5
-    drafted = [d for r in trace.rounds for d in r.drafted if d.reason != "unchecked"]
-    assert drafted and all(len(d.path_tokens) == 5 and d.threshold is not None for d in drafted)
+    judged = [d for r in trace.rounds for d in r.drafted if d.reason not in ("exact", "unchecked")]
+    assert judged and all(len(d.path_tokens) == 5 and d.threshold is not None for d in judged)
 
 
 def _median_step_ms(lm, steps: int = 25) -> float:
@@ -82,18 +82,16 @@ def test_embedded_draft_step_costs_at_most_an_eighth_of_a_target_step(embedded_e
 
 
 def test_embedded_mc_work_is_timed_and_shown_as_a_share_of_the_round(embedded_engine):
-    """K = 5, gamma = 5: the MC work is measured in every round and its share reported.
-
-    The issue's bar (<= 5% of a round) is NOT met on this CPU: see the README ("MC-head cost").
-    This test checks the measurement, not that bar.
-    """
+    """K = 5, gamma = 5, p = auto: the MC work is measured in every round that judged a position,
+    and its share of the round reported (README "MC-head cost": 4.8% measured on 6 prompts; a
+    single short run on a shared CI machine is too noisy to hold to the 5% bar here)."""
     from dropmatch.metrics import mc_overhead
 
     ids = embedded_engine.encode(PROMPTS[1])
     decode = DecodeConfig(gamma=5, max_new_tokens=48)
-    lossless = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig("lossless")))
-    lossy = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig("dropmatch", num_paths=5, p=0.1)))
-    share = mc_overhead(lossy, lossless)
-    print(f"MC-head share: {100 * share:.1f}%")
-    assert all(r.t_mc > 0 and r.head_rows == 6 * 6 for r in lossy.rounds if r.num_drafted == 5)
+    lossy = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig("dropmatch", num_paths=5, p=None)))
+    share = mc_overhead(lossy)
+    print(f"MC-head share: {100 * share:.1f}% at p = {lossy.p}")
+    judged = [r for r in lossy.rounds if any(d.path_tokens for d in r.drafted)]
+    assert judged and all(r.t_mc > 0 for r in judged)
     assert 0.0 < share < 1.0

@@ -111,14 +111,26 @@ def test_generation_stops_at_the_end_of_turn_token(tiny_engine):
     assert cut.stop_reason == "eos"
 
 
-def test_mc_rows_ride_in_the_same_head_call(tiny_engine):
-    """A DropMatch round sends (K + 1) * (gamma + 1) rows through the head once."""
-    ids = tiny_engine.encode(PROMPTS[0])
-    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=20),
-                                               RuleConfig("dropmatch", num_paths=5, p=0.3)))
-    first = trace.rounds[0]
-    assert first.head_rows == 6 * 6
-    assert all(len(d.path_tokens) == 5 and d.threshold is not None for d in first.drafted)
+@pytest.mark.parametrize("engine_name", ["tiny_engine", "far_engine"])
+@pytest.mark.parametrize("rule", ["dropmatch", "naive"])
+def test_mc_paths_run_only_where_the_rule_reads_them(engine_name, rule, request):
+    """Paths at every position the rule judged (neither an exact match nor after the rejection),
+    never at an exact match, and the head ran (gamma + 1) clean rows + K rows per such position."""
+    engine = request.getfixturevalue(engine_name)
+    judged = 0
+    for prompt in PROMPTS:
+        trace = run_to_end(engine.speculative(engine.encode(prompt), DecodeConfig(gamma=5, max_new_tokens=40),
+                                              RuleConfig(rule, num_paths=5, p=0.3)))
+        for r in trace.rounds:
+            with_paths = [d for d in r.drafted if d.path_tokens]
+            assert r.head_rows == len(r.drafted) + 1 + 5 * len(with_paths)
+            for d in r.drafted:
+                if d.reason == "exact":
+                    assert not d.path_tokens
+                elif d.reason != "unchecked":
+                    judged += 1
+                    assert len(d.path_tokens) == 5 and d.threshold is not None and d.draft_votes is not None
+    assert judged > 0  # the property was exercised
 
 
 def test_a_set_stop_event_ends_the_run_before_any_round(tiny_engine):
@@ -190,3 +202,20 @@ def test_a_pair_too_big_for_memory_is_refused_with_a_message(tiny_dirs, monkeypa
     monkeypatch.setattr(models, "available_memory", lambda device: 1000)
     with pytest.raises(ModelLoadError, match="only 0.0 GiB of memory is free"):
         load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("p", [0.02, 0.9])
+def test_path_logits_equal_the_head_of_the_dropped_out_hidden_states(tiny_engine, p):
+    """Sparse (few dropped entries: clean logits minus the dropped share) or dense (one matmul,
+    bf16 where available), path logits are W (h * keep) / (1 - p) up to rounding."""
+    from dropmatch import mc_head
+
+    target = tiny_engine.target
+    hidden = torch.randn(1, target.head_weight.shape[1], generator=torch.Generator().manual_seed(1))
+    keep = mc_head.dropout_masks(hidden, 5, p, torch.Generator().manual_seed(2))
+    dropped = int(torch.count_nonzero(hidden * (1 - keep)))
+    assert target._sparse_pays(dropped, hidden.shape[-1]) == (p == 0.02)  # 5 x 32 x 0.9 > 32  # both branches are exercised
+    expected = target.logits(hidden.unsqueeze(0) * keep / (1 - p))
+    got = target.path_logits(hidden, keep, p, target.logits(hidden))
+    tolerance = 1e-4 if p == 0.02 else 5e-2 * float(expected.abs().max())
+    assert got.shape == expected.shape and float((got - expected).abs().max()) <= tolerance
