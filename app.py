@@ -43,8 +43,12 @@ The output is exactly the target's.
 
 **DropMatch.** Monte-Carlo dropout on the LM head's input only: the transformer runs once, and the final
 hidden state $h$ is perturbed $K$ times, $h^{(i)} = h \odot m^{(i)}/(1-p)$ with $m^{(i)}_j \sim \mathrm{Bernoulli}(1-p)$.
-All $K(\gamma+1)$ path rows go through the head in **one** matmul (bf16 on hardware that has it; the clean
-rows stay fp32, so the lossless decisions are exact). Path distributions
+Paths are run only where the rule reads them: at drafted tokens that are *not* the target's own choice
+(an exact match is accepted anyway), left to right, up to the first rejection — so the step view shows
+"not run" at exact matches. Their logits are the clean logits minus the dropped entries' share,
+$W h^{(i)} = (W h - W (h \odot (1-m^{(i)})))/(1-p)$, a sparse product whose cost grows with $p$; at large
+$p$, or on a GPU, one dense matmul (bf16 where the hardware has it). The clean rows stay fp32, so the
+lossless decisions are exact. Path distributions
 $p^{(i)} = \mathrm{softmax}(W h^{(i)})$, path tokens $y^{(i)} = \arg\max p^{(i)}$, centroid
 $\bar p = \mathrm{softmax}(\frac1K \sum_i l^{(i)})$ (mean of the *logits*). A drafted token that is not the
 target's choice is still accepted when
@@ -61,7 +65,7 @@ on the prompt's own positions at the chosen rate (70% by default) — no data ne
 **Metrics.** *tau* = tokens emitted / verification rounds (correction or bonus included; autoregressive = 1).
 *Acceptance rate* = accepted / drafted tokens. *Target calls* = prefill + rounds. *tokens/s* = new tokens /
 the run's own time (prefill + rounds). *MC-head share* = the Monte-Carlo work of a round (dropout masks, the
-path rows' head matmul, path softmaxes, JS, votes) / round time. *Speedup* compares tokens/s
+path logits, path softmaxes, JS, votes) / round time. *Speedup* compares tokens/s
 with an autoregressive run of the target on the same prompt, seed and pair.
 """
 

@@ -232,8 +232,8 @@ class Engine:
         discarded anyway, and an exact match is accepted whatever the paths say).
 
         Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
-        runs all the later ones in one more matmul. Usually one stage of K rows instead of
-        K x (gamma + 1): on a CPU the head matmul is compute-bound, so rows are what cost.
+        runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1)
+        (see CausalLM.path_logits for how those rows are computed cheaply).
         Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
         """
         not_exact = (~exact).nonzero().flatten()

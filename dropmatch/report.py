@@ -140,7 +140,7 @@ K {settings.get('k')}, p {settings.get('p')}, temperature {settings.get('tempera
 <p>{html.escape(PAPER)}</p>
 <h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in verdicts(document))}</ul>
 <p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, the
-path rows' matmul, path softmaxes, JS, votes) / round time. Target NLL = mean negative
+path logits, path softmaxes, JS, votes) / round time. Target NLL = mean negative
 log-likelihood (nats/token) of the answer under the clean target. MT-Bench has no judge offline: its quality
 columns are the NLL, distinct-2 and token overlap with the lossless answer, not a judged score.</p>
 {_table(document)}

@@ -1,20 +1,19 @@
-"""Recipe of the shipped draft (assets/draft): teacher data -> distillation -> export.
+"""Recipe of the shipped draft (assets/draft): the target's own answers -> distillation -> export.
 
-The shipped draft was made on one CUDA GPU in one command (about 8 minutes on an H200):
+The shipped draft was made on one CUDA GPU in one command (8.6 minutes on an H200, model conversion
+included; the budgets below are wall-clock minutes of generation and of training):
 
-    python scripts/distill_draft.py gpu --device cuda --work runs/distill_gpu --out assets/draft
+    python scripts/distill_draft.py gpu --device cuda --generate-minutes 2.75 --train-minutes 4.5
 
-which runs `generate` (greedy target answers to every training prompt, batched, ids only),
-`train --online` (distillation against the target's full distributions, computed live) and `export`.
-The older CPU recipe stores the target's top-16 log-probabilities instead (no GPU needed):
-
-    python scripts/distill_draft.py teacher   # target answers to training prompts (resumable)
-    python scripts/distill_draft.py train     # distil the small draft (checkpoints, resumable)
-    python scripts/distill_draft.py export    # write assets/draft/{config.json,draft.safetensors}
-
-Training prompts: GSM8K *train* questions, prompts written from templates below and questions the
-target itself writes about listed topics (self-instruct). Never the GSM8K test set, HumanEval,
-MT-Bench or IFEval (those are what the draft is evaluated on).
+which runs, in one process:
+  generate  greedy target answers (token ids) to GSM8K *train* questions, prompts written from the
+            templates below and questions the target writes itself about the listed topics
+            (self-instruct), in batches of 1024, in a shuffled order, until its time budget ends;
+  train     distillation of the small draft against the target's distributions over the draft's
+            head rows, computed live from the target (no stored logits), with a held-out check;
+  export    the best held-out checkpoint -> assets/draft/{config.json,draft.safetensors,recipe.json}.
+`--device cpu` runs the same recipe without a GPU (about 100 times slower). Never trained on: the
+GSM8K test set, HumanEval, MT-Bench or IFEval (what the draft is evaluated on).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import argparse
 import json
 import math
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +37,6 @@ from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_ta
 
 DEFAULT_WORK = ROOT / "runs" / "distill"
 DEFAULT_GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
-TOP_K = 16
 
 TOPICS = [
     "the ocean", "autumn leaves", "a city at night", "friendship", "learning to code", "coffee",
@@ -91,124 +88,45 @@ def all_prompts(seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> tuple[lis
     return questions, written
 
 
-def training_prompts(num_gsm8k: int, num_written: int, seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> list[str]:
-    questions, written = all_prompts(seed, gsm8k_train)
-    return questions[:num_gsm8k] + written[:num_written]
+DEV_GSM8K = slice(700, 720)  # GSM8K train questions that `generate` skips: the dev set's math half
+DEV_PROMPTS = [  # written for the dev set only, not built from the training templates
+    "How do I politely decline an invitation to a colleague's party?",
+    "Write a short thank-you note to a neighbour who watered my plants.",
+    "What should I pack for a three-day hiking trip in spring?",
+    "Explain what a mortgage is and how interest works on it.",
+    "Suggest a name and a slogan for a bicycle repair shop.",
+    "Why do leaves change colour before they fall?",
+    "Give me a simple weekly plan to start running.",
+    "Write a four-line poem about a sleepy cat on a windowsill.",
+    "What is the difference between weather and climate?",
+    "Describe how a bill becomes a law, in a few steps.",
+    "Write a Python function that returns the number of words in a sentence.",
+    "How can I make my mornings less stressful?",
+    "Explain how vaccines train the immune system.",
+    "Write a short product review of a pair of noise-cancelling headphones.",
+    "What are three good habits for keeping a tidy desk?",
+    "Summarize the plot of a heist story in five sentences.",
+    "How does a refrigerator keep food cold?",
+    "Write an invitation to a board game night with friends.",
+    "What questions should I ask before adopting a dog?",
+    "Explain recursion to someone who has just started programming.",
+]
 
 
 def devset(args) -> None:
-    """Held-out development prompts for tuning (p = auto's agreement): GSM8K train questions and
-    written prompts that the teacher step did not use. Never the evaluation sets."""
-    questions, written = all_prompts(args.seed, args.gsm8k_train)
+    """Held-out development prompts for tuning gamma and p = auto's agreement, never trained on
+    and never the evaluation sets: GSM8K train questions that `generate` skips, interleaved with
+    DEV_PROMPTS (so that --limit N takes both kinds)."""
+    questions, _ = all_prompts(args.seed, args.gsm8k_train)
+    pairs = zip(questions[DEV_GSM8K][: args.count], DEV_PROMPTS[: args.count])
     out = Path(args.work) / "dev.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    pairs = zip(questions[args.gsm8k : args.gsm8k + args.count], written[args.written : args.written + args.count])
-    lines = [json.dumps({"prompt": prompt}) for pair in pairs for prompt in pair]  # interleaved: --limit takes both
+    lines = [json.dumps({"prompt": prompt}) for pair in pairs for prompt in pair]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: {len(lines)} prompts")
 
 
-def teacher(args) -> None:
-    """Greedy target answers with the target's top-k log-probabilities at every answer position."""
-    out_dir = Path(args.work) / "teacher"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_embedded_target(torch.device("cpu"))
-    stops = list(stop_token_ids(tokenizer, model))
-    prompts = training_prompts(args.gsm8k, args.written, args.seed, args.gsm8k_train)
-    encoded = sorted((encode_prompt(tokenizer, p) for p in prompts), key=len)
-    batches = [encoded[i : i + args.batch] for i in range(0, len(encoded), args.batch)]
-    rng = random.Random(args.seed)
-    order = list(range(len(batches)))
-    rng.shuffle(order)  # so a partial run still covers short and long prompts
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    for shard in tqdm(order, desc="teacher batches"):
-        path = out_dir / f"shard_{shard:04d}.pt"
-        if path.exists():
-            continue
-        batch = batches[shard]
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=input_ids, attention_mask=attention, max_new_tokens=args.max_new_tokens,
-                do_sample=False, eos_token_id=stops, pad_token_id=pad,
-                output_logits=True, return_dict_in_generate=True,
-            )
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
-        top_logprobs, top_ids = logprobs.topk(TOP_K, dim=-1)
-        records = []
-        for row, ids in enumerate(batch):
-            answer = out.sequences[row, width:].tolist()
-            length = next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))
-            records.append({
-                "ids": torch.tensor(ids + answer[:length], dtype=torch.int32),
-                "prompt_len": len(ids),
-                "top_ids": top_ids[row, :length].to(torch.int32),
-                "top_logprobs": top_logprobs[row, :length].half(),
-            })
-        torch.save(records, path)
-
-
-def forced(args) -> None:
-    """Teacher forcing on GSM8K *train* reference answers: one target forward per batch gives the
-    target's top-k at every answer position, far faster than generating. Questions from
-    --skip on (the first ones feed the generated teacher data and the dev set)."""
-    out_dir = Path(args.work) / "forced"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_embedded_target(torch.device("cpu"))
-    rows = [json.loads(line) for line in Path(args.gsm8k_train).read_text().splitlines()]
-    questions, _ = all_prompts(args.seed, args.gsm8k_train)
-    answer_of = {r["question"]: r["answer"] for r in rows}
-    pairs = [(q, answer_of[q]) for q in questions[args.skip :]]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = [pairs[i : i + args.batch] for i in range(0, len(pairs), args.batch)]
-    started = time.time()
-    for shard, batch in enumerate(tqdm(batches, desc="forced batches")):
-        path = out_dir / f"shard_{shard:04d}.pt"
-        if path.exists():
-            continue
-        if time.time() - started > args.minutes * 60:
-            break
-        encoded = []
-        for question, answer in batch:
-            prompt = encode_prompt(tokenizer, question)
-            text = re.sub(r"<<[^>]*>>", "", answer).replace("####", "The answer is") + "<|im_end|>"
-            encoded.append((prompt, tokenizer(text, add_special_tokens=False)["input_ids"]))
-        width = max(len(p) + len(a) for p, a in encoded)
-        input_ids = torch.full((len(encoded), width), pad)
-        attention = torch.zeros(len(encoded), width, dtype=torch.long)
-        for b, (prompt, answer) in enumerate(encoded):
-            input_ids[b, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
-            attention[b, : len(prompt) + len(answer)] = 1
-        with torch.inference_mode():
-            logprobs = model(input_ids=input_ids, attention_mask=attention).logits.float().log_softmax(-1)
-        top_logprobs, top_ids = logprobs.topk(TOP_K, dim=-1)
-        records = []
-        for b, (prompt, answer) in enumerate(encoded):
-            positions = slice(len(prompt) - 1, len(prompt) + len(answer) - 1)  # predicting each answer token
-            records.append({
-                "ids": torch.tensor(prompt + answer, dtype=torch.int32),
-                "prompt_len": len(prompt),
-                "top_ids": top_ids[b, positions].to(torch.int32),
-                "top_logprobs": top_logprobs[b, positions].half(),
-            })
-        torch.save(records, path)
-
-
 # ---------------------------------------------------------------- training
-
-
-def load_teacher(work: Path, folders=("teacher", "forced")) -> list[dict]:
-    """Generated answers (the target's own text) and teacher-forced GSM8K train answers."""
-    records = []
-    for folder in folders:
-        for path in sorted((work / folder).glob("shard_*.pt")):
-            records.extend(torch.load(path))
-    return [r for r in records if r["top_ids"].shape[0] > 0]
 
 
 def frequent_tokens(records: list[dict], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
@@ -249,127 +167,6 @@ def init_draft(target_model, layers_from: list[int]):
     return draft
 
 
-def make_batch(records: list[dict], row_of: torch.Tensor, max_len: int):
-    """Right-padded inputs and, per answer position, the teacher's top-k restricted to the head rows."""
-    seqs = [r["ids"][:max_len].long() for r in records]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attention = torch.zeros(len(seqs), width, dtype=torch.long)
-    positions, top_rows, top_probs = [], [], []
-    for b, (record, seq) in enumerate(zip(records, seqs)):
-        input_ids[b, : len(seq)] = seq
-        attention[b, : len(seq)] = 1
-        start = record["prompt_len"] - 1
-        count = min(record["top_ids"].shape[0], len(seq) - record["prompt_len"])
-        for j in range(count):
-            positions.append((b, start + j))
-        rows = row_of[record["top_ids"][:count].long()]  # -1 where outside the head
-        probs = record["top_logprobs"][:count].float().exp() * (rows >= 0)
-        top_rows.append(rows.clamp_min(0))
-        top_probs.append(probs / probs.sum(-1, keepdim=True).clamp_min(1e-9))
-    index = torch.tensor(positions)
-    return input_ids, attention, index, torch.cat(top_rows), torch.cat(top_probs)
-
-
-def draft_loss(draft, head_weight, batch):
-    """Cross-entropy of the draft's restricted distribution against the teacher's top-k
-    (soft distillation); also returns greedy agreement with the teacher's argmax."""
-    input_ids, attention, index, top_rows, top_probs = batch
-    hidden = draft.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
-    hidden = hidden[index[:, 0], index[:, 1]]  # [N, H]
-    log_q = torch.log_softmax(hidden @ head_weight.T, dim=-1)  # [N, S]
-    loss = -(top_probs * log_q.gather(-1, top_rows)).sum(-1).mean()
-    agree = (log_q.argmax(-1) == top_rows[:, 0]).float().mean()
-    return loss, agree
-
-
-def train(args) -> None:
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    target_model, tokenizer = load_embedded_target(torch.device("cpu"))
-    target_model.requires_grad_(False)
-    rng = random.Random(args.seed)
-    generated, forced_records = load_teacher(Path(args.work), ("teacher",)), load_teacher(Path(args.work), ("forced",))
-    rng.shuffle(generated)
-    # Held out: only the target's own generated answers, the text a draft meets at inference time.
-    held_out, own = generated[:args.held_out], generated[args.held_out:]
-    records = own + forced_records
-    vocab_size = target_model.get_output_embeddings().weight.shape[0]
-    head_rows = frequent_tokens(records, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model)))
-    row_of = torch.full((vocab_size,), -1, dtype=torch.long)
-    row_of[head_rows] = torch.arange(len(head_rows))
-    answer_tokens = sum(int(r["top_ids"].shape[0]) for r in records)
-    print(f"teacher: {len(records)} answers ({answer_tokens} tokens; {len(forced_records)} teacher-forced) for "
-          f"training, {len(held_out)} generated answers held out; "
-          f"head of {len(head_rows)} rows covers {coverage(held_out, head_rows):.3f} of held-out answer tokens",
-          flush=True)
-    layers_from = [int(x) for x in args.layers_from.split(",")]
-    draft = init_draft(target_model, layers_from)
-    draft.get_input_embeddings().requires_grad_(False)
-    head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
-    params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    ckpt_path = Path(args.work) / "draft_ckpt.pt"
-    step = 0
-    if ckpt_path.exists() and not args.restart:
-        ckpt = torch.load(ckpt_path)
-        draft.load_state_dict(ckpt["draft"], strict=False)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
-        print(f"resumed at step {step}", flush=True)
-    def schedule(step: int) -> float:
-        """Warm-up, then cosine to zero by whichever comes first: the last step or the time budget."""
-        progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
-        return min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    def length_batches(pool):
-        pool = sorted(pool, key=lambda r: len(r["ids"]))
-        return [pool[i : i + args.batch] for i in range(0, len(pool), args.batch)]
-
-    # Half the batches from the target's own answers, whatever the amount of teacher-forced text.
-    pools = [pool for pool in (length_batches(own), length_batches(forced_records)) if pool]
-    started = time.time()
-    best = -1.0
-    bar = tqdm(total=args.steps, initial=step, desc="distil")
-    draft.train()
-    while step < args.steps and time.time() - started < args.minutes * 60:
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr * schedule(step)
-        loss, agree = draft_loss(draft, head_weight, make_batch(rng.choice(rng.choice(pools)), row_of, args.max_len))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{agree.item():.3f}")
-        out_of_time = time.time() - started >= args.minutes * 60
-        if step % args.eval_every == 0 or step == args.steps or out_of_time:
-            held = evaluate(draft, head_weight, held_out, row_of, args)
-            print(f"\nstep {step}: held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
-            best = max(best, held)
-            for path in [ckpt_path] + ([Path(args.work) / "draft_best.pt"] if held >= best else []):
-                torch.save({"draft": {k: v for k, v in draft.state_dict().items() if "embed" not in k and "lm_head" not in k},
-                        "optimizer": optimizer.state_dict(), "step": step, "head_rows": head_rows,
-                        "layers_from": layers_from, "config": draft_config(target_model.config.to_dict(), len(layers_from)),
-                        "held_out_agreement": held, "train_seconds": time.time() - started,
-                        "answer_tokens": answer_tokens}, path)
-    bar.close()
-
-
-@torch.no_grad()
-def evaluate(draft, head_weight, held_out, row_of, args) -> float:
-    draft.eval()
-    agree, total = 0.0, 0
-    for i in range(0, len(held_out), args.batch):
-        batch = make_batch(held_out[i : i + args.batch], row_of, args.max_len)
-        _, batch_agree = draft_loss(draft, head_weight, batch)
-        agree += float(batch_agree) * batch[2].shape[0]
-        total += batch[2].shape[0]
-    draft.train()
-    return agree / max(total, 1)
-
-
 def export(args) -> None:
     from safetensors.torch import save_file
 
@@ -387,7 +184,7 @@ def export(args) -> None:
     print(f"wrote {out}: {recipe}")
 
 
-# ---------------------------------------------------------------- GPU recipe: generated ids + online distillation
+# ---------------------------------------------------------------- prompts of the recipe
 
 MORE_TOPICS = [
     "a trip to Japan", "the French Revolution", "machine learning", "black holes", "gardening",
@@ -498,8 +295,7 @@ def generate(args) -> None:
     loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
     deadline = loaded + args.minutes * 60
     questions, _ = all_prompts(args.seed, args.gsm8k_train)
-    # questions[700:720] are the dev set (devset command); never trained on
-    questions = questions[:700] + questions[720:]
+    questions = questions[: DEV_GSM8K.start] + questions[DEV_GSM8K.stop :]  # the dev set's are never trained on
     written = gpu_written_prompts(args.seed)
     asked = self_instruct(model, tokenizer, args.self_instruct, args.seed, args.batch,
                           loaded + args.minutes * 60 * 0.15) if args.self_instruct else []
@@ -567,7 +363,7 @@ def target_agreement(target_model, head_weight, head_rows, batch, autocast: bool
     return float((head_rows[scores.argmax(-1)] == labels).float().mean())
 
 
-def train_online(args) -> None:
+def train(args) -> None:
     """Distil the draft against the target's live distributions on WORK/generated.pt."""
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -649,68 +445,52 @@ def train_online(args) -> None:
 
 
 def gpu(args) -> None:
-    """The shipped recipe in one command: generate, train --online, export."""
+    """The shipped recipe in one command: generate, train, export."""
     generate(argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch}))
-    train_online(argparse.Namespace(**{**vars(args), "minutes": args.train_minutes, "steps": args.steps}))
+    train(argparse.Namespace(**{**vars(args), "minutes": args.train_minutes}))
     export(args)
 
 
 def main() -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--work", default=str(DEFAULT_WORK), help="folder for teacher data and checkpoints")
+    common.add_argument("--work", default=str(DEFAULT_WORK), help="folder for the generated answers and checkpoints")
     common.add_argument("--gsm8k-train", default=str(DEFAULT_GSM8K_TRAIN))
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--threads", type=int, default=2)
+    common.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    common.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR), help="where export writes the draft")
+    generating = argparse.ArgumentParser(add_help=False)
+    generating.add_argument("--batch-generate", dest="generate_batch", type=int, default=1024)
+    generating.add_argument("--max-new-tokens", type=int, default=384)
+    generating.add_argument("--self-instruct", type=int, default=4096, help="questions the target writes itself")
+    generating.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
+    generating.add_argument("--generate-minutes", type=float, default=2.75)
+    training = argparse.ArgumentParser(add_help=False)
+    training.add_argument("--train-minutes", type=float, default=4.5)
+    training.add_argument("--layers-from", default="0,1", help="target blocks the draft blocks start from")
+    training.add_argument("--head-size", type=int, default=8192)
+    training.add_argument("--steps", type=int, default=100_000, help="at most; the time budget usually ends first")
+    training.add_argument("--batch", type=int, default=64, help="answers per training step")
+    training.add_argument("--max-len", type=int, default=512)
+    training.add_argument("--lr", type=float, default=1e-3)
+    training.add_argument("--weight-decay", type=float, default=0.01)
+    training.add_argument("--eval-every", type=int, default=250)
+    training.add_argument("--held-out", type=int, default=128, help="generated answers kept for evaluation")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_teacher = sub.add_parser("teacher", parents=[common])
-    p_teacher.add_argument("--gsm8k", type=int, default=700)
-    p_teacher.add_argument("--written", type=int, default=500)
-    p_teacher.add_argument("--batch", type=int, default=24)
-    p_teacher.add_argument("--max-new-tokens", type=int, default=256)
-    p_train = sub.add_parser("train", parents=[common])
-    p_train.add_argument("--layers-from", default="0,29", help="target blocks the draft blocks start from")
-    p_train.add_argument("--head-size", type=int, default=8192)
-    p_train.add_argument("--steps", type=int, default=3000)
-    p_train.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget; resumable")
-    p_train.add_argument("--batch", type=int, default=8)
-    p_train.add_argument("--max-len", type=int, default=512)
-    p_train.add_argument("--lr", type=float, default=5e-4)
-    p_train.add_argument("--eval-every", type=int, default=100)
-    p_train.add_argument("--restart", action="store_true")
-    p_train.add_argument("--weight-decay", type=float, default=0.01)
-    p_train.add_argument("--held-out", type=int, default=24, help="generated answers kept for evaluation")
-    p_forced = sub.add_parser("forced", parents=[common])
-    p_forced.add_argument("--skip", type=int, default=720, help="GSM8K train questions kept for teacher/dev")
-    p_forced.add_argument("--batch", type=int, default=16)
-    p_forced.add_argument("--minutes", type=float, default=15.0)
+    sub.add_parser("generate", parents=[common, generating])
+    sub.add_parser("train", parents=[common, training])
+    sub.add_parser("export", parents=[common])
+    sub.add_parser("gpu", parents=[common, generating, training], help="generate + train + export (the shipped recipe)")
     p_dev = sub.add_parser("devset", parents=[common])
-    p_dev.add_argument("--gsm8k", type=int, default=700, help="questions the teacher used")
-    p_dev.add_argument("--written", type=int, default=500, help="written prompts the teacher used")
     p_dev.add_argument("--count", type=int, default=20)
-    p_export = sub.add_parser("export", parents=[common])
-    p_export.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
-    p_gpu = sub.add_parser("gpu", parents=[common], help="generate + train --online + export (the shipped recipe)")
-    p_gpu.add_argument("--device", default="cuda")
-    p_gpu.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR))
-    p_gpu.add_argument("--batch-generate", dest="generate_batch", type=int, default=1024)
-    p_gpu.add_argument("--max-new-tokens", type=int, default=384)
-    p_gpu.add_argument("--self-instruct", type=int, default=4096, help="questions the target writes itself")
-    p_gpu.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
-    p_gpu.add_argument("--generate-minutes", type=float, default=3.0)
-    p_gpu.add_argument("--train-minutes", type=float, default=4.0)
-    p_gpu.add_argument("--layers-from", default="0,1")
-    p_gpu.add_argument("--head-size", type=int, default=8192)
-    p_gpu.add_argument("--steps", type=int, default=100_000)
-    p_gpu.add_argument("--batch", type=int, default=64, help="training batch (answers)")
-    p_gpu.add_argument("--max-len", type=int, default=512)
-    p_gpu.add_argument("--lr", type=float, default=1e-3)
-    p_gpu.add_argument("--weight-decay", type=float, default=0.01)
-    p_gpu.add_argument("--eval-every", type=int, default=250)
-    p_gpu.add_argument("--held-out", type=int, default=128, help="generated answers kept for evaluation")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    commands = {"teacher": teacher, "forced": forced, "train": train, "export": export, "devset": devset, "gpu": gpu}
+    if args.command == "generate":
+        args = argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch})
+    if args.command == "train":
+        args = argparse.Namespace(**{**vars(args), "minutes": args.train_minutes})
+    commands = {"generate": generate, "train": train, "export": export, "devset": devset, "gpu": gpu}
     commands[args.command](args)
 
 

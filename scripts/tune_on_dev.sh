@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the embedded pair's defaults were chosen: on held-out *training-side* prompts only
-# (runs/distill/dev.jsonl from `distill_draft.py devset`: GSM8K train questions and written prompts
-# that the draft never saw), never on the evaluation sets.
+# (runs/distill/dev.jsonl from `distill_draft.py devset`: GSM8K train questions and prompts written
+# for the dev set, neither ever trained on), never on the evaluation sets.
 #   bash scripts/tune_on_dev.sh [N_PROMPTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,6 +5,7 @@ Slow-ish: the first run converts the GGUF once (~20 s) into the cache.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -95,3 +96,30 @@ def test_embedded_mc_work_is_timed_and_shown_as_a_share_of_the_round(embedded_en
     judged = [r for r in lossy.rounds if any(d.path_tokens for d in r.drafted)]
     assert judged and all(r.t_mc > 0 for r in judged)
     assert 0.0 < share < 1.0
+
+
+def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path):
+    """scripts/distill_draft.py gpu on the CPU with tiny budgets: target answers, distillation
+    against the live target, export; the exported folder loads as the embedded pair's draft."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dropmatch.models import load_embedded_pair
+
+    root = Path(__file__).resolve().parent.parent
+    gsm8k = tmp_path / "gsm8k_train.jsonl"  # the recipe reads GSM8K *train*; a stand-in keeps CI offline
+    gsm8k.write_text("\n".join('{"question": "What is %d + %d?", "answer": "#### %d"}' % (i, i, 2 * i)
+                               for i in range(800)) + "\n")
+    command = [sys.executable, str(root / "scripts" / "distill_draft.py"), "gpu", "--device", "cpu",
+               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "draft"), "--gsm8k-train", str(gsm8k),
+               "--self-instruct", "4", "--limit", "3", "--batch-generate", "4", "--max-new-tokens", "12",
+               "--generate-minutes", "1", "--train-minutes", "0.2", "--batch", "2", "--held-out", "2",
+               "--eval-every", "2", "--steps", "4"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sanity: the target's own restricted argmax matches" in done.stdout
+    recipe = json.loads((tmp_path / "draft" / "recipe.json").read_text())
+    assert recipe["step"] in (2, 4) and recipe["head_rows"] == 8192 and recipe["answers"] > 0
+    pair = load_embedded_pair(torch.device("cpu"), draft_dir=tmp_path / "draft")
+    assert pair.draft.head_weight.shape == (8192, 576)

@@ -54,3 +54,18 @@ def test_embedded_pair_runs_on_the_gpu():
     trace = run_to_end(engine.speculative(engine.encode("What is 2 + 3?"), DecodeConfig(max_new_tokens=24),
                                           RuleConfig("dropmatch", p=None)))
     assert trace.output_ids and trace.p is not None
+
+
+def test_dropmatch_on_the_gpu_runs_paths_only_where_judged_and_p0_is_lossless(cuda_engine):
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+
+    ids = cuda_engine.encode("count from one to ten")
+    decode = DecodeConfig(gamma=4, max_new_tokens=32)
+    lossless = run_to_end(cuda_engine.speculative(ids, decode, RuleConfig("lossless")))
+    at_zero = run_to_end(cuda_engine.speculative(ids, decode, RuleConfig("dropmatch", p=0.0)))
+    assert at_zero.output_ids == lossless.output_ids
+    lossy = run_to_end(cuda_engine.speculative(ids, decode, RuleConfig("dropmatch", p=0.3)))
+    for r in lossy.rounds:
+        assert r.head_rows == len(r.drafted) + 1 + 5 * sum(1 for d in r.drafted if d.path_tokens)
+        assert all(not d.path_tokens for d in r.drafted if d.reason == "exact")
