@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import tables
 from .config import RULES, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p
 
 
@@ -282,17 +283,8 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
 
 
 def format_table(name: str, numbers: dict) -> str:
-    header = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "dist-2")
-    rows = [header]
-    ar = numbers["autoregressive"]
-    rows.append(("autoregressive", "1.00", "-", _f(ar["tokens_per_s"], 1), "1.00x", "-", "-", "-",
-                 _f(ar["accuracy"], 3), _f(ar["target_nll"], 3), _f(ar["distinct2"], 3)))
-    for label, s in numbers["rules"].items():
-        rows.append((label, _f(s["tau"]), _f(s["acceptance_rate"]), _f(s["tokens_per_s"], 1),
-                     _f(s["speedup_vs_ar"]) + "x", _f(s.get("speedup_vs_lossless")) + "x",
-                     "-" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%", _f(s["p"], 3),
-                     _f(s["accuracy"], 3), _f(s["target_nll"], 3), _f(s["distinct2"], 3)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
     lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
@@ -303,7 +295,7 @@ def format_table(name: str, numbers: dict) -> str:
 
 
 def _f(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return tables.number(value, digits, dash="-")
 
 
 def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:

@@ -8,6 +8,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .tables import number, summary_rows
+
 PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over standard SD, about +10% mean "
          "acceptance length, accuracy within about 1 point on GSM8K / MMLU / IFEval / HumanEval; the MC head "
          "costs 1.64% of a step on Llama-3.1-70B.")
@@ -70,28 +72,10 @@ def _positions(document: dict) -> go.Figure:
 def _table(document: dict) -> str:
     head = ("benchmark", "run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy",
             "target NLL", "distinct-2", "overlap w/ lossless")
-    rows = []
-    for name, summary in document["benchmarks"].items():
-        ar = summary["autoregressive"]
-        rows.append((name, "autoregressive", "1.00", "–", _f(ar["tokens_per_s"], 1), "1.00x", "–", "–", "–",
-                     _f(ar.get("accuracy"), 3), _f(ar.get("target_nll"), 3), _f(ar.get("distinct2"), 3), "–"))
-        for label, s in summary["rules"].items():
-            rows.append((name, label, _f(s["tau"]), _f(s["acceptance_rate"]), _f(s["tokens_per_s"], 1),
-                         _f(s["speedup_vs_ar"]) + "x", _f(s.get("speedup_vs_lossless")) + "x",
-                         "–" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%", _f(s["p"], 3),
-                         _f(s["accuracy"], 3), _f(s["target_nll"], 3), _f(s["distinct2"], 3),
-                         _f(s.get("overlap_with_lossless"), 3)))
-        if "peer" in summary:
-            peer = summary["peer"]
-            rows.append((name, peer["name"], "–", "–", _f(peer["tokens_per_s"], 1), "–",
-                         f"ours/peer {_f(peer['ours_over_peer'])}", "–", "–", "–", "–", "–", "–"))
+    rows = [(name, *row) for name, summary in document["benchmarks"].items() for row in summary_rows(summary)]
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     header = "".join(f"<th>{h}</th>" for h in head)
     return f"<table><tr>{header}</tr>{cells}</table>"
-
-
-def _f(value, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def verdicts(document: dict) -> list[str]:
@@ -161,17 +145,9 @@ def markdown_table(document: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, summary in document["benchmarks"].items():
-        ar = summary["autoregressive"]
-        lines.append(f"| {name} ({summary['prompts']}) | autoregressive | 1.00 | – | {_f(ar['tokens_per_s'], 1)} | 1.00x | – | – | – "
-                     f"| {_f(ar.get('accuracy'), 3)} | {_f(ar.get('target_nll'), 3)} | {_f(ar.get('distinct2'), 3)} |")
-        for label, s in summary["rules"].items():
-            share = "–" if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
-            lines.append(f"| | {label} | {_f(s['tau'])} | {_f(s['acceptance_rate'])} | {_f(s['tokens_per_s'], 1)} "
-                         f"| {_f(s['speedup_vs_ar'])}x | {_f(s.get('speedup_vs_lossless'))}x | {share} | {_f(s['p'], 3)} "
-                         f"| {_f(s['accuracy'], 3)} | {_f(s['target_nll'], 3)} | {_f(s['distinct2'], 3)} |")
-        if "peer" in summary:
-            peer = summary["peer"]
-            lines.append(f"| | transformers assisted generation | – | – | {_f(peer['tokens_per_s'], 1)} | – "
-                         f"| ours/peer {_f(peer['ours_over_peer'])} | – | – | – | – | – |")
+        for i, row in enumerate(summary_rows(summary)):
+            first = f"{name} ({summary['prompts']})" if i == 0 else ""
+            cells = (first, *row[:-1])  # no overlap column
+            lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
     lines += ["", *[f"- {v}" for v in verdicts(document)], "", PAPER]
     return "\n".join(lines)

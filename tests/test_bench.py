@@ -124,3 +124,28 @@ def test_a_count_after_the_file_limits_that_file(one_prompt):
     assert parse_file(str(one_prompt), 7) == (str(one_prompt), 7)
     out = bench("--prompts", f"{one_prompt}:0")
     assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_text_html_and_markdown_tables_show_the_same_numbers_for_every_run():
+    """The three renderings of a benchmark summary share one row builder: every run (AR, each rule,
+    the peer) shows up in each, with the same tau / tokens/s / MC share strings."""
+    from dropmatch.bench import format_table
+    from dropmatch.report import _table, markdown_table
+    from dropmatch.tables import summary_rows
+
+    rule = dict(tau=2.1734, acceptance_rate=0.4, tokens_per_s=22.71, speedup_vs_ar=1.29, speedup_vs_lossless=1.0,
+                mc_overhead=0.0381, p=0.057, accuracy=None, target_nll=0.378, distinct2=0.6,
+                overlap_with_lossless=1.0)
+    summary = {"kind": "gsm8k", "prompts": 2, "skipped": [],
+               "autoregressive": dict(tokens_per_s=17.64, accuracy=0.5, target_nll=0.38, distinct2=0.6),
+               "rules": {"lossless": {**rule, "mc_overhead": None, "p": None}, "dropmatch": rule},
+               "peer": dict(name="transformers assisted generation", tokens_per_s=19.4, ours_over_peer=1.17)}
+    document = {"settings": {"command": "python -m dropmatch.bench ..."}, "benchmarks": {"gsm8k_test": summary}}
+    text, page, markdown = format_table("gsm8k_test", summary), _table(document), markdown_table(document)
+    rows = summary_rows(summary)
+    assert [row[0] for row in rows] == ["autoregressive", "lossless", "dropmatch", "transformers assisted generation"]
+    for shown in ("2.17", "22.7", "3.8%", "17.6", "ours/peer 1.17"):
+        assert shown in page and shown in markdown
+    for shown in ("2.17", "22.7", "3.8%", "17.6", "ours/peer = 1.17"):
+        assert shown in text
+    assert markdown.count("\n| ") == 1 + len(rows)  # the header, then one Markdown row per run

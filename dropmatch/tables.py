@@ -1,0 +1,32 @@
+"""The rows of a benchmark's results table, shared by the CLI's text table, the HTML report and the
+README's Markdown table (pure: summary dicts in, strings out)."""
+
+from __future__ import annotations
+
+HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "dist-2",
+          "overlap w/ lossless")
+
+
+def number(value, digits: int = 2, dash: str = "–") -> str:
+    return dash if value is None else f"{value:.{digits}f}"
+
+
+def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tuple[str, ...]]:
+    """One row per run of one benchmark's summary (bench.summarize_benchmark), in HEADER's columns:
+    the autoregressive baseline, each rule, then the peer (when there is one and `peer`)."""
+    def f(value, digits: int = 2) -> str:
+        return number(value, digits, dash)
+
+    ar = summary["autoregressive"]
+    rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), "1.00x", dash, dash, dash,
+             f(ar.get("accuracy"), 3), f(ar.get("target_nll"), 3), f(ar.get("distinct2"), 3), dash)]
+    for label, s in summary["rules"].items():
+        share = dash if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
+        rows.append((label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
+                     f(s["speedup_vs_ar"]) + "x", f(s.get("speedup_vs_lossless")) + "x", share, f(s["p"], 3),
+                     f(s["accuracy"], 3), f(s["target_nll"], 3), f(s["distinct2"], 3),
+                     f(s.get("overlap_with_lossless"), 3)))
+    if peer and "peer" in summary:
+        rows.append((summary["peer"]["name"], dash, dash, f(summary["peer"]["tokens_per_s"], 1), dash,
+                     f"ours/peer {f(summary['peer']['ours_over_peer'])}", dash, dash, dash, dash, dash, dash))
+    return rows
