@@ -27,8 +27,8 @@ from dropmatch.studio import DEFAULT_PRESET, PRESETS, Studio, pair_from_choice
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
-DEFAULTS = dict(gamma=3, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
-                max_new_tokens=96, seed=0, run_autoregressive=True)
+DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
+                max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
 
@@ -36,6 +36,9 @@ HOW_IT_WORKS = r"""
 **Speculative decoding.** A small *draft* model proposes $\gamma$ tokens; the *target* scores all of
 them in **one** forward pass over $\gamma+1$ positions. The longest acceptable prefix is kept, then the
 target adds one token: a *correction* at the first rejected slot, or a *bonus* token when all were accepted.
+With a *draft confidence* above 0, a round's draft ends early, before a token the draft itself gives less than
+that probability: the target verifies what was drafted as usual (lossless output unchanged), and fewer
+unlikely drafts are paid for.
 
 **Lossless acceptance.** Greedy: accept $x_i$ iff $x_i = \arg\max p_{target}$. Sampling: accept with
 probability $\min(1, p_{target}(x_i)/p_{draft}(x_i))$, else draw from $\mathrm{norm}(\max(0, p_{target}-p_{draft}))$.
@@ -76,12 +79,13 @@ def load_examples() -> list[list[str]]:
     return [[e["prompt"]] for e in json.loads(EXAMPLES_FILE.read_text())]
 
 
-def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed):
+def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
+                   draft_confidence=DEFAULTS["draft_confidence"]):
     """UI / API values -> (DecodeConfig, RuleConfig); ConfigError with one message if any is off."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("the prompt is empty; type a question or pick an example")
     decode = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=seed)
+                          top_p=top_p, seed=seed, draft_confidence=draft_confidence)
     return decode, RuleConfig(rule=rule, num_paths=k, p=parse_p(p))
 
 
@@ -130,9 +134,10 @@ def create_demo(studio: Studio) -> gr.Blocks:
         return text_html(spans, cursor=not column.done)
 
     def run_ui(prompt, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-               seed, run_ar):
+               seed, run_ar, draft_confidence):
         try:
-            decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed)
+            decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
+                                                 draft_confidence)
             spec = pair_from_choice(preset, target_id, draft_id)
             if not studio.is_loaded(spec):
                 yield {status: f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
@@ -194,11 +199,11 @@ def create_demo(studio: Studio) -> gr.Blocks:
                     temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
                     max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                     run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
-                    draft_id: str = "") -> dict:
+                    draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"]) -> dict:
         """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
         try:
             decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p,
-                                                 max_new_tokens, seed)
+                                                 max_new_tokens, seed, draft_confidence)
             engine = engine_for(pair, target_id, draft_id)
             state = None
             for state in compare_stream(engine, prompt, decode, rule_config, bool(run_autoregressive)):
@@ -244,6 +249,8 @@ def create_demo(studio: Studio) -> gr.Blocks:
                 max_new_tokens = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
                 seed = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
                 run_ar = gr.Checkbox(value=DEFAULTS["run_autoregressive"], label="measure autoregressive baseline")
+                draft_confidence = gr.Slider(0.0, 0.95, value=DEFAULTS["draft_confidence"], step=0.05,
+                                             label="draft confidence: end a round's draft below it (0 = off)")
         status = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
         gr.HTML(legend_html())
         with gr.Row(equal_height=False):
@@ -278,7 +285,7 @@ def create_demo(studio: Studio) -> gr.Blocks:
         preset.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, preset, [target_id, draft_id],
                       api_visibility="private")
         inputs = [prompt_box, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-                  seed, run_ar]
+                  seed, run_ar, draft_confidence]
         run_event = run_button.click(on_gpu(run_ui), inputs, [
             status, lossy_header, lossless_out, lossy_out, lossless_stats, lossy_stats, plot_agreement, plot_js,
             plot_acceptance, plot_calls, step_round, step_out, last_run, download_trace, download_metrics,

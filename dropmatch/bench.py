@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
     parser.add_argument("--max-new-tokens", default=128)
     parser.add_argument("--gamma", default=4)
+    parser.add_argument("--draft-confidence", default=0.0,
+                        help="stop drafting a round once the draft's probability of its token is below this (0: off)")
     parser.add_argument("--rules", default="lossless,dropmatch")
     parser.add_argument("--target", default="embedded")
     parser.add_argument("--draft", default="embedded")
@@ -375,8 +377,8 @@ def _positive(name: str, value) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        decode = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                              temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        decode = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed, draft_confidence=args.draft_confidence)
         template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement)
         runs = variants(parse_rules(args.rules), template, parse_sweep(args.p_sweep))
         limit = _positive("--limit", args.limit)

@@ -46,6 +46,10 @@ class DecodeConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    # Stop drafting a round early once the draft's own probability of its next token falls below
+    # this (0: always draft gamma). The target still verifies every drafted token, so greedy
+    # lossless output is unchanged; what changes is how many unlikely drafts are paid for.
+    draft_confidence: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "gamma", _integer("gamma (draft length)", self.gamma, 1, MAX_GAMMA))
@@ -61,6 +65,10 @@ class DecodeConfig:
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "seed", _integer("seed", self.seed, 0, 2**63 - 1))
+        confidence = _number("draft confidence", self.draft_confidence)
+        if not 0.0 <= confidence < 1.0:
+            raise ConfigError(f"draft confidence must be in [0, 1), got {confidence:g}")
+        object.__setattr__(self, "draft_confidence", confidence)
 
     @property
     def greedy(self) -> bool:

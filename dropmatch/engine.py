@@ -174,6 +174,7 @@ class Engine:
     def _round(self, index, seq, target_cache, draft_cache, gamma, decode, rule, p, generator, clock) -> RoundTrace:
         t0 = clock.now()
         drafted, q_sample, q_signal = self._draft(seq, draft_cache, gamma, decode, generator)
+        gamma = int(drafted.shape[0])  # fewer than asked when the draft's confidence ran out
         t1 = clock.now()
         context = self._ids(seq.pending(target_cache.get_seq_length()))  # the last emitted token
         hidden = self.target.hidden(torch.cat([context, drafted]), target_cache)  # [gamma + 1, H]
@@ -211,16 +212,22 @@ class Engine:
         )
 
     def _draft(self, seq, draft_cache, gamma, decode, generator):
-        """drafted [gamma] (on the device: no host sync per token); q_sample / q_signal [gamma, V]."""
+        """drafted [g] with g <= gamma; q_sample / q_signal [g, V]. Tokens stay on the device (no
+        host sync per token) unless decode.draft_confidence asks to stop early: then the draft's
+        probability of each drafted token is read, and drafting stops before a token below it
+        (at least one token is always drafted)."""
         tokens, q_sample, q_signal = [], [], []
         feed = self._ids(seq.pending(draft_cache.get_seq_length()))  # 1 token, or 2 after an all-accepted round
         for _ in range(gamma):
             logits = self.draft.logits(self.draft.hidden(feed, draft_cache)[-1])
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
+            signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
             feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, generator).view(1)
+            if tokens and decode.draft_confidence > 0 and float(signal[feed]) < decode.draft_confidence:
+                break
             tokens.append(feed)
             q_sample.append(probs)
-            q_signal.append(signal_probs(logits, decode.temperature))
+            q_signal.append(signal)
         if not tokens:
             empty = torch.empty(0, self.target.vocab_size, device=self.device)
             return torch.empty(0, dtype=torch.long, device=self.device), empty, empty

@@ -219,3 +219,17 @@ def test_path_logits_equal_the_head_of_the_dropped_out_hidden_states(tiny_engine
     got = target.path_logits(hidden, keep, p, target.logits(hidden))
     tolerance = 1e-4 if p == 0.02 else 5e-2 * float(expected.abs().max())
     assert got.shape == expected.shape and float((got - expected).abs().max()) <= tolerance
+
+
+def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tiny_engine):
+    """Drafting stops before a token the draft gives less than draft_confidence (the first token of
+    a round is always drafted); the target still verifies everything, so the output is unchanged."""
+    ids = tiny_engine.encode(PROMPTS[1])
+    reference = greedy_reference(tiny_engine.target, ids, 40, tiny_engine.stop_ids)
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=40, draft_confidence=0.9),
+                                               RuleConfig("lossless")))
+    assert list(trace.output_ids) == reference
+    assert all(d.draft_prob >= 0.9 for r in trace.rounds for d in r.drafted[1:])
+    assert any(r.num_drafted < 5 for r in trace.rounds[:-2])  # it did end rounds early
+    with pytest.raises(ConfigError, match="draft confidence"):
+        DecodeConfig(draft_confidence=1.0)
