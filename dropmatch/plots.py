@@ -60,7 +60,8 @@ def show(text: str) -> str:
 
 
 def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
-    """Rows: K paths, the clean target, the draft; columns: drafted positions;
+    """Rows: K paths, the clean target, the draft; columns: the drafted positions whose paths were
+    run (those the rule judged: never an exact match, so the clean-target row differs there);
     cell: does this row's token equal the drafted token."""
     title = "MC-path agreement with the draft token"
     cells = [(r, j, d) for r, j, d in drafted_positions(trace.rounds) if d.path_tokens][:MAX_HEATMAP_COLUMNS]
@@ -84,7 +85,8 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     for i, (_, _, d) in enumerate(cells):
         fig.add_annotation(x=labels[i], y="draft", text=show(token_text(d.token))[:6], showarrow=False,
                            font=dict(size=11, color="white"), textangle=-90)
-    fig.update_xaxes(title="drafted position (round · slot)", tickangle=-60, tickfont=dict(size=11))
+    fig.update_xaxes(title="judged drafted position (round · slot); exact matches need no paths", tickangle=-60,
+                     tickfont=dict(size=11))
     return _layout(fig, title + "  (green = same token)", height=260 + 28 * len(rows))
 
 
