@@ -256,9 +256,7 @@ class Engine:
             parts.append((stage, part))
             probs.append((stage, stats.probs))
             rows += path_logits.shape[0] * path_logits.shape[1]
-            everywhere = torch.arange(stage.numel(), device=stage.device)
-            checked = acceptance.with_path_parts(acceptance.at_positions(signals, stage), [(everywhere, part)],
-                                                 rule.num_paths)
+            checked = acceptance.Signals(**{**vars(acceptance.at_positions(signals, stage)), **part})
             if not bool(acceptance.rule_accepts(rule, checked).all()):
                 break
         return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs

@@ -71,21 +71,11 @@ CODE_TASKS = [
 ]
 
 
-def all_prompts(seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> tuple[list[str], list[str]]:
-    """(GSM8K train questions, written prompts), each shuffled with the seed."""
-    rng = random.Random(seed)
+def gsm8k_questions(seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> list[str]:
+    """GSM8K train questions, shuffled with the seed (the dev set and the recipe read the same order)."""
     questions = [json.loads(line)["question"] for line in Path(gsm8k_train).read_text().splitlines()]
-    rng.shuffle(questions)
-    written = []
-    for template in TEMPLATES:
-        for topic in TOPICS:
-            other = rng.choice([t for t in TOPICS if t != topic])
-            written.append(template.format(t=topic, u=other))
-    for task in CODE_TASKS:
-        written.append(f"Write a Python function that {task}.")
-        written.append(f"Write a Python function that {task}, with a docstring and an example.")
-    rng.shuffle(written)
-    return questions, written
+    random.Random(seed).shuffle(questions)
+    return questions
 
 
 DEV_GSM8K = slice(700, 720)  # GSM8K train questions that `generate` skips: the dev set's math half
@@ -117,7 +107,7 @@ def devset(args) -> None:
     """Held-out development prompts for tuning gamma and p = auto's agreement, never trained on
     and never the evaluation sets: GSM8K train questions that `generate` skips, interleaved with
     DEV_PROMPTS (so that --limit N takes both kinds)."""
-    questions, _ = all_prompts(args.seed, args.gsm8k_train)
+    questions = gsm8k_questions(args.seed, args.gsm8k_train)
     pairs = zip(questions[DEV_GSM8K][: args.count], DEV_PROMPTS[: args.count])
     out = Path(args.work) / "dev.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -221,8 +211,8 @@ QUESTION_KINDS = [
 ]
 
 
-def gpu_written_prompts(seed: int) -> list[str]:
-    """Template prompts for the GPU recipe: every template x topic, roles, code tasks; shuffled."""
+def written_prompts(seed: int) -> list[str]:
+    """Template prompts of the recipe: every template x topic, roles, code tasks; shuffled."""
     rng = random.Random(seed)
     topics = TOPICS + MORE_TOPICS
     prompts = []
@@ -294,9 +284,9 @@ def generate(args) -> None:
     model, tokenizer = load_embedded_target(device, torch.float32)  # the text as the CPU target writes it
     loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
     deadline = loaded + args.minutes * 60
-    questions, _ = all_prompts(args.seed, args.gsm8k_train)
+    questions = gsm8k_questions(args.seed, args.gsm8k_train)
     questions = questions[: DEV_GSM8K.start] + questions[DEV_GSM8K.stop :]  # the dev set's are never trained on
-    written = gpu_written_prompts(args.seed)
+    written = written_prompts(args.seed)
     asked = self_instruct(model, tokenizer, args.self_instruct, args.seed, args.batch,
                           loaded + args.minutes * 60 * 0.15) if args.self_instruct else []
     print(f"prompts: {len(questions)} GSM8K train, {len(written)} written, {len(asked)} self-instruct, "
