@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def export(args) -> None:
     (out / "config.json").write_text(json.dumps(ckpt["config"], indent=2))
     recipe = {k: ckpt[k] for k in ("step", "layers_from", "held_out_agreement", "train_seconds", "answer_tokens")}
     recipe["head_rows"] = int(ckpt["head_rows"].numel())
-    recipe.update({k: ckpt[k] for k in ("answers", "history", "recipe") if k in ckpt})
+    recipe.update({k: ckpt[k] for k in ("answers", "history", "generation", "recipe") if k in ckpt})
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
     print(f"wrote {out}: {recipe}")
 
@@ -232,31 +232,51 @@ def written_prompts(seed: int) -> list[str]:
 
 @torch.inference_mode()
 def batched_generate(model, tokenizer, encoded: list[list[int]], *, batch: int, max_new_tokens: int,
-                     deadline: float, sample: bool = False, desc: str = "generate") -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids up to and including the first stop token) for as many prompts as
-    the deadline allows; batches of similar length, visited in a shuffled order so that a cut
-    run still covers short and long prompts."""
+                     deadline: float, sample: bool = False, desc: str = "generate"):
+    """Yields, batch by batch, [(prompt ids, answer ids up to and including the first stop
+    token)] for as many prompts as the deadline allows; batches of similar length, visited in a
+    shuffled order so that a cut run still covers short and long prompts."""
     stops = list(stop_token_ids(tokenizer, model))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     encoded = sorted(encoded, key=len)
     batches = [encoded[i : i + batch] for i in range(0, len(encoded), batch)]
     random.Random(len(encoded)).shuffle(batches)
-    results = []
+    done = 0
     for group in tqdm(batches, desc=desc):
         if time.time() > deadline:
-            print(f"{desc}: deadline reached after {len(results)} of {len(encoded)} prompts", flush=True)
-            break
-        width = max(len(ids) for ids in group)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group], device=model.device)
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=model.device)
+            print(f"{desc}: deadline reached after {done} of {len(encoded)} prompts", flush=True)
+            return
         options = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
-        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                             eos_token_id=stops, pad_token_id=pad, **options)
-        for row, ids in enumerate(group):
-            answer = out[row, width:].tolist()
-            length = next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))
-            results.append((ids, answer[:length]))
-    return results
+        answers = _generate_group(model, group, pad, stops, max_new_tokens=max_new_tokens, **options)
+        done += len(group)
+        yield list(zip(group, answers))
+
+
+def _generate_group(model, group: list[list[int]], pad: int, stops: list[int], **options) -> list[list[int]]:
+    """Answers to one batch of prompts (left-padded); a batch too big for the device's memory is
+    split in halves rather than ending the run."""
+    width = max(len(ids) for ids in group)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group], device=model.device)
+    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=model.device)
+    out = None
+    try:
+        out = model.generate(input_ids=input_ids, attention_mask=attention, eos_token_id=stops, pad_token_id=pad,
+                             **options).tolist()
+    except torch.OutOfMemoryError:
+        if len(group) == 1:
+            raise
+    if out is None:  # outside the except block, so that the failed attempt's tensors are freed first
+        del input_ids, attention
+        torch.cuda.empty_cache()
+        half = len(group) // 2
+        print(f"out of memory with {len(group)} prompts in a batch: halves instead", flush=True)
+        return (_generate_group(model, group[:half], pad, stops, **options)
+                + _generate_group(model, group[half:], pad, stops, **options))
+    answers = []
+    for row in out:
+        answer = row[width:]
+        answers.append(answer[: next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))])
+    return answers
 
 
 def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline: float) -> list[str]:
@@ -265,47 +285,93 @@ def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline:
     topics = TOPICS + MORE_TOPICS
     asks = [f"Write {rng.choice(QUESTION_KINDS)} that a user might ask an AI assistant about {rng.choice(topics)}. "
             "Reply with the question only." for _ in range(count)]
-    generated = batched_generate(model, tokenizer, [encode_prompt(tokenizer, a) for a in asks], batch=batch,
-                                 max_new_tokens=64, deadline=deadline, sample=True, desc="self-instruct")
-    questions = []
-    for _, answer in generated:
-        text = tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').split("\n")[0].strip()
-        if 15 <= len(text) <= 300:
-            questions.append(text)
-    return sorted(set(questions))
+    questions = set()
+    for pairs in batched_generate(model, tokenizer, [encode_prompt(tokenizer, a) for a in asks], batch=batch,
+                                  max_new_tokens=64, deadline=deadline, sample=True, desc="self-instruct"):
+        for _, answer in pairs:
+            text = tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').split("\n")[0].strip()
+            if 15 <= len(text) <= 300:
+                questions.add(text)
+    return sorted(questions)
 
 
-def generate(args) -> None:
+SOURCES = ("gsm8k", "written", "self")
+
+
+def load_generated(path: Path) -> tuple[list[dict], list[dict]]:
+    """(records, runs) of a generated.npz; ([], []) when there is none yet. A record is
+    {"ids": int32 [prompt + answer], "prompt_len": int, "source": one of SOURCES}."""
+    if not path.exists():
+        return [], []
+    data = np.load(path)
+    ends = np.cumsum(data["lengths"])
+    records = [{"ids": torch.from_numpy(ids.astype(np.int32)), "prompt_len": int(prompt_len), "source": str(source)}
+               for ids, prompt_len, source in zip(np.split(data["ids"], ends[:-1]), data["prompt_lens"], data["sources"])]
+    return records, json.loads(str(data["runs"]))
+
+
+def save_generated(path: Path, records: list[dict], runs: list[dict]) -> None:
+    """Written whole after every batch (to a temporary name first), so a cut run loses one batch at most."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.stem + ".partial.npz")
+    np.savez_compressed(partial, ids=np.concatenate([r["ids"].numpy() for r in records]).astype(np.int32),
+                        lengths=np.array([len(r["ids"]) for r in records]),
+                        prompt_lens=np.array([r["prompt_len"] for r in records]),
+                        sources=np.array([r["source"] for r in records]), runs=np.array(json.dumps(runs)))
+    partial.replace(path)
+
+
+def generation_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def generate(args) -> float:
     """Greedy target answers (token ids only) to GSM8K train questions, template prompts and
-    self-instruct questions, within a time budget; written to WORK/generated.pt."""
+    self-instruct questions, within a time budget. Resumable: answers already in WORK/generated.npz
+    are kept and their prompts skipped; each run is logged in the file. Returns the seconds of the
+    budget left unused (when every prompt was answered before it ended)."""
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     started = time.time()
-    model, tokenizer = load_embedded_target(device, torch.float32)  # the text as the CPU target writes it
+    dtype = generation_dtype(args.generate_dtype, device)
+    model, tokenizer = load_embedded_target(device, dtype)
     loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
     deadline = loaded + args.minutes * 60
+    path = Path(args.work) / "generated.npz"
+    records, runs = load_generated(path)
+    answered = {tuple(r["ids"][: r["prompt_len"]].tolist()) for r in records}
+    if records:
+        print(f"resuming: {len(records)} answers from {len(runs)} earlier run(s) in {path}", flush=True)
     questions = gsm8k_questions(args.seed, args.gsm8k_train)
     questions = questions[: DEV_GSM8K.start] + questions[DEV_GSM8K.stop :]  # the dev set's are never trained on
     written = written_prompts(args.seed)
-    asked = self_instruct(model, tokenizer, args.self_instruct, args.seed, args.batch,
+    asked = self_instruct(model, tokenizer, args.self_instruct, args.seed + len(runs), args.batch,
                           loaded + args.minutes * 60 * 0.15) if args.self_instruct else []
     print(f"prompts: {len(questions)} GSM8K train, {len(written)} written, {len(asked)} self-instruct, "
           f"for example {random.Random(args.seed).sample(asked, min(3, len(asked)))}", flush=True)
     sources = {}
-    for source, prompts in (("gsm8k", questions), ("written", written), ("self", asked)):
+    for source, prompts in zip(SOURCES, (questions, written, asked)):
         for prompt in prompts[: args.limit or None]:
-            sources[tuple(encode_prompt(tokenizer, prompt))] = source
-    pairs = batched_generate(model, tokenizer, [list(k) for k in sources], batch=args.batch,
-                             max_new_tokens=args.max_new_tokens, deadline=deadline, desc="answers")
-    records = [{"ids": torch.tensor(prompt + answer, dtype=torch.int32), "prompt_len": len(prompt),
+            sources.setdefault(tuple(encode_prompt(tokenizer, prompt)), source)
+    todo = [list(k) for k in sources if k not in answered]
+    run = {"dtype": str(dtype).removeprefix("torch."), "device": device.type, "minutes": args.minutes,
+           "max_new_tokens": args.max_new_tokens, "prompts_left": len(todo), "answers": 0, "answer_tokens": 0}
+    runs.append(run)
+    for pairs in batched_generate(model, tokenizer, todo, batch=args.batch, max_new_tokens=args.max_new_tokens,
+                                  deadline=deadline, desc="answers"):
+        new = [{"ids": torch.tensor(prompt + answer, dtype=torch.int32), "prompt_len": len(prompt),
                 "source": sources[tuple(prompt)]} for prompt, answer in pairs if answer]
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    torch.save(records, work / "generated.pt")
-    tokens = sum(len(r["ids"]) - r["prompt_len"] for r in records)
-    counts = {s: sum(r["source"] == s for r in records) for s in ("gsm8k", "written", "self")}
-    print(f"generated {len(records)} answers ({tokens} answer tokens; {counts}) in {time.time() - started:.0f} s",
-          flush=True)
+        records += new
+        run["answers"] += len(new)
+        run["answer_tokens"] += sum(len(r["ids"]) - r["prompt_len"] for r in new)
+        run["seconds"] = round(time.time() - started)
+        save_generated(path, records, runs)
+    counts = {s: sum(r["source"] == s for r in records) for s in SOURCES}
+    print(f"generated {run['answers']} answers ({run['answer_tokens']} answer tokens) in {time.time() - started:.0f} s; "
+          f"{path} now holds {len(records)} answers {counts}", flush=True)
+    return max(0.0, deadline - time.time())
 
 
 def right_padded(records: list[dict], max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -354,7 +420,7 @@ def target_agreement(target_model, head_weight, head_rows, batch, autocast: bool
 
 
 def train(args) -> None:
-    """Distil the draft against the target's live distributions on WORK/generated.pt."""
+    """Distil the draft against the target's live distributions on WORK/generated.npz."""
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     autocast = device.type == "cuda"
@@ -364,7 +430,8 @@ def train(args) -> None:
     target_model, tokenizer = load_embedded_target(device, torch.float32)
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
-    records = [r for r in torch.load(work / "generated.pt") if len(r["ids"]) > r["prompt_len"]]
+    records, generation_runs = load_generated(work / "generated.npz")
+    records = [r for r in records if len(r["ids"]) > r["prompt_len"]]
     rng.shuffle(records)
     held_out, own = records[: args.held_out], records[args.held_out :]
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
@@ -430,14 +497,19 @@ def train(args) -> None:
                             "step": step, "head_rows": head_rows.cpu(), "layers_from": layers_from, "config": config,
                             "held_out_agreement": held, "train_seconds": time.time() - started,
                             "answer_tokens": answer_tokens, "answers": len(own), "history": history,
+                            "generation": generation_runs,
                             "recipe": vars(args)}, work / "draft_best.pt")
     bar.close()
 
 
 def gpu(args) -> None:
-    """The shipped recipe in one command: generate, train, export."""
-    generate(argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch}))
-    train(argparse.Namespace(**{**vars(args), "minutes": args.train_minutes}))
+    """The shipped recipe in one command: generate, train, export. Generation time left over
+    (every prompt answered before its budget ended) goes to training."""
+    unused = generate(argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch}))
+    minutes = args.train_minutes + unused / 60
+    if unused > 0:
+        print(f"every prompt answered with {unused:.0f} s of the generation budget left: training for {minutes:.2f} minutes")
+    train(argparse.Namespace(**{**vars(args), "minutes": minutes}))
     export(args)
 
 
@@ -455,6 +527,8 @@ def main() -> None:
     generating.add_argument("--self-instruct", type=int, default=4096, help="questions the target writes itself")
     generating.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
     generating.add_argument("--generate-minutes", type=float, default=2.75)
+    generating.add_argument("--generate-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                            help="auto: bfloat16 on a GPU, float32 on the CPU")
     training = argparse.ArgumentParser(add_help=False)
     training.add_argument("--train-minutes", type=float, default=4.5)
     training.add_argument("--layers-from", default="0,1", help="target blocks the draft blocks start from")

@@ -123,3 +123,49 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     assert recipe["step"] in (2, 4) and recipe["head_rows"] == 8192 and recipe["answers"] > 0
     pair = load_embedded_pair(torch.device("cpu"), draft_dir=tmp_path / "draft")
     assert pair.draft.head_weight.shape == (8192, 576)
+    assert [run["answers"] for run in recipe["generation"]] == [recipe["answers"] + 2]  # + the 2 held out
+
+    # generate resumes: earlier answers are kept, their prompts are not asked again
+    distill = _distill_module(root)
+    before, _ = distill.load_generated(tmp_path / "work" / "generated.npz")
+    resume = command[:2] + ["generate", "--device", "cpu", "--work", str(tmp_path / "work"), "--gsm8k-train", str(gsm8k),
+                            "--self-instruct", "0", "--limit", "5", "--batch-generate", "4", "--max-new-tokens", "12"]
+    done = subprocess.run(resume, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after, runs = distill.load_generated(tmp_path / "work" / "generated.npz")
+    prompts = [tuple(r["ids"][: r["prompt_len"]].tolist()) for r in after]
+    assert len(runs) == 2 and runs[1]["answers"] == len(after) - len(before) > 0
+    assert len(set(prompts)) == len(prompts)
+    assert all(torch.equal(old["ids"], new["ids"]) for old, new in zip(before, after))
+
+
+def _distill_module(root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("distill_draft", root / "scripts" / "distill_draft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_generation_batch_too_big_for_memory_is_split_not_lost():
+    from pathlib import Path
+
+    distill = _distill_module(Path(__file__).resolve().parent.parent)
+
+    class SmallMemoryModel:
+        device = torch.device("cpu")
+        calls = []
+
+        def generate(self, input_ids, attention_mask, eos_token_id, pad_token_id, **options):
+            self.calls.append(len(input_ids))
+            if len(input_ids) > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            answers = torch.tensor([[int(ids[-1]) + 1, 7, 9] for ids in input_ids])  # 7 is the stop token
+            return torch.cat([input_ids, answers], dim=1)
+
+    model = SmallMemoryModel()
+    prompts = [[1, 2], [3], [4, 5, 6], [8], [10]]
+    answers = distill._generate_group(model, prompts, pad=0, stops=[7], max_new_tokens=3)
+    assert answers == [[3, 7], [4, 7], [7], [9, 7], [11, 7]]
+    assert model.calls == [5, 2, 3, 1, 2]
