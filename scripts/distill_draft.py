@@ -1,14 +1,20 @@
 """Recipe of the shipped draft (assets/draft): the target's own answers -> distillation -> export.
 
-The shipped draft was made on one CUDA GPU in one command (8.6 minutes on an H200, model conversion
-included; the budgets below are wall-clock minutes of generation and of training):
+The shipped draft was made on one CUDA GPU (an H200) in two sessions, sharing one --work folder
+(budgets are wall-clock minutes; generation resumes where the folder's generated.npz left off):
 
-    python scripts/distill_draft.py gpu --device cuda --generate-minutes 2.75 --train-minutes 4.5
+    # session 1 (only its answers are kept): fp32, batches of 1,024, 2.75 minutes -> 5,120 answers
+    python scripts/distill_draft.py generate --device cuda --generate-dtype float32 --batch-generate 1024 \
+        --self-instruct 4096 --generate-minutes 2.75
+    # session 2 (461 s): bf16, batches of 2,048, 3 minutes -> 10,240 more answers; 3.5 minutes of training
+    python scripts/distill_draft.py gpu --device cuda
 
 which runs, in one process:
   generate  greedy target answers (token ids) to GSM8K *train* questions, prompts written from the
             templates below and questions the target writes itself about the listed topics
-            (self-instruct), in batches of 1024, in a shuffled order, until its time budget ends;
+            (self-instruct, sampled with seed + the number of earlier runs), in batches of similar
+            length visited in a shuffled order, until its time budget ends; saved after every batch
+            to WORK/generated.npz, and a later run skips the prompts answered there;
   train     distillation of the small draft against the target's distributions over the draft's
             head rows, computed live from the target (no stored logits), with a held-out check;
   export    the best held-out checkpoint -> assets/draft/{config.json,draft.safetensors,recipe.json}.
@@ -522,15 +528,15 @@ def main() -> None:
     common.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     common.add_argument("--out", default=str(EMBEDDED_DRAFT_DIR), help="where export writes the draft")
     generating = argparse.ArgumentParser(add_help=False)
-    generating.add_argument("--batch-generate", dest="generate_batch", type=int, default=1024)
+    generating.add_argument("--batch-generate", dest="generate_batch", type=int, default=2048)
     generating.add_argument("--max-new-tokens", type=int, default=384)
-    generating.add_argument("--self-instruct", type=int, default=4096, help="questions the target writes itself")
+    generating.add_argument("--self-instruct", type=int, default=12288, help="questions the target is asked to write")
     generating.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
-    generating.add_argument("--generate-minutes", type=float, default=2.75)
+    generating.add_argument("--generate-minutes", type=float, default=3.0)
     generating.add_argument("--generate-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                             help="auto: bfloat16 on a GPU, float32 on the CPU")
     training = argparse.ArgumentParser(add_help=False)
-    training.add_argument("--train-minutes", type=float, default=4.5)
+    training.add_argument("--train-minutes", type=float, default=3.5)
     training.add_argument("--layers-from", default="0,1", help="target blocks the draft blocks start from")
     training.add_argument("--head-size", type=int, default=8192)
     training.add_argument("--steps", type=int, default=100_000, help="at most; the time budget usually ends first")
@@ -539,7 +545,7 @@ def main() -> None:
     training.add_argument("--lr", type=float, default=1e-3)
     training.add_argument("--weight-decay", type=float, default=0.01)
     training.add_argument("--eval-every", type=int, default=250)
-    training.add_argument("--held-out", type=int, default=128, help="generated answers kept for evaluation")
+    training.add_argument("--held-out", type=int, default=256, help="generated answers kept for evaluation")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", parents=[common, generating])
