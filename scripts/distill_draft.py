@@ -53,6 +53,17 @@ TOPICS = [
     "remote work", "a thunderstorm", "solar panels", "libraries", "a job interview",
     "the human heart", "bicycles", "time management", "dinosaurs", "the stock market",
     "social media", "a camping trip", "vaccines", "the printing press", "public speaking",
+    "a trip to Japan", "the French Revolution", "machine learning", "black holes", "gardening",
+    "the water cycle", "a startup idea", "meditation", "the Olympic Games", "renewable energy",
+    "a family reunion", "quantum computing", "ancient Egypt", "the immune system", "budget travel",
+    "a new smartphone", "electric guitars", "the Renaissance", "marathon training", "urban farming",
+    "plate tectonics", "a museum visit", "personal finance", "the history of jazz", "cybersecurity",
+    "a haunted house", "the Amazon rainforest", "video games", "sleep", "a wedding speech",
+    "a customer complaint", "the theory of evolution", "sustainable fashion", "a science fair",
+    "the Great Wall of China", "artificial intelligence ethics", "learning a new language",
+    "a soccer match", "global trade", "the periodic table", "a road trip", "birdwatching",
+    "the Industrial Revolution", "mental health", "a cooking class", "the speed of light",
+    "democracy", "an old lighthouse", "3D printing", "a surprise party", "coral reefs",
 ]
 TEMPLATES = [
     "Write a short poem about {t}.", "Write a short story about {t}.",
@@ -63,6 +74,14 @@ TEMPLATES = [
     "List three interesting facts about {t}.", "Write a haiku about {t}.",
     "Write a dialogue between two friends about {t}.", "Write a tweet about {t}.",
     "Why is {t} important?", "Compare {t} and {u}.",
+    "Write a travel blog post about {t}.", "Draft a professional email about {t}.",
+    "Write a product description related to {t}.", "Write an opening paragraph for a novel about {t}.",
+    "Explain the main ideas behind {t} step by step.", "What are common misconceptions about {t}?",
+    "Write a short speech about {t}.", "Create a lesson plan for teaching {t}.",
+    "Give a balanced argument for and against {t}.", "How would you explain {t} to a beginner?",
+    "Write a limerick about {t}.", "Write a news headline and a short article about {t}.",
+    "Describe a typical day that involves {t}.", "What questions should I ask an expert on {t}?",
+    "Write a short review of a book about {t}.", "Outline an essay on {t}.",
 ]
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
@@ -182,29 +201,6 @@ def export(args) -> None:
 
 # ---------------------------------------------------------------- prompts of the recipe
 
-MORE_TOPICS = [
-    "a trip to Japan", "the French Revolution", "machine learning", "black holes", "gardening",
-    "the water cycle", "a startup idea", "meditation", "the Olympic Games", "renewable energy",
-    "a family reunion", "quantum computing", "ancient Egypt", "the immune system", "budget travel",
-    "a new smartphone", "electric guitars", "the Renaissance", "marathon training", "urban farming",
-    "plate tectonics", "a museum visit", "personal finance", "the history of jazz", "cybersecurity",
-    "a haunted house", "the Amazon rainforest", "video games", "sleep", "a wedding speech",
-    "a customer complaint", "the theory of evolution", "sustainable fashion", "a science fair",
-    "the Great Wall of China", "artificial intelligence ethics", "learning a new language",
-    "a soccer match", "global trade", "the periodic table", "a road trip", "birdwatching",
-    "the Industrial Revolution", "mental health", "a cooking class", "the speed of light",
-    "democracy", "an old lighthouse", "3D printing", "a surprise party", "coral reefs",
-]
-MORE_TEMPLATES = [
-    "Write a travel blog post about {t}.", "Draft a professional email about {t}.",
-    "Write a product description related to {t}.", "Write an opening paragraph for a novel about {t}.",
-    "Explain the main ideas behind {t} step by step.", "What are common misconceptions about {t}?",
-    "Write a short speech about {t}.", "Create a lesson plan for teaching {t}.",
-    "Give a balanced argument for and against {t}.", "How would you explain {t} to a beginner?",
-    "Write a limerick about {t}.", "Write a news headline and a short article about {t}.",
-    "Describe a typical day that involves {t}.", "What questions should I ask an expert on {t}?",
-    "Write a short review of a book about {t}.", "Outline an essay on {t}.",
-]
 ROLES = [
     "a pirate captain", "a detective", "a medieval knight", "a friendly robot", "a famous chef",
     "a tour guide", "a science teacher", "a sports commentator", "a wise old wizard", "an astronaut",
@@ -220,13 +216,12 @@ QUESTION_KINDS = [
 def written_prompts(seed: int) -> list[str]:
     """Template prompts of the recipe: every template x topic, roles, code tasks; shuffled."""
     rng = random.Random(seed)
-    topics = TOPICS + MORE_TOPICS
     prompts = []
-    for template in TEMPLATES + MORE_TEMPLATES:
-        for topic in topics:
-            prompts.append(template.format(t=topic, u=rng.choice([t for t in topics if t != topic])))
+    for template in TEMPLATES:
+        for topic in TOPICS:
+            prompts.append(template.format(t=topic, u=rng.choice([t for t in TOPICS if t != topic])))
     for role in ROLES:
-        for topic in rng.sample(topics, 12):
+        for topic in rng.sample(TOPICS, 12):
             prompts.append(f"Pretend you are {role}. Tell me about {topic}.")
     for task in CODE_TASKS:
         prompts.append(f"Write a Python function that {task}.")
@@ -288,8 +283,7 @@ def _generate_group(model, group: list[list[int]], pad: int, stops: list[int], *
 def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline: float) -> list[str]:
     """Questions the target writes itself about listed topics (sampled), as extra training prompts."""
     rng = random.Random(seed)
-    topics = TOPICS + MORE_TOPICS
-    asks = [f"Write {rng.choice(QUESTION_KINDS)} that a user might ask an AI assistant about {rng.choice(topics)}. "
+    asks = [f"Write {rng.choice(QUESTION_KINDS)} that a user might ask an AI assistant about {rng.choice(TOPICS)}. "
             "Reply with the question only." for _ in range(count)]
     questions = set()
     for pairs in batched_generate(model, tokenizer, [encode_prompt(tokenizer, a) for a in asks], batch=batch,
