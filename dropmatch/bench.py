@@ -405,6 +405,11 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    peer = args.peer and decode.greedy
+    if peer and engine.draft.reads_target_features:
+        print("note: --peer skipped: transformers' assisted generation cannot feed this draft the target's "
+              "hidden states it reads", file=sys.stderr)
+        peer = False
     started = time.time()
     warm_up(engine, decode, runs)
     total = sum(len(items) for _, _, items in benchmarks)
@@ -413,7 +418,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     for name, kind, items in benchmarks:
         result = run_benchmark(engine, name, kind, items, runs, decode,
                                check_identity=decode.greedy and not args.no_identity_check,
-                               peer=args.peer and decode.greedy, sweep_limit=sweep_limit,
+                               peer=peer, sweep_limit=sweep_limit,
                                progress=lambda: bar.update(1))
         results.append(result)
         if result.interrupted:

@@ -63,6 +63,25 @@ class _Sequence:
         return self.tokens[cache_length:]
 
 
+@dataclass
+class _TargetFeatures:
+    """The target's final hidden states [positions, H] of the positions its cache holds: what a
+    draft that reads the target's features (models.FeatureDraft) is fed with."""
+
+    rows: torch.Tensor
+
+    def keep(self, length: int, new_rows: torch.Tensor) -> None:
+        """Append the rows of a verification call, keep the first `length` positions."""
+        self.rows = torch.cat([self.rows, new_rows])[:length]
+
+    def before(self, start: int, count: int) -> torch.Tensor:
+        """[count, H]: the feature of the position before each of the `count` tokens from `start`
+        (zeros before the first token of the prompt)."""
+        if start == 0:
+            return torch.cat([self.rows.new_zeros(1, self.rows.shape[-1]), self.rows[: count - 1]])
+        return self.rows[start - 1 : start - 1 + count]
+
+
 class Engine:
     """Speculative and autoregressive decoding over one loaded pair, batch size 1."""
 
@@ -154,7 +173,8 @@ class Engine:
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         p = self._dropout_rate(rule, prompt_hidden, generator)
         first = self._pick(self.target.logits(prompt_hidden[-1]), decode, generator)
-        self.draft.hidden(self._ids(prompt_ids), draft_cache)
+        features = _TargetFeatures(prompt_hidden)
+        self.draft.hidden(self._ids(prompt_ids), draft_cache, self._draft_features(features, 0, len(prompt_ids)))
         t_prefill = clock.now() - start
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
@@ -162,8 +182,8 @@ class Engine:
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(seq.output)
             gamma = min(decode.gamma, remaining - 1)  # never draft past max_new_tokens
-            round_trace = self._round(len(rounds), seq, target_cache, draft_cache, gamma, decode, rule, p,
-                                      generator, clock)
+            round_trace = self._round(len(rounds), seq, target_cache, draft_cache, features, gamma, decode, rule,
+                                      p, generator, clock)
             rounds.append(round_trace)
             yield round_trace
             stop_reason = self._stop_reason(seq, decode, stop_event)
@@ -171,9 +191,10 @@ class Engine:
 
     # ------------------------------------------------------------ one round
 
-    def _round(self, index, seq, target_cache, draft_cache, gamma, decode, rule, p, generator, clock) -> RoundTrace:
+    def _round(self, index, seq, target_cache, draft_cache, features, gamma, decode, rule, p, generator,
+               clock) -> RoundTrace:
         t0 = clock.now()
-        drafted, q_sample, q_signal = self._draft(seq, draft_cache, gamma, decode, generator)
+        drafted, q_sample, q_signal = self._draft(seq, draft_cache, features, gamma, decode, generator)
         gamma = int(drafted.shape[0])  # fewer than asked when the draft's confidence ran out
         t1 = clock.now()
         context = self._ids(seq.pending(target_cache.get_seq_length()))  # the last emitted token
@@ -201,7 +222,11 @@ class Engine:
         committed = len(seq.tokens) - len(emitted)  # tokens the caches may keep = before this round
         keep = committed + verdict.num_accepted
         self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
-        self.draft.crop(draft_cache, min(keep, draft_cache.get_seq_length()))
+        features.keep(min(keep, target_cache.get_seq_length()), hidden)
+        # A feature draft computed the entries of the drafted tokens from its own estimates of the
+        # target's features: drop them, so that the accepted ones are fed again with the real ones.
+        draft_keep = committed if self.draft.reads_target_features else keep
+        self.draft.crop(draft_cache, min(draft_keep, draft_cache.get_seq_length()))
         records = _records(host, verdict.reasons)
         t5 = clock.now()
         return RoundTrace(
@@ -211,15 +236,19 @@ class Engine:
             head_rows=hidden.shape[0] + path_rows,
         )
 
-    def _draft(self, seq, draft_cache, gamma, decode, generator):
+    def _draft(self, seq, draft_cache, features, gamma, decode, generator):
         """drafted [g] with g <= gamma; q_sample / q_signal [g, V]. Tokens stay on the device (no
         host sync per token) unless decode.draft_confidence asks to stop early: then the draft's
         probability of each drafted token is read, and drafting stops before a token below it
         (at least one token is always drafted)."""
         tokens, q_sample, q_signal = [], [], []
-        feed = self._ids(seq.pending(draft_cache.get_seq_length()))  # 1 token, or 2 after an all-accepted round
+        start = draft_cache.get_seq_length()
+        feed = self._ids(seq.pending(start))  # the tokens committed since the draft last ran
+        feed_features = self._draft_features(features, start, len(feed))
         for _ in range(gamma):
-            logits = self.draft.logits(self.draft.hidden(feed, draft_cache)[-1])
+            draft_hidden = self.draft.hidden(feed, draft_cache, feed_features)
+            logits = self.draft.logits(draft_hidden[-1])
+            feed_features = draft_hidden[-1:] if feed_features is not None else None  # the draft's own estimate
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
             signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
             feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, generator).view(1)
@@ -297,6 +326,11 @@ class Engine:
         return float(-log_probs.gather(-1, answer).mean())
 
     # ------------------------------------------------------------ helpers
+
+    def _draft_features(self, features: _TargetFeatures, start: int, count: int) -> torch.Tensor | None:
+        """What the draft reads with `count` tokens fed from position `start`: the target's features
+        for a FeatureDraft, nothing for a plain draft."""
+        return features.before(start, count) if self.draft.reads_target_features else None
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)

@@ -86,6 +86,8 @@ class RestrictedHead(torch.nn.Module):
 class CausalLM:
     """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits."""
 
+    reads_target_features = False  # a FeatureDraft reads the target's hidden states too
+
     def __init__(self, model, name: str, vocab_size: int):
         self.model = model.eval().requires_grad_(False)
         self.name = name
@@ -118,8 +120,9 @@ class CausalLM:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H]."""
+    def hidden(self, input_ids: torch.Tensor, cache, target_features: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H].
+        target_features is read only by a FeatureDraft; a plain model ignores it."""
         out = self.decoder(input_ids=input_ids.view(1, -1), past_key_values=cache, use_cache=True)
         return out.last_hidden_state[0]
 
@@ -182,6 +185,52 @@ class CausalLM:
         surplus = cache.get_seq_length() - length
         if surplus > 0:
             cache.crop(-surplus)  # transformers 5 takes the number of tokens to remove
+
+
+class FeatureNet(torch.nn.Module):
+    """The network of an EAGLE-style draft (Li et al., 2024): at position t it reads the token x_t
+    and the target's final hidden state f_{t-1} of the position before, and its own final hidden
+    state g_t estimates f_t. So the first drafted token is predicted from what the target itself
+    computed, and later ones from the draft's estimates g.
+
+    `model` is a small causal LM (Llama blocks) whose input embedding and head are the target's
+    (shared, not copied); `fuse` [2H -> H] mixes the token's embedding with the feature, which is
+    first multiplied by feature_scale (the embeddings' RMS over the features': about 1/14 for
+    SmolLM2, so that the feature does not swamp the embedding).
+    """
+
+    def __init__(self, model, hidden_size: int, feature_scale: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.feature_scale = feature_scale
+        self.fuse = torch.nn.Linear(2 * hidden_size, hidden_size, dtype=model.dtype, device=model.device)
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask=None, cache=None) -> torch.Tensor:
+        """input_ids [B, T], features [B, T, H] (f_{t-1} for each x_t) -> estimates g [B, T, H]."""
+        embedded = self.model.get_input_embeddings()(input_ids)
+        fused = self.fuse(torch.cat([embedded, features.to(embedded.dtype) * self.feature_scale], dim=-1))
+        out = self.model.get_decoder()(inputs_embeds=fused, attention_mask=attention_mask,
+                                       past_key_values=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+
+class FeatureDraft(CausalLM):
+    """A draft that reads the target's hidden states (see FeatureNet). The engine passes, with
+    every token it feeds, the target's final hidden state at the position before it (or, for a
+    token the draft proposed itself, the draft's own estimate of it)."""
+
+    reads_target_features = True
+
+    def __init__(self, net: FeatureNet, name: str, vocab_size: int):
+        super().__init__(net.model, name, vocab_size)
+        self.net = net.eval().requires_grad_(False)
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: torch.Tensor, cache, target_features: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [n], target_features [n, H] -> the draft's estimates of the target's features [n, H]."""
+        if target_features is None:
+            raise ValueError("a FeatureDraft needs the target's hidden state before each token")
+        return self.net(input_ids.view(1, -1), target_features.unsqueeze(0), cache=cache)[0]
 
 
 @dataclass
@@ -392,24 +441,37 @@ def build_draft_model(config_dict: dict, target_model):
     return draft.to(target_model.device)
 
 
+FEATURE_KIND = "reads_target_features"  # config.json's "draft_kind" of a FeatureDraft
+
+
+def build_feature_net(config_dict: dict, target_model) -> FeatureNet:
+    return FeatureNet(build_draft_model(config_dict, target_model), target_model.config.hidden_size,
+                      config_dict.get("feature_scale", 1.0))
+
+
 def load_draft_weights(draft_dir: Path, target_model):
-    """The draft model from a folder written by scripts/distill_draft.py. Its head scores only the
-    shipped token ids; those rows are gathered from the target's head at load time, not shipped."""
+    """The draft network (a causal LM, or a FeatureNet when config.json says so) from a folder
+    written by scripts/distill_draft.py. Its head scores only the shipped token ids; those rows
+    are gathered from the target's head at load time, not shipped."""
     from safetensors.torch import load_file
 
     config_dict = json.loads((draft_dir / "config.json").read_text())
     tensors = load_file(str(draft_dir / "draft.safetensors"))
     head_rows = tensors.pop("head_rows").long()
-    draft = build_draft_model(config_dict, target_model)
+    if config_dict.get("draft_kind") == FEATURE_KIND:
+        net = build_feature_net(config_dict, target_model)
+        model = net.model
+    else:
+        net = model = build_draft_model(config_dict, target_model)
     state = {name: tensor.to(target_model.dtype) for name, tensor in tensors.items()}
-    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing, unexpected = net.load_state_dict(state, strict=False)
     missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
     if missing or unexpected:
         raise ModelLoadError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
     full_head = target_model.get_output_embeddings().weight
     head_rows = head_rows.to(full_head.device)
-    draft.set_output_embeddings(RestrictedHead(full_head.detach()[head_rows], head_rows, full_head.shape[0]))
-    return draft.to(target_model.device).eval()
+    model.set_output_embeddings(RestrictedHead(full_head.detach()[head_rows], head_rows, full_head.shape[0]))
+    return net.to(target_model.device).eval()
 
 
 def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
@@ -418,11 +480,12 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
     target_model, tokenizer = load_embedded_target(device)
     if not (draft_dir / "draft.safetensors").exists():
         raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
-    draft_model = load_draft_weights(draft_dir, target_model)
+    draft_net = load_draft_weights(draft_dir, target_model)
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    draft_class = FeatureDraft if isinstance(draft_net, FeatureNet) else CausalLM
     return LoadedPair(
         target=CausalLM(target_model, "SmolLM2-135M-Instruct", vocab_size),
-        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size),
+        draft=draft_class(draft_net, "dropmatch-draft", vocab_size),
         tokenizer=tokenizer,
         spec=PairSpec(),
     )

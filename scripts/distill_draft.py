@@ -17,7 +17,8 @@ which runs, in one process:
             to WORK/generated.npz, and a later run skips the prompts answered there;
   train     distillation of the small draft against the target's distributions over the draft's
             head rows, computed live from the target (no stored logits), with a held-out check;
-  export    the best held-out checkpoint -> assets/draft/{config.json,draft.safetensors,recipe.json}.
+  export    the best held-out checkpoint -> assets/draft/{config.json,draft.safetensors,recipe.json}
+            (`--checkpoint feature_best.pt` exports a draft made by scripts/feature_draft.py instead).
 `--device cpu` runs the same recipe without a GPU (about 100 times slower). Never trained on: the
 GSM8K test set, HumanEval, MT-Bench or IFEval (what the draft is evaluated on).
 """
@@ -185,7 +186,7 @@ def init_draft(target_model, layers_from: list[int]):
 def export(args) -> None:
     from safetensors.torch import save_file
 
-    ckpt = torch.load(Path(args.work) / "draft_best.pt")  # the best held-out agreement, not merely the last step
+    ckpt = torch.load(Path(args.work) / args.checkpoint)  # the best held-out agreement, not merely the last step
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.to(torch.float16).contiguous() for name, tensor in ckpt["draft"].items()}
@@ -194,7 +195,8 @@ def export(args) -> None:
     (out / "config.json").write_text(json.dumps(ckpt["config"], indent=2))
     recipe = {k: ckpt[k] for k in ("step", "layers_from", "held_out_agreement", "train_seconds", "answer_tokens")}
     recipe["head_rows"] = int(ckpt["head_rows"].numel())
-    recipe.update({k: ckpt[k] for k in ("answers", "history", "generation", "recipe") if k in ckpt})
+    recipe.update({k: ckpt[k] for k in ("answers", "history", "generation", "recipe", "held_out_agreement_per_depth")
+                   if k in ckpt})
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
     print(f"wrote {out}: {recipe}")
 
@@ -510,7 +512,7 @@ def gpu(args) -> None:
     if unused > 0:
         print(f"every prompt answered with {unused:.0f} s of the generation budget left: training for {minutes:.2f} minutes")
     train(argparse.Namespace(**{**vars(args), "minutes": minutes}))
-    export(args)
+    export(argparse.Namespace(**{**vars(args), "checkpoint": "draft_best.pt"}))
 
 
 def main() -> None:
@@ -544,7 +546,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("generate", parents=[common, generating])
     sub.add_parser("train", parents=[common, training])
-    sub.add_parser("export", parents=[common])
+    p_export = sub.add_parser("export", parents=[common])
+    p_export.add_argument("--checkpoint", default="draft_best.pt",
+                          help="in WORK: draft_best.pt (train) or feature_best.pt (feature_draft.py train)")
     sub.add_parser("gpu", parents=[common, generating, training], help="generate + train + export (the shipped recipe)")
     p_dev = sub.add_parser("devset", parents=[common])
     p_dev.add_argument("--count", type=int, default=20)

@@ -61,12 +61,14 @@ def test_embedded_dropmatch_with_auto_p_runs_and_explains_itself(embedded_engine
 
 
 def _median_step_ms(lm, steps: int = 25) -> float:
-    cache = lm.new_cache()
-    lm.hidden(torch.arange(100), cache)
+    """One token through the model and its head (a draft that reads the target's features gets
+    zeros: the cost does not depend on their values)."""
+    cache, hidden_size = lm.new_cache(), lm.head_weight.shape[1]
+    lm.hidden(torch.arange(100), cache, torch.zeros(100, hidden_size))
     times = []
     for i in range(steps):
         started = time.perf_counter()
-        lm.logits(lm.hidden(torch.tensor([100 + i]), cache)[-1])
+        lm.logits(lm.hidden(torch.tensor([100 + i]), cache, torch.zeros(1, hidden_size))[-1])
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
 
@@ -169,3 +171,50 @@ def test_a_generation_batch_too_big_for_memory_is_split_not_lost():
     answers = distill._generate_group(model, prompts, pad=0, stops=[7], max_new_tokens=3)
     assert answers == [[3, 7], [4, 7], [7], [9, 7], [11, 7]]
     assert model.calls == [5, 2, 3, 1, 2]
+
+
+def test_the_feature_draft_recipe_extracts_trains_and_exports_a_loadable_feature_draft(tmp_path):
+    """scripts/feature_draft.py features + train, then distill_draft.py export, with tiny budgets:
+    the stored features are the target's final hidden states, and the exported folder loads as a
+    draft that reads them, whose lossless output is the target's greedy output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from dropmatch.models import FeatureDraft, load_embedded_pair, load_embedded_target
+
+    root = Path(__file__).resolve().parent.parent
+    distill = _distill_module(root)
+    generator = torch.Generator().manual_seed(0)
+    records = [{"ids": torch.randint(0, 2000, (24 + i,), generator=generator, dtype=torch.int32), "prompt_len": 6,
+                "source": "written"} for i in range(10)]
+    work = tmp_path / "work"
+    distill.save_generated(work / "generated.npz", records, [])
+    script = [sys.executable, str(root / "scripts" / "feature_draft.py")]
+    for command in (["features", "--work", str(work), "--feature-tokens", "150"],
+                    ["train", "--work", str(work), "--steps", "3", "--eval-every", "1", "--held-out", "2",
+                     "--batch-tokens", "64"]):
+        done = subprocess.run(script + command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    export = [sys.executable, str(root / "scripts" / "distill_draft.py"), "export", "--work", str(work),
+              "--checkpoint", "feature_best.pt", "--out", str(tmp_path / "draft")]
+    done = subprocess.run(export, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    stored = np.load(work / "features.npz")
+    first = torch.from_numpy(stored["ids"][: stored["lengths"][0]].astype(np.int64))
+    model, _ = load_embedded_target(torch.device("cpu"), torch.bfloat16)
+    with torch.inference_mode():
+        expected = model.get_decoder()(input_ids=first.view(1, -1)).last_hidden_state[0].float()
+    got = torch.from_numpy(stored["feats"][: len(first)]).float()
+    similarity = torch.nn.functional.cosine_similarity(got, expected, dim=-1)  # bf16 batches differ in rounding
+    assert sum(stored["lengths"]) >= 150 and similarity.min() > 0.99
+
+    pair = load_embedded_pair(torch.device("cpu"), draft_dir=tmp_path / "draft")
+    assert isinstance(pair.draft, FeatureDraft) and pair.draft.head_weight.shape == (8192, 576)
+    engine = Engine(pair)
+    ids = engine.encode(PROMPTS[1])
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=3, max_new_tokens=16), RuleConfig("lossless")))
+    assert list(trace.output_ids) == greedy_reference(engine.target, ids, 16, engine.stop_ids)
