@@ -421,6 +421,18 @@ def target_agreement(target_model, head_weight, head_rows, batch, autocast: bool
     return float((head_rows[scores.argmax(-1)] == labels).float().mean())
 
 
+def optimizer_step(optimizer, loss: torch.Tensor, params, max_norm: float = 1.0) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+
+
+def time_to_evaluate(step: int, args, started: float) -> bool:
+    """Every args.eval_every steps, at the last step, and when the time budget has run out."""
+    return step % args.eval_every == 0 or step == args.steps or time.time() - started >= args.minutes * 60
+
+
 def train(args) -> None:
     """Distil the draft against the target's live distributions on WORK/generated.npz."""
     torch.manual_seed(args.seed)
@@ -480,14 +492,10 @@ def train(args) -> None:
             group["lr"] = args.lr * schedule(step)
         loss, agree = online_loss(draft, target_model, head_weight, head_rows,
                                   right_padded(rng.choice(batches), args.max_len, device), autocast)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        optimizer_step(optimizer, loss, params)
         step += 1
         bar.update(1)
-        out_of_time = time.time() - started >= args.minutes * 60
-        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+        if time_to_evaluate(step, args, started):
             held = held_out_agreement()
             history.append((step, round(time.time() - started, 1), round(loss.item(), 4), round(held, 4)))
             print(f"\nstep {step}: loss {loss.item():.3f}, train-batch agreement {agree.item():.3f}, "

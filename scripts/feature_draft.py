@@ -254,16 +254,12 @@ def train(args) -> None:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress))
         with autocast():
-            loss, agreement = feature_loss(net, head_weight, head_rows, padded(batches[order.pop()], all_features, all_ids, device),
-                                           args.unroll, args.reg, scale)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+            batch = padded(batches[order.pop()], all_features, all_ids, device)
+            loss, agreement = feature_loss(net, head_weight, head_rows, batch, args.unroll, args.reg, scale)
+        distill_draft.optimizer_step(optimizer, loss, params)
         step += 1
         bar.update(1)
-        out_of_time = time.time() - started >= args.minutes * 60
-        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+        if distill_draft.time_to_evaluate(step, args, started):
             held = held_out_agreement()
             history.append((step, round(time.time() - started, 1), round(loss.item(), 4), [round(a, 4) for a in held]))
             print(f"\nstep {step}: loss {loss.item():.3f}, batch agreement {[round(a, 3) for a in agreement]}, "
