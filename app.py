@@ -14,8 +14,6 @@ import csv
 import json
 import logging
 import tempfile
-import threading
-from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr

@@ -18,7 +18,6 @@ from typing import Generator
 import torch
 
 from . import acceptance, mc_head
-from .acceptance import BONUS
 from .config import ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
 from .sampling import draw, sampling_probs, signal_probs
