@@ -405,11 +405,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    peer = args.peer and decode.greedy
-    if peer and engine.draft.reads_target_features:
-        print("note: --peer skipped: transformers' assisted generation cannot feed this draft the target's "
-              "hidden states it reads", file=sys.stderr)
-        peer = False
+    peer = peer_runs(args.peer, decode, engine.draft)
     started = time.time()
     warm_up(engine, decode, runs)
     total = sum(len(items) for _, _, items in benchmarks)
@@ -464,6 +460,17 @@ def machine() -> str:
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def peer_runs(requested: bool, decode: DecodeConfig, draft) -> bool:
+    """Whether to time transformers' assisted generation: asked for, greedy, and a draft it can drive."""
+    if not (requested and decode.greedy):
+        return False
+    if draft.reads_target_features:
+        print("note: --peer skipped: transformers' assisted generation cannot feed this draft the target's "
+              "hidden states it reads", file=sys.stderr)
+        return False
+    return True
 
 
 def warm_up(engine, decode: DecodeConfig, runs) -> None:

@@ -91,3 +91,13 @@ def test_a_feature_draft_refuses_to_run_without_features(tiny_dirs):
 
 def test_a_plain_draft_does_not_read_target_features(tiny_engine):
     assert isinstance(tiny_engine.draft, CausalLM) and not tiny_engine.draft.reads_target_features
+
+
+def test_the_benchmark_skips_the_peer_for_a_feature_draft_and_says_so(tiny_dirs, tiny_engine, capsys):
+    """transformers' assisted generation cannot feed a draft the target's hidden states."""
+    from dropmatch.bench import peer_runs
+
+    assert not peer_runs(True, DecodeConfig(), feature_pair(tiny_dirs[0], noise=0.0).draft)
+    assert "--peer skipped" in capsys.readouterr().err
+    assert peer_runs(True, DecodeConfig(), tiny_engine.draft)
+    assert not peer_runs(False, DecodeConfig(), tiny_engine.draft)
