@@ -145,15 +145,10 @@ class CausalLM:
         project's CPU for 5 rows, against 1 ms at p = 0.05). Otherwise all rows go through the head
         in one matmul, in bf16 where the hardware has it (the dropout noise is orders of magnitude
         above bf16 rounding)."""
-        dropped = hidden.unsqueeze(0) * (1.0 - keep)  # [K, n, H]
-        if self._sparse_pays(int(torch.count_nonzero(dropped)), hidden.shape[-1]):
-            if self._head_columns is None:
-                self._head_columns = self._head_weight.detach().T.contiguous()  # [H, V]
-            with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is plain
-                warnings.simplefilter("ignore", UserWarning)
-                flat = dropped.reshape(-1, dropped.shape[-1]).to_sparse_csr()
-            removed = (flat @ self._head_columns).reshape(*dropped.shape[:-1], -1)
-            return (clean_logits.unsqueeze(0) - removed[..., : self.vocab_size]) / (1.0 - p)
+        if self._sparse_possible():  # counting the dropped entries is a sync: only where sparse may pay
+            dropped = hidden.unsqueeze(0) * (1.0 - keep)  # [K, n, H]
+            if self._sparse_pays(int(torch.count_nonzero(dropped)), hidden.shape[-1]):
+                return self._sparse_path_logits(dropped, clean_logits, p)
         path_hidden = hidden.unsqueeze(0) * keep / (1.0 - p)
         if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
             return self.logits(path_hidden)
@@ -161,14 +156,28 @@ class CausalLM:
             self._path_weight = self._head_weight.detach().to(self._path_dtype)
         return self._postprocess(head_matmul(path_hidden.to(self._path_dtype), self._path_weight).float())
 
+    def _sparse_path_logits(self, dropped: torch.Tensor, clean_logits: torch.Tensor, p: float) -> torch.Tensor:
+        """(W h - W dropped) / (1 - p) for dropped [K, n, H] (the entries dropout removed), clean_logits [n, V]."""
+        if self._head_columns is None:
+            self._head_columns = self._head_weight.detach().T.contiguous()  # [H, V]
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is plain
+            warnings.simplefilter("ignore", UserWarning)
+            flat = dropped.reshape(-1, dropped.shape[-1]).to_sparse_csr()
+        removed = (flat @ self._head_columns).reshape(*dropped.shape[:-1], -1)
+        return (clean_logits.unsqueeze(0) - removed[..., : self.vocab_size]) / (1.0 - p)
+
     def _sparse_pays(self, num_dropped: int, hidden_size: int) -> bool:
         """The sparse product reads one fp32 head column per dropped entry; the dense bf16 pass
         reads the whole head and multiplies every row. Measured on this project's CPU (H = 576):
         sparse 0.9 ms at 133 entries, 2.2 ms at 272, 8 ms at 849; dense 5.5 ms. So sparse up to
-        H entries. Only for a plain head without logit post-processing (the identity needs a
-        linear head), and not on a GPU, where the dense pass is cheap."""
+        H entries."""
+        return self._sparse_possible() and num_dropped <= hidden_size
+
+    def _sparse_possible(self) -> bool:
+        """A plain head without logit post-processing (the identity needs a linear head), on a
+        CPU (on a GPU the dense pass is cheap)."""
         linear = self._head_weight is not None and not (self._softcap or self._logit_scale or self._logits_scaling)
-        return linear and self.device.type == "cpu" and num_dropped <= hidden_size
+        return linear and self.device.type == "cpu"
 
     def _postprocess(self, logits: torch.Tensor) -> torch.Tensor:
         if self._logit_scale is not None:  # Cohere
