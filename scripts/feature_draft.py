@@ -4,6 +4,8 @@ Starts from the target's own answers made by `distill_draft.py generate` (WORK/g
 
   features  the target's final hidden state at every position of a sample of those answers
             (prompt included; bf16 on a CPU, where it is twice as fast as fp32) -> WORK/features.npz;
+            a larger --feature-tokens later extends the file (bf16 rounding depends on how answers
+            are batched, so an extended file equals a one-shot one up to that rounding);
   train     the FeatureNet on them: at position t it reads the token x_t and the feature f_{t-1}
             and must give the target's next-token distribution softmax(W f_t) over the draft's head
             rows (cross-entropy), and estimate f_t itself (smooth L1, weight --reg). With --unroll 1
@@ -18,8 +20,7 @@ holds out, so the shipped token-only draft never trained on them either.
 Measured on the project's 2-core CPU (2026-11-30), on the shipped draft's 15,360 answers; NOT shipped
 (README, "Shipped draft", has the variants tried):
     python scripts/feature_draft.py features --work runs/eagle     # 4,037 answers, 1.2M positions, ~26 min
-    python scripts/feature_draft.py train --work runs/eagle --minutes 18 --batch-tokens 4096 --bf16 \
-        --eval-every 100 --init-from assets/draft --lr 2e-4         # 391 steps
+    python scripts/feature_draft.py train --work runs/eagle --bf16  # 391 steps (defaults: from assets/draft, 18 min)
 held-out greedy agreement 60.9% -> 62.3% (depth 1) / 61.9% (depth 2), while training batches reach 77%:
 on 0.88M answer tokens the draft memorises. On the dev set (24 prompts, gamma 4): tau 1.91 -> 1.93, draft
 step 5.6 -> 6.5 ms, 1.16x -> 1.15x autoregressive. `--device cuda` runs both steps on a GPU (not run yet).
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import distill_draft  # noqa: E402
 from dropmatch.models import (  # noqa: E402
-    FEATURE_KIND, build_feature_net, load_draft_weights, load_embedded_target, stop_token_ids,
+    EMBEDDED_DRAFT_DIR, FEATURE_KIND, build_feature_net, load_draft_weights, load_embedded_target, stop_token_ids,
 )
 
 FEATURE_BATCH_TOKENS = 4096  # padded tokens per target forward when extracting features
@@ -95,18 +96,30 @@ def target_features(decoder, records: list[dict], device: torch.device) -> list[
 
 
 def features(args) -> None:
+    """Extends WORK/features.npz when it exists: the sample's order is fixed by the seed, so the
+    answers already there are its first ones, and only the rest of a larger --feature-tokens is run."""
     records, _ = distill_draft.load_generated(Path(args.work) / "generated.npz")
     chosen = sample_answers(records, args.feature_tokens, args.max_len, args.seed)
+    out = Path(args.work) / "features.npz"
+    stored = dict(np.load(out)) if out.exists() else None
+    done = len(stored["lengths"]) if stored else 0
+    if stored and not np.array_equal(stored["ids"], np.concatenate([r["ids"].numpy() for r in chosen[:done]])):
+        raise SystemExit(f"error: {out} was made from other answers or another seed; move it away first")
     dtype = torch.bfloat16 if args.feature_dtype == "bfloat16" else torch.float32
     device = torch.device(args.device)
     model, _ = load_embedded_target(device, dtype)
     started = time.time()
-    rows = target_features(model.get_decoder(), chosen, device)
-    out = Path(args.work) / "features.npz"
-    np.savez(out, feats=np.concatenate(rows), ids=np.concatenate([r["ids"].numpy() for r in chosen]),
-             lengths=np.array([len(r["ids"]) for r in chosen]), prompt_lens=np.array([r["prompt_len"] for r in chosen]),
-             sources=np.array([r["source"] for r in chosen]))
-    print(f"wrote {out}: {len(chosen)} answers, {sum(len(r) for r in rows)} positions in {time.time() - started:.0f} s")
+    new = chosen[done:]
+    rows = target_features(model.get_decoder(), new, device) if new else []
+    parts = {"feats": list(rows), "ids": [r["ids"].numpy() for r in new],
+             "lengths": [np.array([len(r["ids"]) for r in new], dtype=np.int64)],
+             "prompt_lens": [np.array([r["prompt_len"] for r in new], dtype=np.int64)],
+             "sources": [np.array([r["source"] for r in new])]}
+    if stored:
+        parts = {name: [stored[name], *arrays] for name, arrays in parts.items()}
+    np.savez(out, **{name: np.concatenate(arrays) for name, arrays in parts.items()})
+    print(f"wrote {out}: {len(chosen)} answers ({len(new)} new), {sum(len(r['ids']) for r in chosen)} positions; "
+          f"{time.time() - started:.0f} s")
 
 
 # ---------------------------------------------------------------- training
@@ -282,23 +295,24 @@ def main() -> None:
     common.add_argument("--work", default=str(distill_draft.DEFAULT_WORK), help="folder with generated.npz")
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--threads", type=int, default=2)
-    common.add_argument("--max-len", type=int, default=512)
     common.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_features = sub.add_parser("features", parents=[common])
     p_features.add_argument("--feature-tokens", type=int, default=1_200_000, help="positions to extract, prompts included")
     p_features.add_argument("--feature-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p_features.add_argument("--max-len", type=int, default=512, help="answers are cut at this many tokens")
     p_train = sub.add_parser("train", parents=[common])
-    p_train.add_argument("--minutes", type=float, default=40.0)
+    p_train.add_argument("--minutes", type=float, default=18.0)
     p_train.add_argument("--steps", type=int, default=1_000_000, help="at most; the time budget usually ends first")
-    p_train.add_argument("--init-from", default="", help="a token-only draft folder (distill_draft.py export) to start from")
-    p_train.add_argument("--layers-from", default="0", help="without --init-from: target blocks the draft's blocks start from")
+    p_train.add_argument("--init-from", default=str(EMBEDDED_DRAFT_DIR),
+                         help="a token-only draft folder (distill_draft.py export) to start from; '' for target blocks")
+    p_train.add_argument("--layers-from", default="0", help="with --init-from '': the target blocks the draft's blocks start from")
     p_train.add_argument("--head-size", type=int, default=8192)
-    p_train.add_argument("--batch-tokens", type=int, default=8192, help="padded positions per step")
+    p_train.add_argument("--batch-tokens", type=int, default=4096, help="padded positions per step")
     p_train.add_argument("--unroll", type=int, default=1, help="extra passes on the draft's own estimates")
     p_train.add_argument("--reg", type=float, default=0.1, help="weight of the feature-estimate L1 term")
-    p_train.add_argument("--lr", type=float, default=1e-3)
+    p_train.add_argument("--lr", type=float, default=2e-4)
     p_train.add_argument("--weight-decay", type=float, default=0.01)
     p_train.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU, or a CPU that has it)")
     p_train.add_argument("--fuse-only", action="store_true", help="train the fuse layer only (blocks frozen)")

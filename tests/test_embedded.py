@@ -193,17 +193,26 @@ def test_the_feature_draft_recipe_extracts_trains_and_exports_a_loadable_feature
     work = tmp_path / "work"
     distill.save_generated(work / "generated.npz", records, [])
     script = [sys.executable, str(root / "scripts" / "feature_draft.py")]
-    for command in (["features", "--work", str(work), "--feature-tokens", "150"],
+    done = subprocess.run(script + ["features", "--work", str(work), "--feature-tokens", "60"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    extracted_first = np.load(work / "features.npz")["ids"]
+    for command in (["features", "--work", str(work), "--feature-tokens", "150"],  # extends the file
                     ["train", "--work", str(work), "--steps", "3", "--eval-every", "1", "--held-out", "2",
                      "--batch-tokens", "64"]):
         done = subprocess.run(script + command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
+    other_seed = subprocess.run(script + ["features", "--work", str(work), "--feature-tokens", "250", "--seed", "1"],
+                                capture_output=True, text=True, timeout=300)
+    assert other_seed.returncode != 0 and "made from other answers" in other_seed.stderr
     export = [sys.executable, str(root / "scripts" / "distill_draft.py"), "export", "--work", str(work),
               "--checkpoint", "feature_best.pt", "--out", str(tmp_path / "draft")]
     done = subprocess.run(export, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
     stored = np.load(work / "features.npz")
+    assert len(stored["ids"]) > len(extracted_first)
+    assert np.array_equal(stored["ids"][: len(extracted_first)], extracted_first)
     first = torch.from_numpy(stored["ids"][: stored["lengths"][0]].astype(np.int64))
     model, _ = load_embedded_target(torch.device("cpu"), torch.bfloat16)
     with torch.inference_mode():
