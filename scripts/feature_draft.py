@@ -21,9 +21,11 @@ Measured on the project's 2-core CPU (2026-11-30), on the shipped draft's 15,360
 (README, "Shipped draft", has the variants tried):
     python scripts/feature_draft.py features --work runs/eagle     # 4,037 answers, 1.2M positions, ~26 min
     python scripts/feature_draft.py train --work runs/eagle --bf16  # 391 steps (defaults: from assets/draft, 18 min)
-held-out greedy agreement 60.9% -> 62.3% (depth 1) / 61.9% (depth 2), while training batches reach 77%:
-on 0.88M answer tokens the draft memorises. On the dev set (24 prompts, gamma 4): tau 1.91 -> 1.93, draft
-step 5.6 -> 6.5 ms, 1.16x -> 1.15x autoregressive. `--device cuda` runs both steps on a GPU (not run yet).
+held-out greedy agreement 60.9% -> 62.3% (depth 1) / 61.9% (depth 2), training batches 77%. On the dev
+set (24 prompts, gamma 4): tau 1.91 -> 1.93, draft step 5.6 -> 6.5 ms, 1.16x -> 1.15x autoregressive.
+Extended to 8,117 answers (`features --feature-tokens 2400000`, 1,160 s more) and trained the same way
+(393 steps): 62.1% / 61.7%, so here the steps, not the data, are the limit. `--device cuda` runs both
+steps on a GPU (not run yet).
 """
 
 from __future__ import annotations
