@@ -81,6 +81,12 @@ class _TargetFeatures:
         return self.rows[start - 1 : start - 1 + count]
 
 
+def _features_before(features: _TargetFeatures | None, start: int, count: int) -> torch.Tensor | None:
+    """What the draft reads with `count` tokens fed from position `start`: the target's features
+    for a draft that reads them, nothing (None) for a plain draft."""
+    return None if features is None else features.before(start, count)
+
+
 class Engine:
     """Speculative and autoregressive decoding over one loaded pair, batch size 1."""
 
@@ -172,8 +178,9 @@ class Engine:
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         p = self._dropout_rate(rule, prompt_hidden, generator)
         first = self._pick(self.target.logits(prompt_hidden[-1]), decode, generator)
-        features = _TargetFeatures(prompt_hidden)
-        self.draft.hidden(self._ids(prompt_ids), draft_cache, self._draft_features(features, 0, len(prompt_ids)))
+        # Only a draft that reads the target's hidden states needs them kept, round after round.
+        features = _TargetFeatures(prompt_hidden) if self.draft.reads_target_features else None
+        self.draft.hidden(self._ids(prompt_ids), draft_cache, _features_before(features, 0, len(prompt_ids)))
         t_prefill = clock.now() - start
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
@@ -221,10 +228,12 @@ class Engine:
         committed = len(seq.tokens) - len(emitted)  # tokens the caches may keep = before this round
         keep = committed + verdict.num_accepted
         self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
-        features.keep(min(keep, target_cache.get_seq_length()), hidden)
-        # A feature draft computed the entries of the drafted tokens from its own estimates of the
-        # target's features: drop them, so that the accepted ones are fed again with the real ones.
-        draft_keep = committed if self.draft.reads_target_features else keep
+        draft_keep = keep
+        if features is not None:
+            features.keep(min(keep, target_cache.get_seq_length()), hidden)
+            # The draft computed the entries of the drafted tokens from its own estimates of the
+            # target's features: drop them, so that the accepted ones are fed again with the real ones.
+            draft_keep = committed
         self.draft.crop(draft_cache, min(draft_keep, draft_cache.get_seq_length()))
         records = _records(host, verdict.reasons)
         t5 = clock.now()
@@ -243,7 +252,7 @@ class Engine:
         tokens, q_sample, q_signal = [], [], []
         start = draft_cache.get_seq_length()
         feed = self._ids(seq.pending(start))  # the tokens committed since the draft last ran
-        feed_features = self._draft_features(features, start, len(feed))
+        feed_features = _features_before(features, start, len(feed))
         for _ in range(gamma):
             draft_hidden = self.draft.hidden(feed, draft_cache, feed_features)
             logits = self.draft.logits(draft_hidden[-1])
@@ -325,11 +334,6 @@ class Engine:
         return float(-log_probs.gather(-1, answer).mean())
 
     # ------------------------------------------------------------ helpers
-
-    def _draft_features(self, features: _TargetFeatures, start: int, count: int) -> torch.Tensor | None:
-        """What the draft reads with `count` tokens fed from position `start`: the target's features
-        for a FeatureDraft, nothing for a plain draft."""
-        return features.before(start, count) if self.draft.reads_target_features else None
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
