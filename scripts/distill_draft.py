@@ -323,6 +323,14 @@ def save_generated(path: Path, records: list[dict], runs: list[dict]) -> None:
     partial.replace(path)
 
 
+def shuffled_answers(records: list[dict], rng: random.Random) -> list[dict]:
+    """The records that have an answer, in rng's shuffled order. `train` holds out the first ones;
+    feature_draft.py samples in the same order, so that both hold out the same answers."""
+    answered = [r for r in records if len(r["ids"]) > r["prompt_len"]]
+    rng.shuffle(answered)
+    return answered
+
+
 def generation_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -445,8 +453,7 @@ def train(args) -> None:
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
     records, generation_runs = load_generated(work / "generated.npz")
-    records = [r for r in records if len(r["ids"]) > r["prompt_len"]]
-    rng.shuffle(records)
+    records = shuffled_answers(records, rng)
     held_out, own = records[: args.held_out], records[args.held_out :]
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     head_rows = frequent_tokens(own, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model))).to(device)

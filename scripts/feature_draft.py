@@ -57,11 +57,10 @@ FEATURE_BATCH_TOKENS = 4096  # padded tokens per target forward when extracting 
 
 
 def sample_answers(records: list[dict], token_budget: int, max_len: int, seed: int) -> list[dict]:
-    """Answers in a seeded shuffled order, cut at max_len tokens, until token_budget tokens (prompts included)."""
-    records = [r for r in records if len(r["ids"]) > r["prompt_len"]]
-    random.Random(seed).shuffle(records)
+    """Answers in distill_draft's seeded shuffled order, cut at max_len tokens, until token_budget
+    tokens (prompts included)."""
     chosen, total = [], 0
-    for record in records:
+    for record in distill_draft.shuffled_answers(records, random.Random(seed)):
         if total >= token_budget:
             break
         chosen.append({**record, "ids": record["ids"][:max_len]})
@@ -69,19 +68,25 @@ def sample_answers(records: list[dict], token_budget: int, max_len: int, seed: i
     return chosen
 
 
+def token_batches(records: list[dict], tokens: int) -> list[list[dict]]:
+    """Records of similar length grouped so that a padded batch holds at most `tokens` positions."""
+    batches, current = [], []
+    for record in sorted(records, key=lambda r: r["length"]):
+        if current and (len(current) + 1) * record["length"] > tokens:
+            batches.append(current)
+            current = []
+        current.append(record)
+    return batches + [current] if current else batches
+
+
 @torch.inference_mode()
 def target_features(decoder, records: list[dict], device: torch.device) -> list[np.ndarray]:
     """fp16 [len, H] per record: the target's final hidden states, in batches of similar length."""
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["ids"]))
     features: list[np.ndarray | None] = [None] * len(records)
     bar = tqdm(total=sum(len(r["ids"]) for r in records), desc="target features", unit="tok", mininterval=10)
-    i = 0
-    while i < len(order):
-        group = [order[i]]
-        i += 1
-        while i < len(order) and (len(group) + 1) * len(records[order[i]]["ids"]) <= FEATURE_BATCH_TOKENS:
-            group.append(order[i])
-            i += 1
+    lengths = [{"index": i, "length": len(r["ids"])} for i, r in enumerate(records)]
+    for batch in token_batches(lengths, FEATURE_BATCH_TOKENS):
+        group = [item["index"] for item in batch]
         width = max(len(records[g]["ids"]) for g in group)
         ids = torch.zeros(len(group), width, dtype=torch.long)
         attention = torch.zeros_like(ids)
@@ -134,17 +139,6 @@ def load_features(path: Path) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
     records = [{"start": int(end - n), "length": int(n), "prompt_len": int(pl)}
                for end, n, pl in zip(ends, data["lengths"], data["prompt_lens"])]
     return torch.from_numpy(data["feats"]), torch.from_numpy(data["ids"].astype(np.int64)), records
-
-
-def token_batches(records: list[dict], tokens: int) -> list[list[dict]]:
-    """Records of similar length grouped so that a padded batch holds at most `tokens` positions."""
-    batches, current = [], []
-    for record in sorted(records, key=lambda r: r["length"]):
-        if current and (len(current) + 1) * record["length"] > tokens:
-            batches.append(current)
-            current = []
-        current.append(record)
-    return batches + [current] if current else batches
 
 
 def padded(group: list[dict], all_features: torch.Tensor, all_ids: torch.Tensor, device: torch.device):
