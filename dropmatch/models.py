@@ -128,7 +128,9 @@ class CausalLM:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept."""
+        """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept.
+        The product runs in the head's dtype (a bf16 draft may share the target's fp32 head)."""
+        hidden = hidden.to(self.head.weight.dtype)
         if self._head_weight is not None:
             return self._postprocess(head_matmul(hidden, self._head_weight).float())
         return self._postprocess(self.head(hidden).float())
@@ -483,13 +485,52 @@ def load_draft_weights(draft_dir: Path, target_model):
     return net.to(target_model.device).eval()
 
 
+class CastEmbedding(torch.nn.Module):
+    """The target's input embedding (shared, left as it is) handing its rows to a draft that
+    computes in another dtype."""
+
+    def __init__(self, embedding: torch.nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.embedding = embedding
+        self.out_dtype = dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids).to(self.out_dtype)
+
+
+def draft_in_dtype(net, dtype: torch.dtype):
+    """A loaded draft (causal LM or FeatureNet) whose blocks, fuse layer and restricted head
+    compute in `dtype`; the target's shared embedding is not touched (its rows are cast on the way
+    in), so the target is unchanged. The draft only proposes, so its precision never changes what
+    lossless decoding emits, only how often a draft token is accepted. Measured on the project's
+    CPU (avx512_bf16, 2 threads): a step of the shipped draft 4.6 ms in fp32, 2.6 ms in bf16, and 2-3
+    tokens in one call 6.6-7.7 ms in fp32 against 2.6-2.7 ms in bf16."""
+    model = net.model if isinstance(net, FeatureNet) else net
+    if model.dtype == dtype:
+        return net
+    decoder = model.get_decoder()
+    decoder.embed_tokens = CastEmbedding(decoder.embed_tokens, dtype)
+    decoder.layers.to(dtype)
+    decoder.norm.to(dtype)
+    if isinstance(model.get_output_embeddings(), RestrictedHead):  # the draft's own rows; a shared head stays
+        model.get_output_embeddings().to(dtype)
+    if isinstance(net, FeatureNet):
+        net.fuse.to(dtype)
+    return net
+
+
 def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
-    """The shipped CPU pair: SmolLM2-135M-Instruct and the distilled draft in assets/draft."""
+    """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
+    assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
     device = device or pick_device()
     target_model, tokenizer = load_embedded_target(device)
     if not (draft_dir / "draft.safetensors").exists():
         raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
-    draft_net = load_draft_weights(draft_dir, target_model)
+    draft_net = draft_in_dtype(load_draft_weights(draft_dir, target_model), fast_dtype(device))
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     draft_class = FeatureDraft if isinstance(draft_net, FeatureNet) else CausalLM
     return LoadedPair(

@@ -31,6 +31,7 @@ steps on a GPU (not run yet).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import sys
@@ -47,7 +48,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import distill_draft  # noqa: E402
 from dropmatch.models import (  # noqa: E402
-    EMBEDDED_DRAFT_DIR, FEATURE_KIND, build_feature_net, load_draft_weights, load_embedded_target, stop_token_ids,
+    EMBEDDED_DRAFT_DIR, FEATURE_KIND, FeatureNet, build_feature_net, load_draft_weights, load_embedded_target, stop_token_ids,
 )
 
 FEATURE_BATCH_TOKENS = 4096  # padded tokens per target forward when extracting features
@@ -213,16 +214,20 @@ def train(args) -> None:
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     answers = [{"ids": all_ids[r["start"] : r["start"] + r["length"]], "prompt_len": r["prompt_len"]} for r in own]
     layers_from = [int(x) for x in args.layers_from.split(",")]
-    token_draft = load_draft_weights(Path(args.init_from), target_model) if args.init_from else None
-    if token_draft is not None:  # keep the rows that draft was trained for
-        head_rows = token_draft.get_output_embeddings().rows
+    start_draft = load_draft_weights(Path(args.init_from), target_model) if args.init_from else None
+    start_model = start_draft.model if isinstance(start_draft, FeatureNet) else start_draft
+    if start_draft is not None:  # keep the rows that draft was trained for
+        head_rows = start_model.get_output_embeddings().rows
     else:
         head_rows = distill_draft.frequent_tokens(answers, args.head_size, vocab_size,
                                                   list(stop_token_ids(tokenizer, target_model))).to(device)
     head_weight = target_model.get_output_embeddings().weight.detach()[head_rows]
     scale = float(all_features[:200_000].float().pow(2).mean().sqrt())  # the features' RMS
-    embedding_rms = float(target_model.get_input_embeddings().weight.detach().pow(2).mean().sqrt())
-    net, config = init_feature_net(target_model, layers_from, embedding_rms / scale, token_draft)
+    if isinstance(start_draft, FeatureNet):  # a feature draft (the shipped one, by default): train it further
+        net, config = start_draft.train(), json.loads((Path(args.init_from) / "config.json").read_text())
+    else:
+        embedding_rms = float(target_model.get_input_embeddings().weight.detach().pow(2).mean().sqrt())
+        net, config = init_feature_net(target_model, layers_from, embedding_rms / scale, start_draft)
     for name, p in net.named_parameters():  # the target's embedding and head stay as they are
         p.requires_grad_("embed" not in name and "lm_head" not in name and (not args.fuse_only or "fuse" in name))
     params = [p for p in net.parameters() if p.requires_grad]
@@ -278,7 +283,7 @@ def train(args) -> None:
                 torch.save({"draft": {k: v.detach().clone() for k, v in net.state_dict().items()
                                       if "embed" not in k and "lm_head" not in k},
                             "step": step, "head_rows": head_rows.cpu(), "config": config,
-                            "layers_from": None if token_draft is not None else layers_from,
+                            "layers_from": None if start_draft is not None else layers_from,
                             "held_out_agreement": held[0], "held_out_agreement_per_depth": held,
                             "train_seconds": time.time() - started, "answer_tokens": answer_tokens,
                             "answers": len(own), "history": history, "recipe": vars(args)},
@@ -302,7 +307,8 @@ def main() -> None:
     p_train.add_argument("--minutes", type=float, default=18.0)
     p_train.add_argument("--steps", type=int, default=1_000_000, help="at most; the time budget usually ends first")
     p_train.add_argument("--init-from", default=str(EMBEDDED_DRAFT_DIR),
-                         help="a token-only draft folder (distill_draft.py export) to start from; '' for target blocks")
+                         help="a draft folder to start from (distill_draft.py export): a token-only draft gets a fuse layer "
+                              "that first ignores the feature; a feature draft is trained further; '' for target blocks")
     p_train.add_argument("--layers-from", default="0", help="with --init-from '': the target blocks the draft's blocks start from")
     p_train.add_argument("--head-size", type=int, default=8192)
     p_train.add_argument("--batch-tokens", type=int, default=4096, help="padded positions per step")

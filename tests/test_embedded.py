@@ -197,18 +197,29 @@ def test_the_feature_draft_recipe_extracts_trains_and_exports_a_loadable_feature
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     extracted_first = np.load(work / "features.npz")["ids"]
-    for command in (["features", "--work", str(work), "--feature-tokens", "150"],  # extends the file
-                    ["train", "--work", str(work), "--steps", "3", "--eval-every", "1", "--held-out", "2",
-                     "--batch-tokens", "64"]):
-        done = subprocess.run(script + command, capture_output=True, text=True, timeout=300)
+    distill_script = [sys.executable, str(root / "scripts" / "distill_draft.py")]
+    train = ["train", "--work", str(work), "--eval-every", "1", "--held-out", "2", "--batch-tokens", "64"]
+    for command in (script + ["features", "--work", str(work), "--feature-tokens", "150"],  # extends the file
+                    # a token-only draft to start from, as the shipped recipe makes it
+                    distill_script + ["train", "--work", str(work), "--steps", "2", "--batch", "2", "--held-out", "2",
+                                      "--eval-every", "1", "--device", "cpu"],
+                    distill_script + ["export", "--work", str(work), "--out", str(tmp_path / "token_draft")],
+                    script + train + ["--steps", "3", "--init-from", str(tmp_path / "token_draft")],
+                    distill_script + ["export", "--work", str(work), "--checkpoint", "feature_best.pt",
+                                      "--out", str(tmp_path / "draft")],
+                    # a feature draft is trained further, not started again (lr 0: nothing may change)
+                    script + train + ["--steps", "1", "--lr", "0", "--init-from", str(tmp_path / "draft")]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     other_seed = subprocess.run(script + ["features", "--work", str(work), "--feature-tokens", "250", "--seed", "1"],
                                 capture_output=True, text=True, timeout=300)
     assert other_seed.returncode != 0 and "made from other answers" in other_seed.stderr
-    export = [sys.executable, str(root / "scripts" / "distill_draft.py"), "export", "--work", str(work),
-              "--checkpoint", "feature_best.pt", "--out", str(tmp_path / "draft")]
-    done = subprocess.run(export, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    exported, continued = load_file(str(tmp_path / "draft" / "draft.safetensors")), torch.load(work / "feature_best.pt")
+    assert exported["fuse.weight"][:, 576:].abs().max() > 0  # it learned to read the feature in 3 steps
+    for name in ("fuse.weight", "model.model.layers.1.mlp.down_proj.weight"):
+        assert torch.equal(continued["draft"][name].half(), exported[name])
 
     stored = np.load(work / "features.npz")
     assert len(stored["ids"]) > len(extracted_first)

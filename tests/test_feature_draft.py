@@ -10,7 +10,8 @@ from tiny_models import perturbed_copy
 from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.engine import Engine, run_to_end
 from dropmatch.models import (
-    FEATURE_KIND, CausalLM, FeatureDraft, LoadedPair, build_feature_net, greedy_reference, load_hub_pair,
+    FEATURE_KIND, CausalLM, FeatureDraft, LoadedPair, build_feature_net, draft_in_dtype, greedy_reference,
+    load_hub_pair,
 )
 
 
@@ -45,6 +46,33 @@ def feature_pair(target_dir, noise: float, spy: bool = False) -> LoadedPair:
         net.fuse.bias.zero_()
     draft = (SpyFeatureDraft if spy else FeatureDraft)(net, "feature-draft", hub.target.vocab_size)
     return LoadedPair(target=hub.target, draft=draft, tokenizer=hub.tokenizer, spec=hub.spec)
+
+
+@pytest.mark.parametrize("kind", ["plain", "feature"])
+def test_a_bf16_draft_leaves_the_fp32_target_untouched_and_lossless_output_identical(tiny_dirs, kind):
+    """draft_in_dtype (what the embedded pair does on a CPU with native bf16): the draft computes
+    in bf16, the target it shares its embedding with stays fp32 and gives the same states."""
+    target_dir, draft_dir = tiny_dirs
+    if kind == "feature":
+        pair = feature_pair(target_dir, noise=0.05)
+        pair.draft.net = draft_in_dtype(pair.draft.net, torch.bfloat16)
+    else:
+        pair = load_hub_pair(PairSpec(str(target_dir), str(draft_dir)), torch.device("cpu"))
+        pair.draft = CausalLM(draft_in_dtype(pair.draft.model, torch.bfloat16), "bf16 draft", pair.draft.vocab_size)
+    engine = Engine(pair)
+    ids = engine.encode(PROMPTS[0])
+    ids_tensor = torch.tensor(ids)
+    target_states = engine.target.hidden(ids_tensor, engine.target.new_cache())
+    assert target_states.dtype == torch.float32 and engine.target.model.get_input_embeddings().weight.dtype == torch.float32
+    reference = load_hub_pair(PairSpec(str(target_dir), str(target_dir)), torch.device("cpu")).target
+    assert torch.equal(target_states, reference.hidden(ids_tensor, reference.new_cache()))
+    assert torch.equal(engine.target.logits(target_states), reference.logits(target_states))
+    features = torch.zeros(len(ids), target_states.shape[-1])
+    draft_states = engine.draft.hidden(ids_tensor, engine.draft.new_cache(), features if kind == "feature" else None)
+    assert draft_states.dtype == torch.bfloat16 and engine.draft.logits(draft_states).dtype == torch.float32
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("lossless")))
+    assert list(trace.output_ids) == greedy_reference(engine.target, ids, 40, engine.stop_ids)
+    assert sum(r.num_accepted for r in trace.rounds) > 0
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
