@@ -460,6 +460,11 @@ def build_feature_net(config_dict: dict, target_model) -> FeatureNet:
                       config_dict.get("feature_scale", 1.0))
 
 
+def draft_lm(net):
+    """The causal LM inside a draft network: a FeatureNet's `model`, or the network itself."""
+    return net.model if isinstance(net, FeatureNet) else net
+
+
 def load_draft_weights(draft_dir: Path, target_model):
     """The draft network (a causal LM, or a FeatureNet when config.json says so) from a folder
     written by scripts/distill_draft.py. Its head scores only the shipped token ids; those rows
@@ -469,11 +474,9 @@ def load_draft_weights(draft_dir: Path, target_model):
     config_dict = json.loads((draft_dir / "config.json").read_text())
     tensors = load_file(str(draft_dir / "draft.safetensors"))
     head_rows = tensors.pop("head_rows").long()
-    if config_dict.get("draft_kind") == FEATURE_KIND:
-        net = build_feature_net(config_dict, target_model)
-        model = net.model
-    else:
-        net = model = build_draft_model(config_dict, target_model)
+    feature = config_dict.get("draft_kind") == FEATURE_KIND
+    net = (build_feature_net if feature else build_draft_model)(config_dict, target_model)
+    model = draft_lm(net)
     state = {name: tensor.to(target_model.dtype) for name, tensor in tensors.items()}
     missing, unexpected = net.load_state_dict(state, strict=False)
     missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
@@ -509,7 +512,7 @@ def draft_in_dtype(net, dtype: torch.dtype):
     lossless decoding emits, only how often a draft token is accepted. Measured on the project's
     CPU (avx512_bf16, 2 threads): a step of the shipped draft 4.6 ms in fp32, 2.6 ms in bf16, and 2-3
     tokens in one call 6.6-7.7 ms in fp32 against 2.6-2.7 ms in bf16."""
-    model = net.model if isinstance(net, FeatureNet) else net
+    model = draft_lm(net)
     if model.dtype == dtype:
         return net
     decoder = model.get_decoder()

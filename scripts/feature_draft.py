@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import distill_draft  # noqa: E402
 from dropmatch.models import (  # noqa: E402
-    EMBEDDED_DRAFT_DIR, FEATURE_KIND, FeatureNet, build_feature_net, load_draft_weights, load_embedded_target, stop_token_ids,
+    EMBEDDED_DRAFT_DIR, FEATURE_KIND, FeatureNet, build_feature_net, draft_lm, load_draft_weights, load_embedded_target, stop_token_ids,
 )
 
 FEATURE_BATCH_TOKENS = 4096  # padded tokens per target forward when extracting features
@@ -217,9 +217,8 @@ def train(args) -> None:
     answers = [{"ids": all_ids[r["start"] : r["start"] + r["length"]], "prompt_len": r["prompt_len"]} for r in own]
     layers_from = [int(x) for x in args.layers_from.split(",")]
     start_draft = load_draft_weights(Path(args.init_from), target_model) if args.init_from else None
-    start_model = start_draft.model if isinstance(start_draft, FeatureNet) else start_draft
     if start_draft is not None:  # keep the rows that draft was trained for
-        head_rows = start_model.get_output_embeddings().rows
+        head_rows = draft_lm(start_draft).get_output_embeddings().rows
     else:
         head_rows = distill_draft.frequent_tokens(answers, args.head_size, vocab_size,
                                                   list(stop_token_ids(tokenizer, target_model))).to(device)
