@@ -235,10 +235,11 @@ def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tin
         DecodeConfig(draft_confidence=1.0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
 @pytest.mark.parametrize("shape", [(0, 24), (1, 24), (2, 24), (5, 24), (1, 3, 24)])
-def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, dtype):
-    """row_linear (the CPU layout, one fp32 row multiplied as two) gives F.linear's numbers and shape."""
+def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, dtype, packed):
+    """RowLinear (row_linear's CPU layout, one fp32 row multiplied as two; oneDNN with a packed
+    weight for three rows or more) gives F.linear's numbers and shape."""
     from dropmatch.models import RowLinear, row_linear
 
     generator = torch.Generator().manual_seed(0)
@@ -246,21 +247,30 @@ def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shap
     hidden = torch.randn(*shape, generator=generator).to(dtype)
     expected = torch.nn.functional.linear(hidden.float(), linear.weight.float(), linear.bias.float())
     tolerance = 1e-5 if dtype == torch.float32 else 5e-2
-    got = RowLinear.sharing(linear)(hidden)
+    module = RowLinear.sharing(linear)
+    if packed:
+        module.pack()
+    with torch.inference_mode():
+        got = module(hidden)
     assert got.shape == expected.shape and got.dtype == dtype
     assert torch.allclose(got.float(), expected, atol=tolerance)
     no_bias = row_linear(hidden, linear.weight)
     assert torch.allclose(no_bias.float(), expected - linear.bias.float(), atol=tolerance)
 
 
-def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs):
+def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs, monkeypatch):
     """CausalLM swaps an fp32 CPU model's nn.Linear layers for RowLinear: same Parameter objects
-    (a tied head stays tied), the same logits up to rounding, and bf16 layers left as they are."""
+    (a tied head stays tied), the same logits up to rounding, packed copies only where memory is
+    plentiful, and bf16 layers left as they are."""
     from transformers import AutoModelForCausalLM
 
+    from dropmatch import models
     from dropmatch.models import CausalLM, RowLinear
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0]).eval()
+    def load(**kwargs):
+        return AutoModelForCausalLM.from_pretrained(tiny_dirs[0], **kwargs).eval()
+
+    model = load()
     model.lm_head.weight = model.get_input_embeddings().weight  # tied, as SmolLM2's head is
     ids = torch.tensor([[5, 17, 42, 9, 3]])
     with torch.inference_mode():
@@ -268,11 +278,24 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     weights = {name: parameter for name, parameter in model.named_parameters()}
     CausalLM(model, "tiny", model.config.vocab_size)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is RowLinear for m in linears)
+    assert linears and all(type(m) is RowLinear and m.packed is not None for m in linears)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert all(weights[name] is parameter for name, parameter in model.named_parameters())
     with torch.inference_mode():
         assert torch.allclose(model(ids).logits, before, atol=1e-5)
-    bf16 = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.bfloat16).eval()
+    import copy
+
+    assert copy.deepcopy(model).lm_head.packed is None  # copies (and pickles) leave the opaque copy out
+    with torch.no_grad():  # changed weights: the packed copies are dropped, not used stale
+        model.model.layers[0].mlp.down_proj.weight.mul_(2.0)
+        model.model.layers[1].mlp.up_proj.to("cpu")
+    with torch.inference_mode():
+        model(ids)
+    assert model.model.layers[0].mlp.down_proj.packed is None and model.model.layers[1].mlp.up_proj.packed is None
+    monkeypatch.setattr(models, "available_memory", lambda device: 4 * models.linear_bytes(model))
+    tight = load()
+    CausalLM(tight, "tiny, little memory", tight.config.vocab_size)
+    assert all(type(m) is RowLinear and m.packed is None for m in tight.modules() if isinstance(m, torch.nn.Linear))
+    bf16 = load(dtype=torch.bfloat16)
     CausalLM(bf16, "tiny bf16", bf16.config.vocab_size)
     assert all(type(m) is torch.nn.Linear for m in bf16.modules() if isinstance(m, torch.nn.Linear))
