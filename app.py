@@ -237,7 +237,8 @@ def create_demo(studio: Studio) -> gr.Blocks:
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop-button")
         with gr.Accordion("Settings", open=True):
             with gr.Row():
-                gamma = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ")
+                gamma = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ",
+                                  info="fastest on the embedded CPU pair: 1; larger shows the rules at more slots")
                 rule = gr.Dropdown([r for r in RULES if r != "lossless"], value=DEFAULTS["rule"], label="rule (right column)")
                 k = gr.Slider(1, 16, value=DEFAULTS["k"], step=1, label="K paths")
                 p = gr.Textbox(value=DEFAULTS["p"], label="dropout rate p (or auto)")
