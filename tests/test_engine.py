@@ -262,6 +262,8 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     """CausalLM swaps an fp32 CPU model's nn.Linear layers for RowLinear: same Parameter objects
     (a tied head stays tied), the same logits up to rounding, packed copies only where memory is
     plentiful, and bf16 layers left as they are."""
+    import copy
+
     from transformers import AutoModelForCausalLM
 
     from dropmatch import models
@@ -283,8 +285,6 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     assert all(weights[name] is parameter for name, parameter in model.named_parameters())
     with torch.inference_mode():
         assert torch.allclose(model(ids).logits, before, atol=1e-5)
-    import copy
-
     assert copy.deepcopy(model).lm_head.packed is None  # copies (and pickles) leave the opaque copy out
     with torch.no_grad():  # changed weights: the packed copies are dropped, not used stale
         model.model.layers[0].mlp.down_proj.weight.mul_(2.0)
