@@ -67,8 +67,8 @@ PACKED_ROWS = 8  # the row count oneDNN lays a packed weight out for (3-8 rows m
 
 class RowLinear(torch.nn.Linear):
     """An nn.Linear (same parameters, shared, not copied) for the few rows decoding multiplies on
-    a CPU: one or two fp32 rows go through row_linear; three or more through oneDNN with a packed
-    copy of the weight when pack() made one (otherwise row_linear too); bf16, see use_row_linears. Measured on this project's CPU,
+    a CPU: one or two rows go through row_linear; three or more through oneDNN with a packed copy
+    of the weight when pack() made one (otherwise row_linear too). Measured on this project's CPU,
     SmolLM2-135M's blocks and head after 200 cached tokens, 3 / 5 / 6 tokens: 44 / 52 / 61 ms with
     row_linear alone, 43 / 45 / 49 ms with the packed copy; a 200-token prefill 417 -> 311 ms.
     The packed copy is for inference; it is dropped when the weights change (in place, or by .to())."""
@@ -97,27 +97,23 @@ class RowLinear(torch.nn.Linear):
         rows = hidden.reshape(-1, hidden.shape[-1])
         if self.packed is not None and self._packed_version != self.weight._version:
             self.packed = None
-        few_rows = 2 if self.weight.dtype == torch.float32 else 0  # bf16: packed for every row count
-        if self.packed is not None and rows.shape[0] > few_rows and not torch.is_grad_enabled():
+        if self.packed is not None and rows.shape[0] > 2 and not torch.is_grad_enabled():
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
             return out.reshape(*hidden.shape[:-1], self.out_features)
-        if self.weight.dtype != torch.float32:
-            return super().forward(hidden)
         out = row_linear(hidden, self.weight)
         return out if self.bias is None else out + self.bias
 
 
 def use_row_linears(model: torch.nn.Module, pack: bool) -> None:
-    """Swap, in place, every fp32 or bf16 nn.Linear of a model on a CPU for a RowLinear sharing
-    its weights (tied weights stay tied), with a packed copy of each weight when `pack`. A bf16
-    layer (the embedded draft's) goes through the packed copy for any number of rows, else through
-    nn.Linear: multiplying its single rows as two made the draft's step slower (3.1 -> 3.9 ms);
-    the packed bf16 product was 0.94 -> 0.63 ms for the draft's 14 layers in a microbenchmark."""
+    """Swap, in place, every fp32 nn.Linear of a model on a CPU for a RowLinear sharing its
+    weights (tied weights stay tied), with a packed copy of each weight when `pack`. Other dtypes
+    keep nn.Linear: measured for fp32 only (a bf16 draft's step got slower, 3.1 -> 3.9 ms, when its
+    single rows were multiplied as two)."""
     pack = pack and torch.backends.mkldnn.is_available()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
-                    and child.weight.dtype in (torch.float32, torch.bfloat16)):
+                    and child.weight.dtype == torch.float32):
                 module = RowLinear.sharing(child)
                 if pack:
                     module.pack()

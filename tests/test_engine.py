@@ -235,12 +235,11 @@ def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tin
         DecodeConfig(draft_confidence=1.0)
 
 
-@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
-                                           (torch.bfloat16, True)])
+@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
 @pytest.mark.parametrize("shape", [(0, 24), (1, 24), (2, 24), (5, 24), (1, 3, 24)])
 def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, dtype, packed):
     """RowLinear (row_linear's CPU layout, one fp32 row multiplied as two; oneDNN with a packed
-    weight for three fp32 rows or more, for any number of bf16 rows) gives F.linear's numbers and shape."""
+    weight for three rows or more) gives F.linear's numbers and shape."""
     from dropmatch.models import RowLinear, row_linear
 
     generator = torch.Generator().manual_seed(0)
@@ -262,7 +261,7 @@ def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shap
 def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs, monkeypatch):
     """CausalLM swaps an fp32 CPU model's nn.Linear layers for RowLinear: same Parameter objects
     (a tied head stays tied), the same logits up to rounding, packed copies only where memory is
-    plentiful; bf16 layers get them too."""
+    plentiful, and bf16 layers left as they are."""
     import copy
 
     from transformers import AutoModelForCausalLM
@@ -298,9 +297,5 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     CausalLM(tight, "tiny, little memory", tight.config.vocab_size)
     assert all(type(m) is RowLinear and m.packed is None for m in tight.modules() if isinstance(m, torch.nn.Linear))
     bf16 = load(dtype=torch.bfloat16)
-    with torch.inference_mode():
-        before = bf16(ids).logits.float()
-    CausalLM(bf16, "tiny bf16", bf16.config.vocab_size)  # bf16 (the embedded draft): packed for every row count
-    assert all(type(m) is RowLinear and m.packed is not None for m in bf16.modules() if isinstance(m, torch.nn.Linear))
-    with torch.inference_mode():
-        assert torch.allclose(bf16(ids[:, :1]).logits.float(), before[:, :1], atol=0.05 * float(before.abs().max()))
+    CausalLM(bf16, "tiny bf16", bf16.config.vocab_size)
+    assert all(type(m) is torch.nn.Linear for m in bf16.modules() if isinstance(m, torch.nn.Linear))
