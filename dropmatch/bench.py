@@ -61,7 +61,9 @@ def prompt_of(record: dict, kind: str) -> str | None:
 
 
 def read_prompts(path: str, limit: int | None) -> tuple[str, list[Item]]:
-    """(kind, items) of a JSONL file; BenchError with one line if it cannot be used."""
+    """(kind, items) of a JSONL file; BenchError with one line if it cannot be used.
+    A limit keeps the first `limit` prompts, spread over the file's categories when its records
+    have one (see spread_over_categories)."""
     file = Path(path)
     if not file.is_file():
         raise BenchError(f"prompt file not found: {path}")
@@ -80,11 +82,33 @@ def read_prompts(path: str, limit: int | None) -> tuple[str, list[Item]]:
         if not isinstance(prompt, str) or not prompt.strip():
             raise BenchError(f"{path}:{number} has no 'prompt', 'question' or 'turns'")
         items.append(Item(prompt, record))
-        if limit is not None and len(items) >= limit:
-            break
     if not items:
         raise BenchError(f"{path} holds no prompts")
-    return kind, items
+    return kind, spread_over_categories(items, limit)
+
+
+def category_of(item: Item) -> str | None:
+    category = item.record.get("category")
+    return category if isinstance(category, str) and category else None
+
+
+def spread_over_categories(items: list[Item], limit: int | None) -> list[Item]:
+    """The first `limit` items, taken in turn from each category (in the order the categories
+    first appear; file order within each), so that a sample of a file sorted by category (MT-Bench:
+    ten writing questions, then ten roleplay, ...) covers them all. Items without a category:
+    simply the first `limit`."""
+    if limit is None or limit >= len(items):
+        return items
+    if any(category_of(item) is None for item in items):
+        return items[:limit]
+    queues: dict[str, list[Item]] = {}
+    for item in items:
+        queues.setdefault(category_of(item), []).append(item)
+    chosen = []
+    for rank in range(max(len(queue) for queue in queues.values())):
+        chosen += [queue[rank] for queue in queues.values() if rank < len(queue)]
+    position = {id(item): i for i, item in enumerate(items)}
+    return sorted(chosen[:limit], key=lambda item: position[id(item)])  # file order, as without categories
 
 
 def parse_file(text: str, default_limit: int | None) -> tuple[str, int | None]:
@@ -273,12 +297,32 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         rules[label] = stats
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
            "autoregressive": ar, "rules": rules}
+    categories = by_category(result)
+    if categories:
+        out["categories"] = categories
     if result.peer:
         ours = rules.get("lossless", {}).get("tokens_per_s")
         theirs = _div(sum(r["tokens"] for r in result.peer), sum(r["seconds"] for r in result.peer))
         out["peer"] = {"name": "transformers assisted generation", "tokens_per_s": theirs,
                        "ours_over_peer": _div(ours, theirs),
                        "identical_to_lossless": all(r["identical_to_lossless"] for r in result.peer)}
+    return out
+
+
+def by_category(result: BenchmarkResult) -> dict[str, dict]:
+    """{category: summarize_benchmark of its prompts} when the prompts come from two categories or
+    more (MT-Bench), else {}: a pooled number can hide that a rule helps on one kind of prompt only."""
+    categories = [category_of(item) for item in result.items]
+    if None in categories or len(set(categories)) < 2:
+        return {}
+    out = {}
+    for category in dict.fromkeys(categories):
+        chosen = [i for i, c in enumerate(categories) if c == category]
+        part = BenchmarkResult(result.name, result.kind, items=[result.items[i] for i in chosen],
+                               ar=[result.ar[i] for i in chosen],
+                               runs={label: [runs[i] for i in chosen] for label, runs in result.runs.items()},
+                               identical=[result.identical[i] for i in chosen] if result.identical else [])
+        out[category] = summarize_benchmark(part)
     return out
 
 
@@ -291,6 +335,10 @@ def format_table(name: str, numbers: dict) -> str:
     if "peer" in numbers:
         peer = numbers["peer"]
         lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
+    by_kind = [tables.CATEGORY_HEADER, *tables.category_rows(numbers, dash="-")]
+    if len(by_kind) > 1:
+        widths = [max(len(r[i]) for r in by_kind) for i in range(len(by_kind[0]))]
+        lines += ["by category:", *["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in by_kind]]
     return "\n".join(lines)
 
 
@@ -314,6 +362,8 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
     rows = []
     for i, item in enumerate(result.items):
         row = {"prompt": item.prompt, "autoregressive": result.ar[i].trace.text}
+        if category_of(item):
+            row["category"] = category_of(item)
         for label, generations in result.runs.items():
             g = generations[i]
             if g is not None:

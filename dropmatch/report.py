@@ -8,7 +8,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .tables import summary_rows
+from .tables import CATEGORY_HEADER, category_rows, summary_rows
 
 PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over standard SD, about +10% mean "
          "acceptance length, accuracy within about 1 point on GSM8K / MMLU / IFEval / HumanEval; the MC head "
@@ -75,7 +75,14 @@ def _table(document: dict) -> str:
     rows = [(name, *row) for name, summary in document["benchmarks"].items() for row in summary_rows(summary)]
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     header = "".join(f"<th>{h}</th>" for h in head)
-    return f"<table><tr>{header}</tr>{cells}</table>"
+    tables = [f"<table><tr>{header}</tr>{cells}</table>"]
+    for name, summary in document["benchmarks"].items():
+        rows = category_rows(summary)
+        if rows:
+            cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+            header = "".join(f"<th>{h}</th>" for h in CATEGORY_HEADER)
+            tables.append(f"<h3>{html.escape(name)} by category</h3><table><tr>{header}</tr>{cells}</table>")
+    return "\n".join(tables)
 
 
 def verdicts(document: dict) -> list[str]:
@@ -149,5 +156,11 @@ def markdown_table(document: dict) -> str:
             first = f"{name} ({summary['prompts']})" if i == 0 else ""
             cells = (first, *row[:-1])  # no overlap column
             lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+    for name, summary in document["benchmarks"].items():
+        rows = category_rows(summary)
+        if rows:
+            lines += ["", f"{name} by category:", "", "| " + " | ".join(CATEGORY_HEADER) + " |",
+                      "|" + "---|" * len(CATEGORY_HEADER)]
+            lines += ["|" + "|".join(f" {c} " if c else " " for c in row) + "|" for row in rows]
     lines += ["", *[f"- {v}" for v in verdicts(document)], "", PAPER]
     return "\n".join(lines)

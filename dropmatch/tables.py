@@ -30,3 +30,21 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
         rows.append((summary["peer"]["name"], dash, dash, f(summary["peer"]["tokens_per_s"], 1), dash,
                      f"ours/peer {f(summary['peer']['ours_over_peer'])}", dash, dash, dash, dash, dash, dash))
     return rows
+
+
+CATEGORY_HEADER = ("category", "prompts", "run", "tau", "accept", "tok/s", "vs AR")
+
+
+def category_rows(summary: dict, dash: str = "–") -> list[tuple[str, ...]]:
+    """Rows in CATEGORY_HEADER's columns for a summary with per-category parts (MT-Bench): per
+    category, the autoregressive baseline, then each rule; none when the summary has no categories."""
+    def f(value, digits: int = 2) -> str:
+        return number(value, digits, dash)
+
+    rows = []
+    for category, part in summary.get("categories", {}).items():
+        rows.append((category, str(part["prompts"]), "autoregressive", "1.00", dash,
+                     f(part["autoregressive"]["tokens_per_s"], 1), "1.00x"))
+        rows += [("", "", label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
+                  f(s["speedup_vs_ar"]) + "x") for label, s in part["rules"].items()]
+    return rows

@@ -73,6 +73,12 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert gsm8k["peer"]["identical_to_lossless"] is True
     assert "dropmatch@p=0.3" in gsm8k["rules"]
     assert len(document["prompts"]["mt_bench"]) == 2
+    # MT-Bench is sorted by category: two prompts are its first writing and first roleplay question.
+    assert [row["category"] for row in document["prompts"]["mt_bench"]] == ["writing", "roleplay"]
+    by_category = document["benchmarks"]["mt_bench"]["categories"]
+    assert list(by_category) == ["writing", "roleplay"]
+    assert all(part["prompts"] == 1 and "lossless" in part["rules"] for part in by_category.values())
+    assert "categories" not in gsm8k
     page = out_html.read_text()
     assert "<html" in page and "plotly" in page.lower() and "Sweep over p" in page
 
@@ -124,6 +130,52 @@ def test_a_count_after_the_file_limits_that_file(one_prompt):
     assert parse_file(str(one_prompt), 7) == (str(one_prompt), 7)
     out = bench("--prompts", f"{one_prompt}:0")
     assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_limit_spreads_over_the_categories_of_a_file(tmp_path):
+    """A file sorted by category (MT-Bench) is sampled across its categories, in file order; a file
+    without categories (or with a record lacking one) gives its first N prompts."""
+    from dropmatch.bench import read_prompts
+
+    def write(name, categories):
+        path = tmp_path / name
+        lines = [{"prompt": f"q{i}", **({"category": c} if c else {})} for i, c in enumerate(categories)]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return str(path)
+
+    def prompts(path, limit):
+        return [item.prompt for item in read_prompts(path, limit)[1]]
+
+    sorted_file = write("sorted.jsonl", ["a", "a", "a", "b", "b", "c"])
+    assert prompts(sorted_file, 4) == ["q0", "q1", "q3", "q5"]
+    assert prompts(sorted_file, 3) == ["q0", "q3", "q5"]
+    assert prompts(sorted_file, None) == prompts(sorted_file, 6) == [f"q{i}" for i in range(6)]
+    assert prompts(write("plain.jsonl", [None] * 5), 3) == ["q0", "q1", "q2"]
+    assert prompts(write("mixed.jsonl", ["a", "a", None, "b"]), 2) == ["q0", "q1"]
+    _, mt_bench = read_prompts(str(PROMPTS / "mt_bench.jsonl"), 16)
+    counts = {}
+    for item in mt_bench:
+        counts[item.record["category"]] = counts.get(item.record["category"], 0) + 1
+    assert len(counts) == 8 and set(counts.values()) == {2}
+
+
+def test_every_rendering_shows_the_per_category_rows():
+    """Text, HTML and Markdown all show each category's runs, with the same numbers."""
+    from dropmatch.bench import format_table
+    from dropmatch.report import _table, markdown_table
+
+    def part(tau, speed):
+        rule = dict(tau=tau, acceptance_rate=0.5, tokens_per_s=speed, speedup_vs_ar=speed / 20, speedup_vs_lossless=1.0,
+                    mc_overhead=None, p=None, accuracy=None, target_nll=0.4, distinct2=0.6, overlap_with_lossless=1.0)
+        return {"kind": "mt_bench", "prompts": 1, "skipped": [],
+                "autoregressive": dict(tokens_per_s=20.0, accuracy=None, target_nll=0.4, distinct2=0.6),
+                "rules": {"lossless": rule}}
+
+    summary = {**part(1.5, 25.0), "prompts": 2, "categories": {"writing": part(1.2345, 21.0), "math": part(2.8765, 33.0)}}
+    document = {"settings": {"command": "python -m dropmatch.bench ..."}, "benchmarks": {"mt_bench": summary}}
+    for shown in (format_table("mt_bench", summary), _table(document), markdown_table(document)):
+        for text in ("writing", "math", "1.23", "2.88", "1.05x", "1.65x"):
+            assert text in shown
 
 
 def test_text_html_and_markdown_tables_show_the_same_numbers_for_every_run():
