@@ -328,18 +328,21 @@ def by_category(result: BenchmarkResult) -> dict[str, dict]:
 
 def format_table(name: str, numbers: dict) -> str:
     rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
-    lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})", *_aligned(rows)]
     if "peer" in numbers:
         peer = numbers["peer"]
         lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
-    by_kind = [tables.CATEGORY_HEADER, *tables.category_rows(numbers, dash="-")]
-    if len(by_kind) > 1:
-        widths = [max(len(r[i]) for r in by_kind) for i in range(len(by_kind[0]))]
-        lines += ["by category:", *["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in by_kind]]
+    by_kind = tables.category_rows(numbers, dash="-")
+    if by_kind:
+        lines += ["by category:", *_aligned([tables.CATEGORY_HEADER, *by_kind])]
     return "\n".join(lines)
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Text lines of a table, each column padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
 
 
 def _f(value, digits: int = 2) -> str:
