@@ -19,14 +19,15 @@ from pathlib import Path
 import gradio as gr
 
 from dropmatch.compare import Comparison, compare_stream
-from dropmatch.config import RULES, ConfigError, DecodeConfig, RuleConfig, parse_p
-from dropmatch.render import CSS, legend_html, stats_html, step_html, text_html, token_spans
+from dropmatch.config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig, parse_p
+from dropmatch.render import css, legend_html, stats_html, step_html, text_html, token_spans
 from dropmatch.studio import DEFAULT_PRESET, PRESETS, Studio, pair_from_choice
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
-                max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0)
+                max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
+                centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
 
@@ -44,30 +45,38 @@ The output is exactly the target's.
 
 **DropMatch.** Monte-Carlo dropout on the LM head's input only: the transformer runs once, and the final
 hidden state $h$ is perturbed $K$ times, $h^{(i)} = h \odot m^{(i)}/(1-p)$ with $m^{(i)}_j \sim \mathrm{Bernoulli}(1-p)$.
-Paths are run only where the rule reads them: at drafted tokens that are *not* the target's own choice
-(an exact match is accepted anyway), left to right, up to the first rejection — so the step view shows
-"not run" at exact matches. Their logits are the clean logits minus the dropped entries' share,
+Paths are run only where the rule reads them: at drafted tokens that are *not* the clean target's top token
+(the target's own choice is left to the lossless test), left to right, up to the first rejection — so the
+step view shows "not run" at exact matches. The masks draw from their own random stream (derived from the
+seed), so at $p = 0$ every path rule gives exactly lossless SD's output, greedy or sampled. Their logits are the clean logits minus the dropped entries' share,
 $W h^{(i)} = (W h - W (h \odot (1-m^{(i)})))/(1-p)$, a sparse product whose cost grows with $p$; at large
 $p$, or on a GPU, one dense matmul (bf16 where the hardware has it). The clean rows stay fp32, so the
 lossless decisions are exact. Path distributions
-$p^{(i)} = \mathrm{softmax}(W h^{(i)})$, path tokens $y^{(i)} = \arg\max p^{(i)}$, centroid
-$\bar p = \mathrm{softmax}(\frac1K \sum_i l^{(i)})$ (mean of the *logits*). A drafted token that is not the
-target's choice is still accepted when
+$p^{(i)} = \mathrm{softmax}(W h^{(i)})$, path tokens $y^{(i)} = \arg\max p^{(i)}$ (each path's top token, under
+greedy and sampling alike), centroid $\bar p = \frac1K \sum_i p^{(i)}$, the mean path distribution (Settings
+→ centroid = *logits* uses $\mathrm{softmax}(\frac1K \sum_i l^{(i)})$ instead: sharper, and it changes decisions).
+A drafted token that is not the target's choice is still accepted when
 - **js**: $\mathrm{JS}(q \,\|\, \bar p) \le \max_i \mathrm{JS}(p^{(i)} \,\|\, \bar p)$ — the draft is as close to the
   centroid as the paths themselves;
-- **majority**: it is the token most paths chose, with more than $K/2$ votes;
+- **majority**: nearly all paths chose it: at least $\lceil fK \rceil$ votes ($f = 0.8$: 4 of 5; down to a strict
+  majority at $f = 0.5$), and no other token has as many;
 - **dropmatch** (the paper's Algorithm 1): js, else majority, else reject.
 
 Comparators on the same loop: **naive** (any path chose it), **typical** (Medusa:
 $p_{target}(x) > \min(\epsilon, \delta e^{-H(p_{target})})$), **fixed_js** (Fuzzy SD: $\mathrm{JS}(q\|p_{target}) \le T$).
 `p = auto` picks, per prompt, the largest dropout rate whose paths still agree with the clean target
-on the prompt's own positions at the chosen rate (70% by default) — no data needed.
+on the prompt's own positions at the chosen rate (70% by default) — no data needed; the stats say when no
+rate of its grid reached that agreement.
 
 **Metrics.** *tau* = tokens emitted / verification rounds (correction or bonus included; autoregressive = 1).
 *Acceptance rate* = accepted / drafted tokens. *Target calls* = prefill + rounds. *tokens/s* = new tokens /
 the run's own time (prefill + rounds). *MC-head share* = the Monte-Carlo work of a round (dropout masks, the
-path logits, path softmaxes, JS, votes) / round time. *Speedup* compares tokens/s
-with an autoregressive run of the target on the same prompt, seed and pair.
+path logits, path softmaxes, JS, votes, and p = auto's calibration) / round time. *Speedup* compares tokens/s
+with an autoregressive run of the target on the same prompt, seed and pair. *Target NLL* = mean negative
+log-likelihood of the emitted tokens under the clean target (temperature 1); *off-nucleus* = the share of
+emitted tokens outside the target's top-p 0.95 nucleus at their position (0 for lossless greedy). Judge a
+lossy rule against the target's own samples (temperature 0.7, top-p 0.95): the *Trade-offs* tab shows that
+band, and NLL alone would punish any departure from greedy, even one the target likes.
 """
 
 
@@ -78,13 +87,22 @@ def load_examples() -> list[list[str]]:
 
 
 def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
-                   draft_confidence=DEFAULTS["draft_confidence"]):
+                   draft_confidence=DEFAULTS["draft_confidence"], centroid=DEFAULTS["centroid"],
+                   majority_fraction=DEFAULTS["majority_fraction"]):
     """UI / API values -> (DecodeConfig, RuleConfig); ConfigError with one message if any is off."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("the prompt is empty; type a question or pick an example")
     decode = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                           top_p=top_p, seed=seed, draft_confidence=draft_confidence)
-    return decode, RuleConfig(rule=rule, num_paths=k, p=parse_p(p))
+    return decode, RuleConfig(rule=rule, num_paths=k, p=parse_p(p), centroid=centroid,
+                              majority_fraction=majority_fraction)
+
+
+def lossy_rule_choices() -> list[tuple[str, str]]:
+    """(label, name) of every lossy rule of the one table, for the right column's dropdown."""
+    from dropmatch.acceptance import RULES
+
+    return [(rule.label, name) for name, rule in RULES.items() if rule.lossy]
 
 
 def lossy_title(rule: str) -> str:
@@ -132,10 +150,10 @@ def create_demo(studio: Studio) -> gr.Blocks:
         return text_html(spans, cursor=not column.done)
 
     def run_ui(prompt, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-               seed, run_ar, draft_confidence):
+               seed, run_ar, draft_confidence, centroid, majority_fraction):
         try:
             decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
-                                                 draft_confidence)
+                                                 draft_confidence, centroid, majority_fraction)
             spec = pair_from_choice(preset, target_id, draft_id)
             if not studio.is_loaded(spec):
                 yield {status: f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
@@ -172,7 +190,8 @@ def create_demo(studio: Studio) -> gr.Blocks:
             lossless_out: column_html(state.lossless, engine),
             lossy_out: column_html(state.lossy, engine),
             lossless_stats: stats_html(lossless_metrics),
-            lossy_stats: stats_html(lossy_metrics, p_auto=state.rule.p is None),
+            lossy_stats: stats_html(lossy_metrics, p_auto=state.rule.p is None,
+                                    p_auto_reached=state.lossy.trace.p_auto_reached),
             plot_agreement: figs["agreement"], plot_js: figs["js"],
             plot_acceptance: figs["acceptance"], plot_calls: figs["tokens_vs_calls"],
             step_round: gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
@@ -197,11 +216,12 @@ def create_demo(studio: Studio) -> gr.Blocks:
                     temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
                     max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                     run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
-                    draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"]) -> dict:
+                    draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
+                    centroid: str = DEFAULTS["centroid"], majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
         """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
         try:
             decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p,
-                                                 max_new_tokens, seed, draft_confidence)
+                                                 max_new_tokens, seed, draft_confidence, centroid, majority_fraction)
             engine = engine_for(pair, target_id, draft_id)
             state = None
             for state in compare_stream(engine, prompt, decode, rule_config, bool(run_autoregressive)):
@@ -214,7 +234,9 @@ def create_demo(studio: Studio) -> gr.Blocks:
             "prompt": prompt,
             "rule": rule_config.rule,
             "lossless": {"text": state.lossless.trace.text, "metrics": lossless_metrics.to_dict()},
-            "lossy": {"text": state.lossy.trace.text, "metrics": lossy_metrics.to_dict(), "p": state.lossy.trace.p},
+            "lossy": {"text": state.lossy.trace.text, "metrics": lossy_metrics.to_dict(), "p": state.lossy.trace.p,
+                      "p_auto_reached": state.lossy.trace.p_auto_reached, "centroid": rule_config.centroid,
+                      "majority_fraction": rule_config.majority_fraction},
             "autoregressive": None if state.ar is None else {"text": state.ar.text},
             "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
         }
@@ -239,7 +261,7 @@ def create_demo(studio: Studio) -> gr.Blocks:
             with gr.Row():
                 gamma = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ",
                                   info="fastest on the embedded CPU pair: 1; larger shows the rules at more slots")
-                rule = gr.Dropdown([r for r in RULES if r != "lossless"], value=DEFAULTS["rule"], label="rule (right column)")
+                rule = gr.Dropdown(lossy_rule_choices(), value=DEFAULTS["rule"], label="rule (right column)")
                 k = gr.Slider(1, 16, value=DEFAULTS["k"], step=1, label="K paths")
                 p = gr.Textbox(value=DEFAULTS["p"], label="dropout rate p (or auto)")
             with gr.Row():
@@ -250,6 +272,12 @@ def create_demo(studio: Studio) -> gr.Blocks:
                 run_ar = gr.Checkbox(value=DEFAULTS["run_autoregressive"], label="measure autoregressive baseline")
                 draft_confidence = gr.Slider(0.0, 0.95, value=DEFAULTS["draft_confidence"], step=0.05,
                                              label="draft confidence: end a round's draft below it (0 = off)")
+            with gr.Row():
+                centroid = gr.Radio(list(CENTROIDS), value=DEFAULTS["centroid"], label="centroid of the paths",
+                                    info="probs: mean of the path distributions (the method's); logits: softmax of the mean logits")
+                majority_fraction = gr.Slider(0.5, 1.0, value=DEFAULTS["majority_fraction"], step=0.05,
+                                              label="majority: share of paths that must agree",
+                                              info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
         status = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
         gr.HTML(legend_html())
         with gr.Row(equal_height=False):
@@ -284,7 +312,7 @@ def create_demo(studio: Studio) -> gr.Blocks:
         preset.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, preset, [target_id, draft_id],
                       api_visibility="private")
         inputs = [prompt_box, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-                  seed, run_ar, draft_confidence]
+                  seed, run_ar, draft_confidence, centroid, majority_fraction]
         run_event = run_button.click(on_gpu(run_ui), inputs, [
             status, lossy_header, lossless_out, lossy_out, lossless_stats, lossy_stats, plot_agreement, plot_js,
             plot_acceptance, plot_calls, step_round, step_out, last_run, download_trace, download_metrics,
@@ -308,7 +336,7 @@ def main() -> None:
     from dropmatch.studio import Policy
 
     studio = Studio(load_pair, Engine, Policy.from_env())
-    create_demo(studio).launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+    create_demo(studio).launch(server_name=args.host, server_port=args.port, share=args.share, css=css())
 
 
 if __name__ == "__main__":

@@ -1,24 +1,95 @@
-"""Acceptance rules as pure functions over tensors (DESIGN.md section 1).
+"""Acceptance rules as pure functions over tensors, and the one table of rules and reasons.
 
 One verification round has g drafted tokens. `position_signals` computes, for every drafted
 position at once, what any rule may look at; a rule is a function from those signals to an
 ordered list of (reason, accepted-mask); `decide` scans the positions left to right and stops
 at the first one that neither the exact (lossless) test nor the rule accepts.
+
+`RULES` and `REASONS` are the project's one vocabulary: config validation, metrics, plots, the
+HTML, the UI's choices and the legend all read them. A new rule is one `Rule` entry (with its
+check function) in `RULES`, plus a `Reason` for each new reason it gives.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .config import RuleConfig
 from .mc_head import PathStats
 from .sampling import draw
 
-REASONS = ("exact", "js", "majority", "naive", "typical", "fixed_js", "rejected", "unchecked")
+if TYPE_CHECKING:
+    from .config import RuleConfig
+
 CORRECTION, BONUS = "correction", "bonus"
+
+
+# ---------------------------------------------------------------- the vocabulary
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a drafted token ended as it did. lossy: accepted only because a lossy rule let it through."""
+
+    name: str
+    legend: str  # short label in the legend and charts
+    meaning: str  # the tooltip's first line
+    colour: str  # chart marker colour
+    background: str  # token highlight in the text
+    lossy: bool = False
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An acceptance rule. check: Signals, RuleConfig -> [(reason, accepted mask [g])].
+    uses_paths: reads the K Monte-Carlo dropout paths (and so the dropout rate p).
+    knob: the RuleConfig field its frontier sweeps (None for lossless)."""
+
+    name: str
+    label: str
+    lossy: bool
+    uses_paths: bool
+    colour: str
+    check: Callable[["Signals", "RuleConfig"], list[tuple[str, torch.Tensor]]]
+    knob: str | None = None
+
+
+REASONS: dict[str, Reason] = {}
+RULES: dict[str, Rule] = {}
+
+
+def register_reason(reason: Reason) -> Reason:
+    REASONS[reason.name] = reason
+    return reason
+
+
+def register_rule(rule: Rule) -> Rule:
+    RULES[rule.name] = rule
+    return rule
+
+
+def lossy_reasons() -> tuple[str, ...]:
+    return tuple(name for name, reason in REASONS.items() if reason.lossy)
+
+
+def path_rules() -> tuple[str, ...]:
+    return tuple(name for name, rule in RULES.items() if rule.uses_paths)
+
+
+for _reason in (
+    Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9"),
+    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", lossy=True),
+    Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", lossy=True),
+    Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", lossy=True),
+    Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#ffe0b2", lossy=True),
+    Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#ffe0b2", lossy=True),
+    Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2"),
+    Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1"),
+):
+    register_reason(_reason)
 
 
 def _log(probs: torch.Tensor) -> torch.Tensor:
@@ -46,8 +117,9 @@ class Signals:
 
     draft_tokens, target_tokens [g] long; draft_prob, target_prob [g] = probability of the
     draft token under the draft and the clean target; target_token_prob [g]; js_draft_target,
-    target_entropy [g]; path_tokens [K, g]; js_draft_centroid, js_threshold [g];
-    majority_tokens, majority_votes, draft_votes [g].
+    target_entropy [g]; path_tokens [K, g] (each path's top token); js_draft_centroid,
+    js_threshold [g]; majority_tokens [g] (the paths' top token, -1 when two tie at the top),
+    majority_votes [g] (its votes), draft_votes [g].
     """
 
     draft_tokens: torch.Tensor
@@ -70,7 +142,6 @@ def position_signals(
     q_draft: torch.Tensor,
     p_target: torch.Tensor,
     paths: PathStats | None = None,
-    path_tokens: torch.Tensor | None = None,
 ) -> Signals:
     """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V]."""
     index = draft_tokens.unsqueeze(-1)
@@ -85,26 +156,35 @@ def position_signals(
         target_entropy=entropy(p_target),
     )
     if paths is not None:
-        signals.update(path_signals(draft_tokens, q_draft, paths, path_tokens))
+        signals.update(path_signals(draft_tokens, q_draft, paths))
     return Signals(**signals)
 
 
 PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
 
 
-def path_signals(
-    draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: PathStats, path_tokens: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over
-    [K, m, V], path_tokens [K, m]."""
-    majority_tokens = path_tokens.mode(0).values
+def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """path_tokens [K, m], draft_tokens [m] -> majority_tokens [m] (the token most paths chose; -1
+    when two tokens tie at the top: a tie never picks by token id), majority_votes [m], draft_votes [m]."""
+    per_path = (path_tokens.unsqueeze(0) == path_tokens.unsqueeze(1)).sum(1)  # [K, m]: votes of path k's token
+    top_votes = per_path.max(0).values
+    at_top = per_path == top_votes
+    lowest = torch.where(at_top, path_tokens, torch.iinfo(torch.long).max).min(0).values
+    highest = torch.where(at_top, path_tokens, -1).max(0).values
     return dict(
-        path_tokens=path_tokens,
+        majority_tokens=torch.where(lowest == highest, lowest, -1),
+        majority_votes=top_votes,
+        draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
+    )
+
+
+def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: PathStats) -> dict[str, torch.Tensor]:
+    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]."""
+    return dict(
+        path_tokens=paths.tokens,
         js_draft_centroid=js_divergence(q_draft, paths.centroid),
         js_threshold=paths.threshold,
-        majority_tokens=majority_tokens,
-        majority_votes=(path_tokens == majority_tokens.unsqueeze(0)).sum(0),
-        draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
+        **votes(paths.tokens, draft_tokens),
     )
 
 
@@ -143,10 +223,28 @@ def with_path_parts(
     return Signals(**{**vars(signals), **full})
 
 
-def rule_accepts(cfg: RuleConfig, signals: Signals) -> torch.Tensor:
+def judged_by_paths(signals: Signals) -> torch.Tensor:
+    """[g] bool: the positions a path rule judges, where the draft is not the clean target's top
+    token. Where it is, the lossless test decides alone (under greedy it has accepted it already;
+    under sampling its coin is exact). So at p = 0, where every path is the clean row, a path rule
+    adds nothing, and its run equals lossless SD, greedy or sampled."""
+    return signals.draft_tokens != signals.target_tokens
+
+
+def rule_checks(cfg: "RuleConfig", signals: Signals) -> list[tuple[str, torch.Tensor]]:
+    """The rule's ordered (reason, accepted mask [g]) list, the exact test aside."""
+    rule = RULES[cfg.rule]
+    checks = rule.check(signals, cfg)
+    if rule.uses_paths:
+        judged = judged_by_paths(signals)
+        checks = [(reason, mask & judged) for reason, mask in checks]
+    return checks
+
+
+def rule_accepts(cfg: "RuleConfig", signals: Signals) -> torch.Tensor:
     """[g] bool: does any of the rule's checks accept each position (the exact test aside)."""
     accepted = torch.zeros_like(signals.draft_tokens, dtype=torch.bool)
-    for _, mask in RULE_CHECKS[cfg.rule](signals, cfg):
+    for _, mask in rule_checks(cfg, signals):
         accepted |= mask
     return accepted
 
@@ -156,42 +254,51 @@ def rule_accepts(cfg: RuleConfig, signals: Signals) -> torch.Tensor:
 Check = list[tuple[str, torch.Tensor]]
 
 
-def _naive(s: Signals, cfg: RuleConfig) -> Check:
+def votes_needed(num_paths: int, fraction: float) -> int:
+    """Votes the majority rule asks of K paths: ceil(fraction * K), and never fewer than a strict
+    majority (more than K / 2). 0.8 of 5 -> 4 ("nearly all paths"); 0.5 of 5 -> 3."""
+    return max(math.ceil(fraction * num_paths - 1e-9), num_paths // 2 + 1)
+
+
+def _naive(s: Signals, cfg: "RuleConfig") -> Check:
     return [("naive", s.draft_votes > 0)]
 
 
-def _js(s: Signals, cfg: RuleConfig) -> Check:
+def _js(s: Signals, cfg: "RuleConfig") -> Check:
     return [("js", s.js_draft_centroid <= s.js_threshold)]
 
 
-def _majority(s: Signals, cfg: RuleConfig) -> Check:
-    num_paths = s.path_tokens.shape[0]
-    is_majority = (s.draft_tokens == s.majority_tokens) & (s.draft_votes > cfg.majority_fraction * num_paths)
-    return [("majority", is_majority)]
+def _majority(s: Signals, cfg: "RuleConfig") -> Check:
+    needed = votes_needed(s.path_tokens.shape[0], cfg.majority_fraction)
+    return [("majority", (s.draft_tokens == s.majority_tokens) & (s.draft_votes >= needed))]
 
 
-def _dropmatch(s: Signals, cfg: RuleConfig) -> Check:
+def _dropmatch(s: Signals, cfg: "RuleConfig") -> Check:
     return _js(s, cfg) + _majority(s, cfg)
 
 
-def _typical(s: Signals, cfg: RuleConfig) -> Check:
+def _typical(s: Signals, cfg: "RuleConfig") -> Check:
     floor = torch.clamp(cfg.typical_delta * torch.exp(-s.target_entropy), max=cfg.typical_eps)
     return [("typical", s.target_prob > floor)]
 
 
-def _fixed_js(s: Signals, cfg: RuleConfig) -> Check:
+def _fixed_js(s: Signals, cfg: "RuleConfig") -> Check:
     return [("fixed_js", s.js_draft_target <= cfg.fixed_js_threshold)]
 
 
-RULE_CHECKS: dict[str, Callable[[Signals, RuleConfig], Check]] = {
-    "lossless": lambda s, cfg: [],
-    "naive": _naive,
-    "js": _js,
-    "majority": _majority,
-    "dropmatch": _dropmatch,
-    "typical": _typical,
-    "fixed_js": _fixed_js,
-}
+for _rule in (
+    Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, colour="#455a64", check=lambda s, cfg: []),
+    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p"),
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js, knob="p"),
+    Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p"),
+    Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, colour="#0d47a1",
+         check=_dropmatch, knob="p"),
+    Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, colour="#8d6e63", check=_typical,
+         knob="typical_eps"),
+    Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, colour="#00838f",
+         check=_fixed_js, knob="fixed_js_threshold"),
+):
+    register_rule(_rule)
 
 
 # ---------------------------------------------------------------- one round's decision
@@ -238,7 +345,7 @@ def correction_token(
 
 
 def decide(
-    cfg: RuleConfig,
+    cfg: "RuleConfig",
     greedy: bool,
     signals: Signals,
     q_sample: torch.Tensor,
@@ -252,7 +359,21 @@ def decide(
     num_drafted = int(draft_tokens.shape[0])
     if exact is None:
         exact = exact_accepts(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
-    checks = RULE_CHECKS[cfg.rule](signals, cfg) if num_drafted else []
+    reasons = judge(cfg, signals, exact)
+    num_accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+    if num_accepted < num_drafted:
+        token = correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator)
+        return Verdict(num_accepted, reasons, token, CORRECTION)
+    bonus = p_sample[num_drafted]
+    token = int(bonus.argmax()) if greedy else int(draw(bonus, generator))
+    return Verdict(num_accepted, reasons, token, BONUS)
+
+
+def judge(cfg: "RuleConfig", signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
+    """The reason of each drafted position [g], scanning left to right: exact, else the rule's
+    first accepting check, else rejected; every position after a rejection is unchecked."""
+    num_drafted = int(signals.draft_tokens.shape[0])
+    checks = rule_checks(cfg, signals) if num_drafted else []
     exact_list = exact.tolist()
     check_lists = [(reason, mask.tolist()) for reason, mask in checks]
     reasons: list[str] = []
@@ -264,11 +385,5 @@ def decide(
         reasons.append(reason)
         if reason == "rejected":
             break
-    num_accepted = len(reasons) - (reasons[-1:] == ["rejected"])
     reasons += ["unchecked"] * (num_drafted - len(reasons))
-    if num_accepted < num_drafted:
-        token = correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator)
-        return Verdict(num_accepted, tuple(reasons), token, CORRECTION)
-    bonus = p_sample[num_drafted]
-    token = int(bonus.argmax()) if greedy else int(draw(bonus, generator))
-    return Verdict(num_accepted, tuple(reasons), token, BONUS)
+    return tuple(reasons)

@@ -5,10 +5,16 @@
 
 Several prompt files may be given, comma-separated; each is a benchmark of its own kind, known
 from its fields: GSM8K (question + answer), HumanEval (entry_point), IFEval (instruction_id_list),
-MT-Bench (turns, first turn used) or plain (prompt). Every generation gets quality proxies (target
-NLL, distinct-2, overlap with the lossless answer) and, where the kind allows, an accuracy.
---p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted generation;
---report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
+MT-Bench (turns, first turn used) or plain (prompt). Every generation gets quality figures as the
+target sees them (target NLL and the off-nucleus rate, see dropmatch.metrics), distinct-2, overlap
+with the lossless answer and, where the kind allows, an accuracy.
+
+The yardstick: --reference-samples N samples of the target alone per prompt (temperature 0.7,
+top-p 0.95) give a reference band; a lossy run "stays within the target's own variation" when its
+target NLL is at or below the reference's and its off-nucleus rate is at most 1%.
+--frontier sweeps every lossy rule over its knob on the same prompts and seed (JSON key
+"frontier"). --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
+generation; --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
 """
 
 from __future__ import annotations
@@ -22,7 +28,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import tables
-from .config import RULES, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p
+from .config import CENTROIDS, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p, rule_names
+
+REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95
+MAX_OFF_NUCLEUS = 0.01  # a lossy run within the target's own variation leaves the nucleus at most this often
+FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path rules
+    "p": FRONTIER_P,
+    "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
+    "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
+}
 
 
 class BenchError(Exception):
@@ -122,8 +137,8 @@ def parse_rules(text: str) -> list[str]:
     if not rules:
         raise BenchError("--rules is empty")
     for rule in rules:
-        if rule not in RULES:
-            raise BenchError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
+        if rule not in rule_names():
+            raise BenchError(f"unknown rule {rule!r}; choose from {', '.join(rule_names())}")
     return rules
 
 
@@ -140,10 +155,40 @@ def parse_sweep(text: str | None) -> list[float]:
     return values
 
 
-def variants(rules: list[str], template: RuleConfig, sweep: list[float]) -> list[tuple[str, RuleConfig]]:
-    """(label, rule config) of every speculative run per prompt."""
-    runs = [(rule, replace(template, rule=rule)) for rule in rules]
-    runs += [(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p)) for p in sweep]
+@dataclass(frozen=True)
+class Variant:
+    """One speculative run per prompt: its label, its settings, and the knob it sets (frontier points)."""
+
+    label: str
+    rule: RuleConfig
+    knob: str | None = None
+    value: float | None = None
+
+
+def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False) -> list[Variant]:
+    """Every speculative run per prompt: the named rules, the p sweep, then the frontier's points."""
+    runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
+    runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
+    if frontier:
+        runs += frontier_variants(template)
+    labels = [run.label for run in runs]
+    return [run for i, run in enumerate(runs) if run.label not in labels[:i]]  # one run per label
+
+
+def frontier_variants(template: RuleConfig) -> list[Variant]:
+    """Each lossy rule over its knob (FRONTIER_KNOBS); DropMatch with both centroids."""
+    from .acceptance import RULES
+
+    runs = []
+    for name, rule in RULES.items():
+        if not rule.lossy or rule.knob is None:
+            continue
+        centroids = CENTROIDS if name == "dropmatch" else (template.centroid,)
+        for centroid in centroids:
+            prefix = name if centroid == template.centroid else f"{name}/{centroid}"
+            for value in FRONTIER_KNOBS[rule.knob]:
+                config = replace(template, rule=name, centroid=centroid, **{rule.knob: value})
+                runs.append(Variant(f"{prefix}@{rule.knob}={value:g}", config, rule.knob, value))
     return runs
 
 
@@ -156,6 +201,7 @@ class Generation:
 
     trace: object
     target_nll: float | None
+    off_nucleus_rate: float | None
     distinct2: float
     correct: float | None = None  # 1/0 (or a share for IFEval); None where the kind has no score
     overlap_with_lossless: float | None = None
@@ -170,6 +216,7 @@ class BenchmarkResult:
     runs: dict[str, list[Generation | None]] = field(default_factory=dict)
     identical: list[bool] = field(default_factory=list)
     peer: list[dict] = field(default_factory=list)
+    reference: list[list[Generation]] = field(default_factory=list)  # per prompt, the target's own samples
     skipped: list[str] = field(default_factory=list)  # why prompts that do not fit were left out
     interrupted: bool = False
 
@@ -187,30 +234,40 @@ def score(kind: str, item: Item, text: str) -> float | None:
     return None
 
 
-def generation(engine, kind, item, trace, lossless=None) -> Generation:
-    from . import quality
+def generation(kind, item, trace, lossless=None) -> Generation:
+    from . import metrics, quality
 
     return Generation(
         trace=trace,
-        target_nll=engine.target_nll(list(trace.prompt_ids), trace.output_ids),
+        target_nll=metrics.target_nll(trace),
+        off_nucleus_rate=metrics.off_nucleus_rate(trace),
         distinct2=quality.distinct2(trace.output_ids),
         correct=score(kind, item, trace.text),
         overlap_with_lossless=None if lossless is None else quality.token_overlap(trace.output_ids, lossless.output_ids),
     )
 
 
-def run_benchmark(engine, name, kind, items, runs, decode, check_identity, peer, sweep_limit, progress) -> BenchmarkResult:
+def run_benchmark(engine, name, kind, items, runs, decode, check_identity, peer, sweep_limit, progress,
+                  reference_samples: int = 0) -> BenchmarkResult:
     """AR, then every variant, then the peer, prompt by prompt, so machine noise hits all alike.
     Ctrl-C ends it early; the prompts that finished are kept (result.interrupted is set)."""
-    result = BenchmarkResult(name, kind, runs={label: [] for label, _ in runs})
+    result = BenchmarkResult(name, kind, runs={run.label: [] for run in runs})
     try:
-        _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result)
+        _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
+                   reference_samples)
     except KeyboardInterrupt:
         result.interrupted = True
     return result
 
 
-def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result) -> None:
+def reference_decodes(decode: DecodeConfig, samples: int) -> list[DecodeConfig]:
+    """The target's own samples that make the reference band: temperature 0.7, top-p 0.95, one seed each."""
+    return [replace(decode, temperature=REFERENCE_TEMPERATURE, top_p=REFERENCE_TOP_P, seed=decode.seed + i)
+            for i in range(samples)]
+
+
+def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
+               reference_samples=0) -> None:
     from .engine import run_to_end
     from .models import assisted_generate, greedy_reference
 
@@ -224,10 +281,11 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
             continue
         ar = run_to_end(engine.autoregressive(ids, decode))
         traces = {}
-        for label, rule in runs:
-            if "@" in label and sweep_limit is not None and index >= sweep_limit:
+        for run in runs:
+            if run.knob is not None and sweep_limit is not None and index >= sweep_limit:
                 continue
-            traces[label] = run_to_end(engine.speculative(ids, decode, rule))
+            traces[run.label] = run_to_end(engine.speculative(ids, decode, run.rule))
+        own_samples = [run_to_end(engine.autoregressive(ids, sample)) for sample in reference_decodes(decode, reference_samples)]
         peer_row = None
         if peer:
             tokens, seconds = assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
@@ -240,10 +298,11 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
             identical = list(traces["lossless"].output_ids) == reference
         lossless = traces.get("lossless")
         result.items.append(item)
-        result.ar.append(generation(engine, kind, item, ar))
+        result.ar.append(generation(kind, item, ar))
+        result.reference.append([generation(kind, item, trace) for trace in own_samples])
         for label in result.runs:
             trace = traces.get(label)
-            result.runs[label].append(None if trace is None else generation(engine, kind, item, trace, lossless))
+            result.runs[label].append(None if trace is None else generation(kind, item, trace, lossless))
         if identical is not None:
             result.identical.append(identical)
         if peer_row is not None:
@@ -268,8 +327,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     from .metrics import mc_overhead, per_position_acceptance, pooled
 
     ar = pooled([g.trace for g in result.ar])
-    ar.update(target_nll=_mean([g.target_nll for g in result.ar]), distinct2=_mean([g.distinct2 for g in result.ar]),
-              accuracy=_mean([g.correct for g in result.ar]))
+    ar.update(distinct2=_mean([g.distinct2 for g in result.ar]), accuracy=_mean([g.correct for g in result.ar]))
     rules = {}
     lossless_runs = result.runs.get("lossless")
     for label, generations in result.runs.items():
@@ -287,7 +345,6 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         stats["mc_overhead"] = _mean(shares)
         stats["p"] = _mean([t.p for t in traces])
         stats["accuracy"] = _mean([g.correct for _, g in pairs])
-        stats["target_nll"] = _mean([g.target_nll for _, g in pairs])
         stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
         stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
         stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
@@ -297,6 +354,11 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         rules[label] = stats
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
            "autoregressive": ar, "rules": rules}
+    reference = reference_summary(result)
+    if reference is not None:
+        out["reference"] = {"target_sampled": reference}
+        for stats in rules.values():
+            stats["within_reference"] = within_reference(stats, reference)
     categories = by_category(result)
     if categories:
         out["categories"] = categories
@@ -307,6 +369,44 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
                        "ours_over_peer": _div(ours, theirs),
                        "identical_to_lossless": all(r["identical_to_lossless"] for r in result.peer)}
     return out
+
+
+def reference_summary(result: BenchmarkResult) -> dict | None:
+    """The reference band: the target's own samples pooled (token-weighted), or None without samples."""
+    from .metrics import pooled
+
+    samples = [g for per_prompt in result.reference for g in per_prompt]
+    if not samples:
+        return None
+    numbers = pooled([g.trace for g in samples])
+    return {"temperature": REFERENCE_TEMPERATURE, "top_p": REFERENCE_TOP_P,
+            "samples": len(samples) // max(len(result.reference), 1), "target_nll": numbers["target_nll"],
+            "off_nucleus_rate": numbers["off_nucleus_rate"], "accuracy": _mean([g.correct for g in samples])}
+
+
+def within_reference(stats: dict, reference: dict) -> bool | None:
+    """Does a run stay within the target's own variation: target NLL at or below the reference's and
+    off-nucleus rate at most MAX_OFF_NUCLEUS."""
+    if stats.get("target_nll") is None or reference.get("target_nll") is None:
+        return None
+    return stats["target_nll"] <= reference["target_nll"] and (stats.get("off_nucleus_rate") or 0.0) <= MAX_OFF_NUCLEUS
+
+
+def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
+    """One point per frontier run (a run with a knob) of a benchmark summary, against its lossless run."""
+    lossless = summary["rules"].get("lossless")
+    points = []
+    for run in runs:
+        stats = summary["rules"].get(run.label)
+        if run.knob is None or stats is None:
+            continue
+        tau_gain = _div(stats["tau"], lossless["tau"]) - 1 if lossless and _div(stats["tau"], lossless["tau"]) else None
+        points.append({"label": run.label, "rule": run.rule.rule, "centroid": run.rule.centroid, "knob": run.knob,
+                       "value": run.value, "tau": stats["tau"], "tau_gain": tau_gain,
+                       "speed_vs_lossless": stats.get("speedup_vs_lossless"), "target_nll": stats["target_nll"],
+                       "off_nucleus_rate": stats["off_nucleus_rate"], "accuracy": stats["accuracy"],
+                       "within_reference": stats.get("within_reference")})
+    return points
 
 
 def by_category(result: BenchmarkResult) -> dict[str, dict]:
@@ -321,7 +421,8 @@ def by_category(result: BenchmarkResult) -> dict[str, dict]:
         part = BenchmarkResult(result.name, result.kind, items=[result.items[i] for i in chosen],
                                ar=[result.ar[i] for i in chosen],
                                runs={label: [runs[i] for i in chosen] for label, runs in result.runs.items()},
-                               identical=[result.identical[i] for i in chosen] if result.identical else [])
+                               identical=[result.identical[i] for i in chosen] if result.identical else [],
+                               reference=[result.reference[i] for i in chosen] if result.reference else [])
         out[category] = summarize_benchmark(part)
     return out
 
@@ -356,6 +457,7 @@ def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
         merged.items += result.items
         merged.ar += result.ar
         merged.identical += result.identical
+        merged.reference += result.reference
         for label in merged.runs:
             merged.runs[label] += result.runs[label]
     return summarize_benchmark(merged)
@@ -371,7 +473,7 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
             g = generations[i]
             if g is not None:
                 row[label] = {"text": g.trace.text, "correct": g.correct, "target_nll": g.target_nll,
-                              "distinct2": g.distinct2, "p": g.trace.p}
+                              "off_nucleus_rate": g.off_nucleus_rate, "distinct2": g.distinct2, "p": g.trace.p}
         if result.identical:
             row["lossless_identical_to_target_greedy"] = result.identical[i]
         rows.append(row)
@@ -395,7 +497,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", default="embedded")
     parser.add_argument("--k", default=5, help="Monte-Carlo paths")
     parser.add_argument("--p", default="auto", help="dropout rate, or 'auto'")
-    parser.add_argument("--auto-agreement", default=0.7, help="path agreement that p=auto aims for")
+    parser.add_argument("--auto-agreement", default=RuleConfig.auto_agreement, help="path agreement that p=auto aims for")
+    parser.add_argument("--centroid", default=RuleConfig.centroid, choices=CENTROIDS,
+                        help="the paths' centroid: mean of their distributions (the method's), or softmax of the mean logits")
+    parser.add_argument("--majority-fraction", default=RuleConfig.majority_fraction,
+                        help="majority needs ceil(f * K) path votes (0.5: a strict majority; default 0.8, 4 of 5)")
+    parser.add_argument("--reference-samples", default=3,
+                        help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
+    parser.add_argument("--frontier", action="store_true",
+                        help="sweep every lossy rule over its knob on the same prompts (JSON key 'frontier')")
     parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
     parser.add_argument("--sweep-limit", default=None, help="run the sweep on the first N prompts of each file")
     parser.add_argument("--temperature", default=0.0)
@@ -415,6 +525,16 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _count(name: str, value) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise BenchError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 0:
+        raise BenchError(f"{name} must be 0 or more")
+    return number
+
+
 def _positive(name: str, value) -> int | None:
     if value is None:
         return None
@@ -432,8 +552,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         decode = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed, draft_confidence=args.draft_confidence)
-        template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement)
-        runs = variants(parse_rules(args.rules), template, parse_sweep(args.p_sweep))
+        template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
+                              centroid=args.centroid, majority_fraction=args.majority_fraction)
+        rules = parse_rules(args.rules)
+        if args.frontier and "lossless" not in rules:
+            rules.insert(0, "lossless")  # the frontier's origin
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier)
+        args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)
         files = [parse_file(f.strip(), limit) for f in args.prompts.split(",") if f.strip()]
@@ -468,7 +593,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
         result = run_benchmark(engine, name, kind, items, runs, decode,
                                check_identity=decode.greedy and not args.no_identity_check,
                                peer=peer, sweep_limit=sweep_limit,
-                               progress=lambda: bar.update(1))
+                               progress=lambda: bar.update(1), reference_samples=args.reference_samples)
         results.append(result)
         if result.interrupted:
             interrupted = True
@@ -480,16 +605,22 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
         print("error: no prompt finished", file=sys.stderr)
         return 1
     summaries = {r.name: summarize_benchmark(r) for r in results}
+    overall = pooled_over_benchmarks(results)
     for name, numbers in summaries.items():
         print(format_table(name, numbers))
     document = {
         "settings": {**vars(args), "command": "python -m dropmatch.bench " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                      "wall_s": time.time() - started},
         "interrupted": interrupted,
-        "rules": pooled_over_benchmarks(results)["rules"],
+        "rules": overall["rules"],
         "benchmarks": summaries,
         "prompts": {r.name: per_prompt(r) for r in results},
     }
+    if "reference" in overall:
+        document["reference"] = overall["reference"]
+    if args.frontier:
+        document["frontier"] = [{"benchmark": name, **point} for name, numbers in {"all": overall, **summaries}.items()
+                                for point in frontier_points(numbers, runs)]
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=2))
         print(f"wrote {args.json}")
@@ -533,8 +664,8 @@ def warm_up(engine, decode: DecodeConfig, runs) -> None:
     ids = engine.encode("Hello!")
     short = replace(decode, max_new_tokens=min(8, decode.max_new_tokens))
     run_to_end(engine.autoregressive(ids, short))
-    for _, rule in runs:
-        run_to_end(engine.speculative(ids, short, rule))
+    for run in runs:
+        run_to_end(engine.speculative(ids, short, run.rule))
 
 
 if __name__ == "__main__":

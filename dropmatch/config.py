@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
-# Rules that read the K Monte-Carlo dropout paths of the target's LM head.
-MC_RULES = ("naive", "js", "majority", "dropmatch")
+CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
 
 EMBEDDED = "embedded"
 MAX_GAMMA = 16
@@ -85,15 +83,21 @@ class RuleConfig:
     rule: str = "dropmatch"
     num_paths: int = 5
     p: float | None = 0.3
-    majority_fraction: float = 0.5
+    # The majority rule needs ceil(fraction * K) votes (never fewer than a strict majority):
+    # 0.8 is the method's "nearly all paths choose the same token", 4 of 5.
+    majority_fraction: float = 0.8
+    centroid: str = "probs"
     typical_eps: float = 0.3
     typical_delta: float = 0.09
     fixed_js_threshold: float = 0.1
     auto_agreement: float = 0.7
 
     def __post_init__(self):
-        if self.rule not in RULES:
-            raise ConfigError(f"unknown rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        names = rule_names()
+        if self.rule not in names:
+            raise ConfigError(f"unknown rule {self.rule!r}; choose one of {', '.join(names)}")
+        if self.centroid not in CENTROIDS:
+            raise ConfigError(f"centroid must be one of {', '.join(CENTROIDS)}, got {self.centroid!r}")
         object.__setattr__(self, "num_paths", _integer("K (paths)", self.num_paths, 1, MAX_PATHS))
         if self.p is not None:
             p = _number("p (dropout rate)", self.p)
@@ -101,8 +105,8 @@ class RuleConfig:
                 raise ConfigError(f"p (dropout rate) must be in [0, 1), got {p:g}")
             object.__setattr__(self, "p", p)
         fraction = _number("majority fraction", self.majority_fraction)
-        if not 0.0 <= fraction < 1.0:
-            raise ConfigError(f"majority fraction must be in [0, 1), got {fraction:g}")
+        if not 0.5 <= fraction <= 1.0:
+            raise ConfigError(f"majority fraction must be between 0.5 (a strict majority) and 1, got {fraction:g}")
         object.__setattr__(self, "majority_fraction", fraction)
         for name in ("typical_eps", "typical_delta", "fixed_js_threshold"):
             value = _number(name.replace("_", " "), getattr(self, name))
@@ -116,7 +120,16 @@ class RuleConfig:
 
     @property
     def uses_paths(self) -> bool:
-        return self.rule in MC_RULES
+        from .acceptance import RULES
+
+        return RULES[self.rule].uses_paths
+
+
+def rule_names() -> tuple[str, ...]:
+    """Every rule of the one table (acceptance.RULES), lossless first."""
+    from .acceptance import RULES
+
+    return tuple(RULES)
 
 
 def parse_p(text) -> float | None:

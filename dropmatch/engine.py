@@ -20,7 +20,7 @@ import torch
 from . import acceptance, mc_head
 from .config import ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
-from .sampling import draw, sampling_probs, signal_probs
+from .sampling import draw, sampling_probs, signal_probs, target_view
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
@@ -141,7 +141,8 @@ class Engine:
         start = clock.now()
         cache = self.target.new_cache()
         hidden = self.target.hidden(self._ids(prompt_ids), cache)
-        first = self._pick(self.target.logits(hidden[-1]), decode, generator)
+        first_logits = self.target.logits(hidden[-1:])
+        first = self._pick(first_logits[0], decode, generator)
         t_prefill = clock.now() - start
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
@@ -159,11 +160,12 @@ class Engine:
             rounds.append(RoundTrace(
                 index=len(rounds), context_token=context, drafted=(), emitted=(token,), extra_kind="target",
                 num_accepted=0, t_draft=0.0, t_forward=t1 - t0, t_head=t2 - t1, t_mc=0.0, t_round=t3 - t0,
-                head_rows=1,
+                head_rows=1, **_emitted_view(logits.unsqueeze(0), [token]),
             ))
             yield rounds[-1]
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, first, rounds, stop_reason, t_prefill)
+        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, rounds, stop_reason, t_prefill,
+                            first_view=_emitted_view(first_logits, [first]))
 
     def speculative(
         self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
@@ -173,15 +175,20 @@ class Engine:
         self.check_fits(prompt_ids, decode)
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        masks = mc_head.mc_generator(decode.seed, self.device)  # the dropout masks' own stream
         start = clock.now()
         target_cache, draft_cache = self.target.new_cache(), self.draft.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
-        p = self._dropout_rate(rule, prompt_hidden, generator)
-        first = self._pick(self.target.logits(prompt_hidden[-1]), decode, generator)
+        first_logits = self.target.logits(prompt_hidden[-1:])
+        calibration_start = clock.now()
+        calibration = self._calibrate(rule, prompt_hidden, masks)
+        t_calibration = clock.now() - calibration_start
+        p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
+        first = self._pick(first_logits[0], decode, generator)
         # Only a draft that reads the target's hidden states needs them kept, round after round.
         features = _TargetFeatures(prompt_hidden) if self.draft.reads_target_features else None
         self.draft.hidden(self._ids(prompt_ids), draft_cache, _features_before(features, 0, len(prompt_ids)))
-        t_prefill = clock.now() - start
+        t_prefill = clock.now() - start - t_calibration
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
         stop_reason = self._stop_reason(seq, decode, stop_event)
@@ -189,15 +196,17 @@ class Engine:
             remaining = decode.max_new_tokens - len(seq.output)
             gamma = min(decode.gamma, remaining - 1)  # never draft past max_new_tokens
             round_trace = self._round(len(rounds), seq, target_cache, draft_cache, features, gamma, decode, rule,
-                                      p, generator, clock)
+                                      p, generator, masks, clock)
             rounds.append(round_trace)
             yield round_trace
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("sd", rule, p, decode, seq, first, rounds, stop_reason, t_prefill)
+        return self._finish("sd", rule, p, decode, seq, rounds, stop_reason, t_prefill,
+                            first_view=_emitted_view(first_logits, [first]), t_calibration=t_calibration,
+                            p_auto_reached=None if calibration is None else calibration.reached)
 
     # ------------------------------------------------------------ one round
 
-    def _round(self, index, seq, target_cache, draft_cache, features, gamma, decode, rule, p, generator,
+    def _round(self, index, seq, target_cache, draft_cache, features, gamma, decode, rule, p, generator, masks,
                clock) -> RoundTrace:
         t0 = clock.now()
         drafted, q_sample, q_signal = self._draft(seq, draft_cache, features, gamma, decode, generator)
@@ -217,7 +226,7 @@ class Engine:
         path_rows, path_probs = 0, []
         if use_paths:
             signals, path_rows, path_probs = self._checked_paths(hidden, clean_logits, q_signal, signals, exact,
-                                                                 rule, p, decode, generator)
+                                                                 rule, p, decode, masks)
         t4 = clock.now()
         # One device -> host copy per round for everything the decision and the trace read.
         host = _to_host({**vars(signals), "exact": exact, **_tops(q_signal, p_signal, path_probs, gamma)})
@@ -241,7 +250,7 @@ class Engine:
             index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
             extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
             t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t_mc_start, t_round=t5 - t0,
-            head_rows=hidden.shape[0] + path_rows,
+            head_rows=hidden.shape[0] + path_rows, **_emitted_view(clean_logits[: len(emitted)], emitted),
         )
 
     def _draft(self, seq, draft_cache, features, gamma, decode, generator):
@@ -270,46 +279,40 @@ class Engine:
             return torch.empty(0, dtype=torch.long, device=self.device), empty, empty
         return torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal)
 
-    def _checked_paths(self, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, generator):
+    def _checked_paths(self, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, masks):
         """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
-        exact test rejects, left to right, until the rule rejects one (the positions after it are
-        discarded anyway, and an exact match is accepted whatever the paths say).
+        exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
+        left to right, until the rule rejects one (the positions after it are discarded anyway).
 
         Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
-        runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1)
-        (see CausalLM.path_logits for how those rows are computed cheaply).
+        runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
+        At p = 0 every path is the clean row: its statistics come from that one row, no path work.
         Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
         """
-        not_exact = (~exact).nonzero().flatten()
-        stages = [not_exact[:1], not_exact[1:]]
+        judged = (~exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
+        stages = [judged[:1], judged[1:]]
         parts, probs, rows = [], [], 0
         for stage in stages:
             if stage.numel() == 0:
                 break
-            path_logits = self._path_logits(hidden[stage], clean_logits[stage], rule.num_paths, p, generator)
-            stats = mc_head.path_stats(path_logits, decode.temperature)
-            tokens = self._path_tokens(path_logits, stats, decode, generator)
-            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats, tokens)
+            stats = self._path_stats(hidden[stage], clean_logits[stage], rule, p, decode, masks)
+            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
             parts.append((stage, part))
             probs.append((stage, stats.probs))
-            rows += path_logits.shape[0] * path_logits.shape[1]
+            rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
             checked = acceptance.Signals(**{**vars(acceptance.at_positions(signals, stage)), **part})
             if not bool(acceptance.rule_accepts(rule, checked).all()):
                 break
         return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs
 
-    def _path_logits(self, hidden, clean_logits, num_paths, p, generator) -> torch.Tensor:
-        """[K, n, V]: the K dropout paths of n positions (hidden [n, H], clean_logits [n, V])."""
+    def _path_stats(self, hidden, clean_logits, rule, p, decode, masks) -> mc_head.PathStats:
+        """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V])."""
         if p == 0.0:  # every path is the clean row
-            return clean_logits.unsqueeze(0).expand(num_paths, *clean_logits.shape)
-        keep = mc_head.dropout_masks(hidden, num_paths, p, generator)
-        return self.target.path_logits(hidden, keep, p, clean_logits)
-
-    def _path_tokens(self, path_logits, paths, decode, generator) -> torch.Tensor:
-        """[K, g]: each path's token, its argmax when greedy, a draw from it when sampling."""
-        if decode.greedy:
-            return path_logits.argmax(-1)
-        return draw(sampling_probs(path_logits, decode.temperature, decode.top_p), generator)
+            return mc_head.path_stats(clean_logits.unsqueeze(0), decode.temperature, rule.centroid).expanded(
+                rule.num_paths)
+        keep = mc_head.dropout_masks(hidden, rule.num_paths, p, masks)
+        path_logits = self.target.path_logits(hidden, keep, p, clean_logits)
+        return mc_head.path_stats(path_logits, decode.temperature, rule.centroid)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""
@@ -321,18 +324,6 @@ class Engine:
         seq.output.extend(kept)
         return kept
 
-    @torch.inference_mode()
-    def target_nll(self, prompt_ids: list[int], output_ids: list[int] | tuple[int, ...]) -> float | None:
-        """Mean negative log-likelihood (nats/token) of an answer under the clean target:
-        how much the target endorses text that a lossy rule let through."""
-        if not output_ids:
-            return None
-        ids = list(prompt_ids) + list(output_ids)
-        hidden = self.target.hidden(self._ids(ids[:-1]), self.target.new_cache())[len(prompt_ids) - 1:]
-        log_probs = self.target.logits(hidden).log_softmax(-1)
-        answer = self._ids(list(output_ids)).unsqueeze(-1)
-        return float(-log_probs.gather(-1, answer).mean())
-
     # ------------------------------------------------------------ helpers
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
@@ -343,14 +334,13 @@ class Engine:
             return int(logits.argmax())
         return int(draw(sampling_probs(logits, decode.temperature, decode.top_p), generator))
 
-    def _dropout_rate(self, rule: RuleConfig, prompt_hidden: torch.Tensor, generator) -> float | None:
-        if not rule.uses_paths:
+    def _calibrate(self, rule: RuleConfig, prompt_hidden: torch.Tensor, masks) -> mc_head.Calibration | None:
+        """p = auto's choice from the prompt's own last positions; None when p is fixed or unused."""
+        if not rule.uses_paths or rule.p is not None:
             return None
-        if rule.p is not None:
-            return rule.p
         positions = prompt_hidden[-CALIBRATION_POSITIONS:]
-        p, _ = mc_head.calibrate_p(positions, self.target.head_weight, rule.num_paths, rule.auto_agreement, generator)
-        return p
+        return mc_head.calibrate_p(positions, self.target.logits(positions), self.target.head_weight,
+                                   rule.num_paths, rule.auto_agreement, masks)
 
     def _stop_reason(self, seq: _Sequence, decode: DecodeConfig, stop_event) -> str | None:
         if seq.output and seq.output[-1] in self.stop_ids:
@@ -361,20 +351,33 @@ class Engine:
             return "stopped"
         return None
 
-    def _finish(self, mode, rule, p, decode, seq, first, rounds, stop_reason, t_prefill) -> GenerationTrace:
-        # The run's own time: prefill + rounds. Time spent by the caller between rounds (another
-        # run interleaved with this one, a UI update) is not this run's.
-        t_total = t_prefill + sum(r.t_round for r in rounds)
+    def _finish(self, mode, rule, p, decode, seq, rounds, stop_reason, t_prefill, first_view,
+                t_calibration=0.0, p_auto_reached=None) -> GenerationTrace:
+        # The run's own time: prefill + calibration + rounds. Time spent by the caller between rounds
+        # (another run interleaved with this one, a UI update) is not this run's.
+        t_total = t_prefill + t_calibration + sum(r.t_round for r in rounds)
         output = seq.output
         shown = output[:-1] if output and output[-1] in self.stop_ids else output
         return GenerationTrace(
             mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, num_paths=rule.num_paths,
             gamma=decode.gamma, temperature=decode.temperature, top_p=decode.top_p, seed=decode.seed,
-            prompt_ids=tuple(seq.prompt), first_token=first, rounds=tuple(rounds), output_ids=tuple(output),
+            prompt_ids=tuple(seq.prompt), first_token=output[0], rounds=tuple(rounds), output_ids=tuple(output),
             token_texts=self.decode_tokens(output), text=self.tokenizer.decode(shown, skip_special_tokens=True),
             stop_reason=stop_reason, t_prefill=t_prefill, t_total=t_total,
             target_name=self.target.name, draft_name=self.draft.name if mode == "sd" else "",
+            centroid=rule.centroid, majority_fraction=rule.majority_fraction, t_calibration=t_calibration,
+            p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
+            first_in_nucleus=first_view["emitted_in_nucleus"][0],
         )
+
+
+def _emitted_view(logits: torch.Tensor, tokens: list[int]) -> dict[str, tuple]:
+    """The clean target's log-probability of each emitted token and whether it lies in its top-p
+    0.95 nucleus (temperature 1), from the logits [n, V] the run computed anyway."""
+    if not tokens:
+        return {"emitted_logprob": (), "emitted_in_nucleus": ()}
+    log_probs, in_nucleus = target_view(logits, torch.tensor(tokens, device=logits.device))
+    return {"emitted_logprob": tuple(log_probs.tolist()), "emitted_in_nucleus": tuple(in_nucleus.tolist())}
 
 
 def _tops(q_signal, p_signal, path_probs, gamma: int) -> dict[str, torch.Tensor]:

@@ -2,9 +2,8 @@
 
 The transformer blocks run once. Only the final hidden states h [n, H] are perturbed:
 h^(i) = h * m^(i) / (1 - p), m^(i) ~ Bernoulli(1 - p). The engine runs paths only at the
-positions the rule judges, and CausalLM.path_logits computes them from the clean logits minus
-the dropped entries' share (a sparse product) when few entries are dropped, else in one dense
-matmul (see there for the costs measured on this project's CPU).
+positions the rule judges; CausalLM.path_logits computes them (sparsely from the clean logits when
+few entries are dropped, else in one dense matmul).
 """
 
 from __future__ import annotations
@@ -12,6 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+CENTROIDS = ("probs", "logits")
+
+
+def mc_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The random stream of the dropout masks (and of p = auto's calibration), derived from the
+    run's seed but apart from the stream that sampling and acceptance draw from: so drawing masks
+    never shifts a sampled token, and at p = 0 a path rule's run equals lossless SD's."""
+    derived = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (2**63 - 1)
+    return torch.Generator(device=device).manual_seed(derived)
 
 
 def dropout_masks(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:
@@ -29,65 +38,78 @@ def dropout_paths(hidden: torch.Tensor, num_paths: int, p: float, generator: tor
 
 @dataclass(frozen=True)
 class PathStats:
-    """What the K paths say at each drafted position.
+    """What the K paths say at each judged position.
 
-    probs [K, g, V] path distributions; centroid [g, V] = softmax(mean of path logits);
-    path_js [K, g] = JS(path || centroid); threshold [g] = max over paths of path_js.
+    probs [K, g, V] path distributions; tokens [K, g] each path's top token (its argmax, under
+    greedy and sampling alike); centroid [g, V]; path_js [K, g] = JS(path || centroid);
+    threshold [g] = max over paths of path_js.
     """
 
     probs: torch.Tensor
+    tokens: torch.Tensor
     centroid: torch.Tensor
     path_js: torch.Tensor
     threshold: torch.Tensor
 
+    def expanded(self, num_paths: int) -> "PathStats":
+        """The stats of one path repeated as K identical paths (views, no copies): p = 0."""
+        return PathStats(probs=self.probs.expand(num_paths, *self.probs.shape[1:]),
+                         tokens=self.tokens.expand(num_paths, *self.tokens.shape[1:]), centroid=self.centroid,
+                         path_js=self.path_js.expand(num_paths, *self.path_js.shape[1:]), threshold=self.threshold)
 
-def path_stats(path_logits: torch.Tensor, temperature: float) -> PathStats:
-    """path_logits [K, g, V] -> PathStats. temperature 0 (greedy) reads the logits at 1."""
+
+def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "probs") -> PathStats:
+    """path_logits [K, g, V] -> PathStats. temperature 0 (greedy) reads the logits at 1.
+
+    centroid "probs": the mean of the K path distributions (the method's centroid); "logits": the
+    softmax of the mean logits (sharper; a labelled option)."""
     from .acceptance import js_divergence
 
+    if centroid not in CENTROIDS:
+        raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
     scale = temperature if temperature > 0 else 1.0
     scaled = path_logits.float() / scale
     probs = scaled.softmax(-1)
-    centroid = scaled.mean(0).softmax(-1)  # mean of the logits, not of the probabilities
-    path_js = js_divergence(probs, centroid.unsqueeze(0))
-    return PathStats(probs=probs, centroid=centroid, path_js=path_js, threshold=path_js.max(0).values)
+    mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
+    path_js = js_divergence(probs, mean.unsqueeze(0))
+    return PathStats(probs=probs, tokens=path_logits.argmax(-1), centroid=mean, path_js=path_js,
+                     threshold=path_js.max(0).values)
 
 
 P_GRID = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)
 
 
-def path_agreement(
-    hidden: torch.Tensor, head_weight: torch.Tensor, num_paths: int, p: float,
-    generator: torch.Generator, top_k: int = 64,
-) -> float:
-    """Share of (path, position) pairs whose argmax equals the clean argmax.
+@dataclass(frozen=True)
+class Calibration:
+    """p = auto's choice: p, the agreement measured at each grid value tried, and whether any grid
+    value reached the target (when none did, p is the grid's smallest)."""
 
-    hidden [n, H] (prompt positions), head_weight [V, H]. Each path's argmax is searched among
-    the clean top_k tokens of its position, which is where it lies unless p is very large,
-    so the cost is n * top_k head rows instead of the whole vocabulary per path.
-    """
-    head_weight = head_weight.detach()
-    clean_logits = hidden.float() @ head_weight.float().T  # [n, V]
-    candidates = clean_logits.topk(min(top_k, clean_logits.shape[-1]), dim=-1).indices  # [n, k]
-    candidate_weight = head_weight.float()[candidates]  # [n, k, H]
-    paths = dropout_paths(hidden.float(), num_paths, p, generator)  # [K, n, H]
-    path_logits = torch.einsum("knh,nch->knc", paths, candidate_weight)
-    return float((path_logits.argmax(-1) == 0).float().mean())  # column 0 is the clean argmax
+    p: float
+    tried: dict[float, float]
+    reached: bool
 
 
 def calibrate_p(
-    hidden: torch.Tensor, head_weight: torch.Tensor, num_paths: int, target_agreement: float,
-    generator: torch.Generator, grid: tuple[float, ...] = P_GRID,
-) -> tuple[float, dict[float, float]]:
+    hidden: torch.Tensor, clean_logits: torch.Tensor, head_weight: torch.Tensor, num_paths: int,
+    target_agreement: float, generator: torch.Generator, grid: tuple[float, ...] = P_GRID, top_k: int = 64,
+) -> Calibration:
     """The largest p of the grid whose paths still agree with the clean argmax at target_agreement.
 
-    Data-free: it reads only the prompt's own hidden states (the prefill computes them anyway).
-    Returns (p, {p: agreement}) for the grid values tried; the scan stops at the first miss.
+    hidden [n, H] (prompt positions), clean_logits [n, V] (the model's own head on them),
+    head_weight [V, H]. Data-free: it reads only the prompt's own hidden states. Each path's argmax
+    is searched among the clean top_k tokens of its position (where it lies unless p is very
+    large): the n x top_k head rows are gathered once, never the whole head copied, and only the
+    masks and one small product change with p. The scan stops at the first miss.
     """
-    chosen, tried = grid[0], {}
+    candidates = clean_logits.topk(min(top_k, clean_logits.shape[-1]), dim=-1).indices  # [n, k]
+    candidate_weight = head_weight.detach()[candidates].float()  # [n, k, H]
+    hidden = hidden.float()
+    chosen, tried = None, {}
     for p in grid:
-        tried[p] = path_agreement(hidden, head_weight, num_paths, p, generator)
+        paths = dropout_paths(hidden, num_paths, p, generator)  # [K, n, H]
+        path_logits = torch.einsum("knh,nch->knc", paths, candidate_weight)
+        tried[p] = float((path_logits.argmax(-1) == 0).float().mean())  # column 0 is the clean argmax
         if tried[p] < target_agreement:
             break
         chosen = p
-    return chosen, tried
+    return Calibration(p=grid[0] if chosen is None else chosen, tried=tried, reached=chosen is not None)

@@ -7,9 +7,14 @@
 - per-position acceptance: at draft position j, accepted / reached (positions after a rejection
   are never looked at, so they do not count against j).
 - tokens/s: new tokens / wall time of the whole generation, prefill included.
-- MC-head share: the Monte-Carlo work of the rounds / round time. That work (timed as t_mc) is the
-  dropout masks, the path rows through the head (K per position the rule judges), path softmaxes,
-  JS and votes. The clean head rows are the same in every rule (lossless SD needs them too).
+- MC-head share: the Monte-Carlo work / (round time + calibration). That work (timed as t_mc) is
+  the dropout masks, the path rows through the head (K per position the rule judges), path
+  softmaxes, JS and votes, plus p = auto's calibration on the prompt. The clean head rows are the
+  same in every rule (lossless SD needs them too).
+- target NLL: mean negative log-likelihood (nats/token) of the emitted tokens under the clean
+  target at temperature 1, read from the logits the run computed at each emitted position.
+- off-nucleus rate: share of emitted tokens outside the clean target's top-p 0.95 nucleus at
+  their position (temperature 1). 0 for lossless greedy by construction.
 """
 
 from __future__ import annotations
@@ -17,9 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .acceptance import lossy_reasons
 from .trace import GenerationTrace
-
-LOSSY_REASONS = ("js", "majority", "naive", "typical", "fixed_js")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class RunMetrics:
     other_s: float
     mc_overhead: float | None
     lossy_share: float
+    target_nll: float | None = None
+    off_nucleus_rate: float | None = None
     speedup_vs_ar: float | None = None
     speedup_vs_lossless: float | None = None
     first_divergence: int | None = None
@@ -85,10 +91,36 @@ def tokens_per_s(trace: GenerationTrace) -> float:
 
 
 def mc_overhead(trace: GenerationTrace) -> float | None:
-    """MC work / round time; None for rules without paths. See the module docstring."""
+    """MC work / (round time + calibration); None for rules without paths. See the module docstring."""
     if trace.p is None or not trace.rounds:
         return None
-    return _ratio(sum(r.t_mc for r in trace.rounds), sum(r.t_round for r in trace.rounds))
+    return _ratio(mc_seconds(trace), sum(r.t_round for r in trace.rounds) + trace.t_calibration)
+
+
+def mc_seconds(trace: GenerationTrace) -> float:
+    return sum(r.t_mc for r in trace.rounds) + trace.t_calibration
+
+
+def _target_view(trace: GenerationTrace) -> tuple[list[float], list[bool]]:
+    """(log-probabilities, in-nucleus flags) of every emitted token, the prefill's first; empty for
+    traces written before these were recorded."""
+    if trace.first_logprob is None:
+        return [], []
+    log_probs = [trace.first_logprob] + [v for r in trace.rounds for v in r.emitted_logprob]
+    in_nucleus = [trace.first_in_nucleus] + [v for r in trace.rounds for v in r.emitted_in_nucleus]
+    return log_probs, in_nucleus
+
+
+def target_nll(trace: GenerationTrace) -> float | None:
+    """Mean NLL (nats/token) of the emitted tokens under the clean target (temperature 1)."""
+    log_probs, _ = _target_view(trace)
+    return -sum(log_probs) / len(log_probs) if log_probs else None
+
+
+def off_nucleus_rate(trace: GenerationTrace) -> float | None:
+    """Share of emitted tokens outside the clean target's top-p 0.95 nucleus (temperature 1)."""
+    _, in_nucleus = _target_view(trace)
+    return sum(not flag for flag in in_nucleus) / len(in_nucleus) if in_nucleus else None
 
 
 def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int | None:
@@ -103,7 +135,8 @@ def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int 
 
 def lossy_share(trace: GenerationTrace) -> float:
     """Share of the new tokens that only a lossy rule let through."""
-    lossy = sum(d.reason in LOSSY_REASONS for r in trace.rounds for d in r.drafted)
+    lossy = set(lossy_reasons())
+    lossy = sum(d.reason in lossy for r in trace.rounds for d in r.drafted)
     return lossy / len(trace.output_ids) if trace.output_ids else 0.0
 
 
@@ -114,7 +147,7 @@ def summarize(
     draft_s = sum(r.t_draft for r in trace.rounds)
     verify_s = sum(r.t_forward for r in trace.rounds)
     head_s = sum(r.t_head for r in trace.rounds)
-    mc_s = sum(r.t_mc for r in trace.rounds)
+    mc_s = mc_seconds(trace)
     speed = tokens_per_s(trace)
     return RunMetrics(
         label=trace.label,
@@ -137,6 +170,8 @@ def summarize(
         other_s=max(0.0, trace.t_total - trace.t_prefill - draft_s - verify_s - head_s - mc_s),
         mc_overhead=mc_overhead(trace),
         lossy_share=lossy_share(trace),
+        target_nll=target_nll(trace),
+        off_nucleus_rate=off_nucleus_rate(trace),
         speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,
         speedup_vs_lossless=_ratio(speed, tokens_per_s(lossless)) if lossless is not None else None,
         first_divergence=first_divergence(trace, lossless) if lossless is not None else None,
@@ -151,6 +186,9 @@ def pooled(traces: list[GenerationTrace]) -> dict:
     accepted, drafted = sum(a for a, _ in counts), sum(d for _, d in counts)
     tokens = sum(len(t.output_ids) for t in traces)
     wall = sum(t.t_total for t in traces)
+    views = [_target_view(t) for t in traces]
+    log_probs = [v for lp, _ in views for v in lp]
+    in_nucleus = [v for _, flags in views for v in flags]
     return {
         "prompts": len(traces),
         "new_tokens": tokens,
@@ -162,6 +200,8 @@ def pooled(traces: list[GenerationTrace]) -> dict:
         "draft_step_ms": _ms(_ratio(sum(r.t_draft for t in traces for r in t.rounds),
                                     sum(r.num_drafted for t in traces for r in t.rounds))),
         "verify_round_ms": _ms(_ratio(sum(r.t_round for t in traces for r in t.rounds), rounds)),
+        "target_nll": _ratio(-sum(log_probs), len(log_probs)),
+        "off_nucleus_rate": _ratio(sum(not f for f in in_nucleus), len(in_nucleus)),
     }
 
 

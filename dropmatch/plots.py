@@ -10,24 +10,10 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .acceptance import REASONS, votes_needed
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
-
-COLORS = {
-    "exact": "#2e7d32",
-    "js": "#1565c0",
-    "majority": "#6a1b9a",
-    "naive": "#ef6c00",
-    "typical": "#ef6c00",
-    "fixed_js": "#ef6c00",
-    "correction": "#c62828",
-    "bonus": "#f9a825",
-    "target": "#546e7a",
-    "first": "#757575",
-    "rejected": "#c62828",
-    "unchecked": "#bdbdbd",
-}
 RUN_COLORS = {"lossless": "#455a64", "lossy": "#1565c0", "autoregressive": "#9e9e9e"}
 FONT = dict(size=16)
 MAX_HEATMAP_COLUMNS = 60
@@ -60,21 +46,23 @@ def show(text: str) -> str:
 
 
 def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
-    """Rows: K paths, the clean target, the draft; columns: the drafted positions whose paths were
-    run (those the rule judged: never an exact match, so the clean-target row differs there);
-    cell: does this row's token equal the drafted token."""
+    """Rows: K paths, the paths' majority, the draft; columns: the drafted positions whose paths were
+    run (those the rule judged: never the clean target's choice, so a clean-target row would be
+    grey throughout); cell: does this row's token equal the drafted token. The majority row is green
+    where the paths' top token is the draft with the votes the majority rule asks."""
     title = "MC-path agreement with the draft token"
     cells = [(r, j, d) for r, j, d in drafted_positions(trace.rounds) if d.path_tokens][:MAX_HEATMAP_COLUMNS]
     if not cells:
         return _empty(title, f"the {trace.label} rule reads no Monte-Carlo paths")
     num_paths = len(cells[0][2].path_tokens)
-    rows = [f"path {k + 1}" for k in range(num_paths)] + ["clean target", "draft"]
+    needed = votes_needed(num_paths, trace.majority_fraction)
+    rows = [f"path {k + 1}" for k in range(num_paths)] + ["paths' majority", "draft"]
     z, hover = [], []
     for k in range(num_paths):
         z.append([int(d.path_tokens[k] == d.token) for _, _, d in cells])
         hover.append([_path_hover(d, k, token_text) for _, _, d in cells])
-    z.append([int(d.target_token == d.token) for _, _, d in cells])
-    hover.append([f"clean target: {show(token_text(d.target_token))} (p={d.target_token_prob:.3f})" for _, _, d in cells])
+    z.append([int(d.majority_token == d.token and (d.draft_votes or 0) >= needed) for _, _, d in cells])
+    hover.append([_majority_hover(d, num_paths, needed, token_text) for _, _, d in cells])
     z.append([1 for _ in cells])
     hover.append([f"draft: {show(token_text(d.token))} (q={d.draft_prob:.3f})<br>decision: {d.reason}" for _, _, d in cells])
     labels = [f"r{r}·{j + 1}" for r, j, _ in cells]
@@ -88,6 +76,15 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     fig.update_xaxes(title="judged drafted position (round · slot); exact matches need no paths", tickangle=-60,
                      tickfont=dict(size=11))
     return _layout(fig, title + "  (green = same token)", height=260 + 28 * len(rows))
+
+
+def _majority_hover(d: DraftedToken, num_paths: int, needed: int, token_text: TokenText) -> str:
+    if d.majority_token is None or d.majority_token < 0:
+        top = f"no single top token (a tie at {d.majority_votes} votes)"
+    else:
+        top = f"top token {show(token_text(d.majority_token))} with {d.majority_votes}/{num_paths} votes"
+    return (f"paths' majority: {top}<br>the draft has {d.draft_votes}/{num_paths}; the majority rule asks {needed}"
+            f"<br>clean target: {show(token_text(d.target_token))} (p={d.target_token_prob:.3f})")
 
 
 def _path_hover(d: DraftedToken, k: int, token_text: TokenText) -> str:
@@ -109,14 +106,14 @@ def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
         x=[i for i, *_ in cells], y=[d.threshold for *_, d in cells], mode="markers", name="threshold (max path JS)",
         marker=dict(symbol="line-ew-open", size=18, line=dict(width=3, color="#37474f")), hoverinfo="skip",
     ))
-    for reason in ("exact", "js", "majority", "naive", "rejected"):
+    for reason in [name for name in REASONS if name != "unchecked"]:
         group = [(i, r, j, d) for i, r, j, d in cells if d.reason == reason]
         if not group:
             continue
         rejected = reason == "rejected"
         fig.add_trace(go.Scatter(
             x=[i for i, *_ in group], y=[d.js for *_, d in group], mode="markers", name=reason,
-            marker=dict(color=COLORS[reason], size=14 if rejected else 10,
+            marker=dict(color=REASONS[reason].colour, size=14 if rejected else 10,
                         symbol="x" if rejected else "circle", line=dict(width=1, color="white")),
             text=[f"r{r}·{j + 1} {show(token_text(d.token))}<br>JS={d.js:.4f} threshold={d.threshold:.4f}"
                   f"<br>votes {d.draft_votes}/{len(d.path_tokens)} → {d.reason}" for _, r, j, d in group],

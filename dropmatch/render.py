@@ -5,39 +5,50 @@ from __future__ import annotations
 import html
 from typing import Callable
 
+from .acceptance import REASONS, votes_needed
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
 
 TokenText = Callable[[int], str]
 
-KIND_LABELS = {
-    "exact": "accepted: target's own choice",
-    "js": "accepted by JS",
-    "majority": "accepted by majority",
-    "naive": "accepted by another lossy rule",
-    "typical": "accepted by another lossy rule",
-    "fixed_js": "accepted by another lossy rule",
-    "correction": "correction after a rejection",
-    "bonus": "bonus token",
-    "target": "target token",
-    "first": "first token (prefill)",
+# The kinds of emitted token that are not a drafted token's reason: (meaning, highlight).
+EXTRA_KINDS = {
+    "correction": ("correction after a rejection", "#ffcdd2"),
+    "bonus": ("bonus token", "#fff59d"),
+    "target": ("target token", "#eceff1"),
+    "first": ("first token (prefill)", "#eceff1"),
 }
-LEGEND = (("exact", "exact"), ("js", "JS"), ("majority", "majority"), ("naive", "other lossy rule"),
-          ("correction", "correction"), ("bonus", "bonus"), ("first", "prefill"))
+SHOWN_IN_TEXT = ("rejected", "unchecked")  # reasons that never mark an emitted token
 
-CSS = """
+
+def kind_label(kind: str) -> str:
+    if kind in REASONS:
+        return REASONS[kind].meaning
+    return EXTRA_KINDS[kind][0] if kind in EXTRA_KINDS else kind
+
+
+def legend_items() -> list[tuple[str, str]]:
+    """(kind, label) of the legend: every accepting reason of the rule table, then the extra tokens."""
+    reasons = [(name, reason.legend) for name, reason in REASONS.items() if name not in SHOWN_IN_TEXT]
+    return reasons + [("correction", "correction"), ("bonus", "bonus"), ("first", "prefill")]
+
+
+def css() -> str:
+    """The app's stylesheet: one highlight per reason of the rule table and per extra kind."""
+    colours = {name: reason.background for name, reason in REASONS.items()}
+    colours.update({kind: colour for kind, (_, colour) in EXTRA_KINDS.items()})
+    highlights = " ".join(f".dm-{kind} {{ background: {colour}; }}" for kind, colour in colours.items())
+    return BASE_CSS + highlights + "\n.dm-unchecked { color: #78909c; }\n"
+
+
+BASE_CSS = """
 .dm-text { font-size: 1.15rem; line-height: 2.0; white-space: pre-wrap; word-break: break-word; }
 .dm-tok { border-radius: 4px; padding: 1px 1px; margin: 0 0.5px; cursor: help; }
-.dm-exact { background: #c8e6c9; } .dm-js { background: #bbdefb; } .dm-majority { background: #e1bee7; }
-.dm-naive, .dm-typical, .dm-fixed_js { background: #ffe0b2; }
-.dm-correction { background: #ffcdd2; } .dm-bonus { background: #fff59d; }
-.dm-first, .dm-target { background: #eceff1; }
 .dm-legend span { margin-right: 10px; padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; }
 .dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
-.dm-step .why { max-width: 460px; } .dm-unchecked { background: #eceff1; color: #78909c; }
-.dm-rejected { background: #ffcdd2; }
+.dm-step .why { max-width: 460px; }
 """
 
 
@@ -64,7 +75,7 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
 
 
 def tooltip(d: DraftedToken, token_text: TokenText, round_index: int) -> str:
-    lines = [f"round {round_index}: {KIND_LABELS.get(d.reason, d.reason)}",
+    lines = [f"round {round_index}: {kind_label(d.reason)}",
              f"draft prob q = {d.draft_prob:.3f}",
              f"clean target: {_q(token_text(d.target_token))} p = {d.target_token_prob:.3f}"
              f" (this token: p = {d.target_prob:.3f})"]
@@ -89,11 +100,11 @@ def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
 
 
 def legend_html() -> str:
-    items = "".join(f'<span class="dm-{kind}">{label}</span>' for kind, label in LEGEND)
+    items = "".join(f'<span class="dm-{kind}">{label}</span>' for kind, label in legend_items())
     return f'<div class="dm-legend">{items} &nbsp; (hover a token for its numbers)</div>'
 
 
-def stats_html(m: RunMetrics, p_auto: bool = False) -> str:
+def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None = None) -> str:
 
     def pct(x):
         return "–" if x is None else f"{100 * x:.1f}%"
@@ -111,9 +122,14 @@ def stats_html(m: RunMetrics, p_auto: bool = False) -> str:
         ("time: draft / verify / head / MC", f"{m.draft_s:.2f} / {m.verify_s:.2f} / {m.head_s:.2f} / {m.mc_s:.2f} s"),
         ("MC-head share", pct(m.mc_overhead)),
         ("speedup vs autoregressive", num(m.speedup_vs_ar, 2, "x")),
+        ("target NLL (nats/token)", num(m.target_nll, 3)),
+        ("off the target's top-p 0.95 nucleus", pct(m.off_nucleus_rate)),
     ]
     if m.p is not None:
-        rows.append(("dropout rate p", f"auto → {m.p:g}" if p_auto else f"{m.p:g}"))
+        shown = f"auto → {m.p:g}" if p_auto else f"{m.p:g}"
+        if p_auto and p_auto_reached is False:
+            shown += " (no rate of the grid reached the agreement target: its smallest is used)"
+        rows.append(("dropout rate p", shown))
     if m.speedup_vs_lossless is not None:
         rows.append(("speed vs lossless SD", num(m.speedup_vs_lossless, 2, "x")))
         rows.append(("first departure from lossless",
@@ -123,7 +139,7 @@ def stats_html(m: RunMetrics, p_auto: bool = False) -> str:
     return f'<table class="dm-stats">{body}</table>'
 
 
-def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.5) -> str:
+def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8) -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     k = len(d.path_tokens)
@@ -134,7 +150,8 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
                 f"centroid as the paths themselves: JS {d.js:.4f} ≤ threshold {d.threshold:.4f}.")
     if d.reason == "majority":
         return (f"{tok} failed the JS test ({d.js:.4f} > {d.threshold:.4f}), but {d.draft_votes} of {k} dropout paths "
-                f"chose it: more than {majority_fraction:.0%} of them.")
+                f"chose it: at least the {votes_needed(k, majority_fraction)} the majority rule asks, and no other "
+                f"token has as many.")
     if d.reason == "naive":
         return f"{tok} is one of the K path tokens ({d.draft_votes} of {k} paths chose it)."
     if d.reason == "typical":
@@ -150,7 +167,13 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
 
 
-def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.5) -> str:
+def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
+    if d.majority_token is None or d.majority_token < 0:
+        return f"no single top token: a tie at {d.majority_votes} votes"
+    return f"majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes}"
+
+
+def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -171,7 +194,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [f'<span class="muted">not run ({reason})</span>'] + [""] * (num_paths + 1)
         elif num_paths:
             cells += [top(path) for path in d.path_top] or [""] * num_paths
-            cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} (majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes})"]
+            cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
                     f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')

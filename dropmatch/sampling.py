@@ -33,3 +33,17 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """probs [..., V] -> one token id per row [...]."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+NUCLEUS_TOP_P = 0.95  # the off-nucleus yardstick: the target's top-p 0.95 nucleus at temperature 1
+
+
+def target_view(logits: torch.Tensor, tokens: torch.Tensor, top_p: float = NUCLEUS_TOP_P) -> tuple[torch.Tensor, torch.Tensor]:
+    """How the clean target sees emitted tokens: logits [n, V] (temperature 1), tokens [n] ->
+    (log-probability [n], in its top-p nucleus [n] bool). A token is in the nucleus when the
+    tokens more likely than it hold less than top_p of the mass (as sampling_probs keeps them)."""
+    log_probs = logits.float().log_softmax(-1)
+    chosen = log_probs.gather(-1, tokens.view(-1, 1))
+    probs = log_probs.exp()
+    mass_above = (probs * (log_probs > chosen)).sum(-1)
+    return chosen.view(-1), mass_above < top_p

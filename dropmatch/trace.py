@@ -65,6 +65,10 @@ class RoundTrace:
     t_mc: float
     t_round: float
     head_rows: int
+    # The clean target's view of each emitted token (temperature 1): log-probability, and whether it
+    # lies in the top-p 0.95 nucleus. Empty in traces written before these were recorded.
+    emitted_logprob: tuple[float, ...] = ()
+    emitted_in_nucleus: tuple[bool, ...] = ()
 
     @property
     def num_drafted(self) -> int:
@@ -98,6 +102,12 @@ class GenerationTrace:
     t_total: float
     target_name: str = ""
     draft_name: str = ""
+    centroid: str = "probs"  # the path rules' centroid: mean of path distributions, or softmax of mean logits
+    majority_fraction: float = 0.8
+    t_calibration: float = 0.0  # p = auto's calibration (Monte-Carlo work, counted in the MC share)
+    p_auto_reached: bool | None = None  # p = auto: did any grid value reach the agreement target
+    first_logprob: float | None = None  # the prefill token, as emitted_logprob
+    first_in_nucleus: bool | None = None
 
     @property
     def label(self) -> str:
@@ -110,7 +120,8 @@ class GenerationTrace:
     def from_dict(data: dict) -> "GenerationTrace":
         rounds = tuple(
             RoundTrace(**{**r, "drafted": tuple(_drafted_from_dict(d) for d in r["drafted"]),
-                          "emitted": tuple(r["emitted"])})
+                          "emitted": tuple(r["emitted"]), "emitted_logprob": tuple(r.get("emitted_logprob", ())),
+                          "emitted_in_nucleus": tuple(r.get("emitted_in_nucleus", ()))})
             for r in data["rounds"]
         )
         fields = {**data, "rounds": rounds}

@@ -68,7 +68,7 @@ def main() -> int:
     from dropmatch.studio import Policy, Studio
 
     demo = app.create_demo(Studio(load_pair, Engine, Policy()))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.CSS)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
         example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
         print(drive(demo.local_url, Path(args.out), example, args.max_new_tokens))

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from dropmatch.acceptance import decide, js_divergence, position_signals
+from dropmatch.acceptance import decide, js_divergence, position_signals, rule_accepts, votes, votes_needed
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import dropout_paths, path_stats
-from dropmatch.sampling import draw, sampling_probs
+from dropmatch.sampling import draw, sampling_probs, target_view
 
 V = 6
 NEG = float("-inf")
@@ -27,13 +27,8 @@ def greedy_round(rule: RuleConfig, drafted: list[int], q_logits, p_logits, path_
     """Decide one greedy round from logits: q [g, V], p [g + 1, V], paths [K, g, V]."""
     generator = torch.Generator().manual_seed(0)
     g = len(drafted)
-    paths = tokens = None
-    if path_logits is not None:
-        paths = path_stats(path_logits, 0.0)
-        tokens = path_logits.argmax(-1)
-    signals = position_signals(
-        torch.tensor(drafted), q_logits.softmax(-1), p_logits[:g].softmax(-1), paths, tokens
-    )
+    paths = path_stats(path_logits, 0.0, rule.centroid) if path_logits is not None else None
+    signals = position_signals(torch.tensor(drafted), q_logits.softmax(-1), p_logits[:g].softmax(-1), paths)
     return decide(rule, True, signals, sampling_probs(q_logits, 0.0, 1.0),
                   sampling_probs(p_logits, 0.0, 1.0), generator)
 
@@ -70,13 +65,48 @@ def test_naive_accepts_a_token_that_any_path_chose():
     assert rejected.reasons == ("rejected",) and rejected.next_token == 1
 
 
-def test_majority_needs_a_strict_majority_of_paths():
-    """majority: 3 of 5 votes accept, 2 of 5 do not (strict majority, votes > K/2)."""
-    three = torch.stack([one_hot_logits([t]) for t in (2, 2, 2, 1, 1)])
-    two = torch.stack([one_hot_logits([t]) for t in (2, 2, 1, 1, 0)])
+def _paths(*tokens: int) -> torch.Tensor:
+    return torch.stack([one_hot_logits([t]) for t in tokens])
+
+
+def test_majority_needs_nearly_all_paths_by_default():
+    """majority, f = 0.8 (the default): 4 of 5 votes accept, 3 of 5 do not."""
     clean = one_hot_logits([1, 0])
-    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, three).reasons == ("majority",)
-    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, two).reasons == ("rejected",)
+    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, _paths(2, 2, 2, 2, 1)).reasons == ("majority",)
+    assert greedy_round(RuleConfig("majority"), [2], one_hot_logits([2]), clean, _paths(2, 2, 2, 1, 1)).reasons == ("rejected",)
+
+
+def test_majority_fraction_goes_down_to_a_strict_majority():
+    """f = 0.5: 3 of 5 accept, 2 of 5 do not; with K = 4 a strict majority is 3 votes, never 2."""
+    clean = one_hot_logits([1, 0])
+    half = RuleConfig("majority", majority_fraction=0.5)
+    assert greedy_round(half, [2], one_hot_logits([2]), clean, _paths(2, 2, 2, 1, 1)).reasons == ("majority",)
+    assert greedy_round(half, [2], one_hot_logits([2]), clean, _paths(2, 2, 1, 1, 0)).reasons == ("rejected",)
+    assert greedy_round(half, [2], one_hot_logits([2]), clean, _paths(2, 2, 3, 0)).reasons == ("rejected",)
+    assert [votes_needed(k, 0.8) for k in (1, 4, 5, 9, 10)] == [1, 4, 4, 8, 8]
+    assert [votes_needed(k, 0.5) for k in (1, 4, 5, 9, 10)] == [1, 3, 3, 5, 6]
+    assert votes_needed(5, 0.6) == 3  # 0.6 * 5 is 3.0000000000000004 in floating point
+
+
+def test_a_tie_at_the_top_of_the_vote_never_picks_by_token_id():
+    """Two tokens with 2 votes each: no majority token (-1), whichever token id is smaller."""
+    tied = votes(torch.tensor([[2], [2], [1], [1], [0]]), torch.tensor([1]))
+    assert tied["majority_tokens"].tolist() == [-1] and tied["majority_votes"].tolist() == [2]
+    assert tied["draft_votes"].tolist() == [2]
+    clear = votes(torch.tensor([[2], [2], [1], [2], [0]]), torch.tensor([1]))
+    assert clear["majority_tokens"].tolist() == [2] and clear["majority_votes"].tolist() == [3]
+
+
+def test_path_rules_judge_only_tokens_that_are_not_the_clean_choice():
+    """Under sampling the lossless coin may reject the target's own top token; a path rule does not
+    overrule it (so that at p = 0 it adds nothing), while it does judge any other token."""
+    paths = _paths(1, 1, 1, 1, 1)
+    clean_top = position_signals(torch.tensor([1]), one_hot_logits([1]).softmax(-1),
+                                 torch.tensor([[0.0, 2.0, 1.0, NEG, NEG, NEG]]).softmax(-1), path_stats(paths, 1.0))
+    assert not rule_accepts(RuleConfig("naive"), clean_top).any()
+    other = position_signals(torch.tensor([1]), one_hot_logits([1]).softmax(-1),
+                             torch.tensor([[0.0, 1.0, 2.0, NEG, NEG, NEG]]).softmax(-1), path_stats(paths, 1.0))
+    assert rule_accepts(RuleConfig("naive"), other).all()
 
 
 def _soft_paths() -> torch.Tensor:
@@ -95,15 +125,15 @@ def test_js_accepts_a_draft_as_close_to_the_centroid_as_the_paths_are():
 
 
 def test_dropmatch_tries_js_then_majority():
-    """dropmatch: JS first; when JS fails, a strict path majority still accepts."""
+    """dropmatch: JS first; when JS fails, nearly all paths (4 of 5) choosing the draft still accept."""
     # finite logits (10 on the path's token, 0 elsewhere) so the centroid is a proper distribution
-    paths = torch.stack([one_hot_logits([t]).clamp_min(0.0) for t in (2, 2, 2, 1, 1)])
+    paths = torch.stack([one_hot_logits([t]).clamp_min(0.0) for t in (2, 2, 2, 2, 1)])
     clean = one_hot_logits([1, 0])
-    # a draft distribution with its mass elsewhere: JS = ln 2 > threshold, yet 3 of 5 paths chose 2
+    # a draft distribution with its mass elsewhere: JS = ln 2 > threshold, yet 4 of 5 paths chose 2
     draft_far = one_hot_logits([5])
     verdict = greedy_round(RuleConfig("dropmatch"), [2], draft_far, clean, paths)
     assert verdict.reasons == ("majority",)
-    centroid_like = paths.mean(0)  # draft distribution = softmax of mean logits = centroid
+    centroid_like = paths.softmax(-1).mean(0).log()  # draft distribution = the centroid (mean of the paths)
     verdict = greedy_round(RuleConfig("dropmatch"), [2], centroid_like, clean, paths)
     assert verdict.reasons == ("js",)
 
@@ -141,11 +171,30 @@ def test_js_divergence_is_symmetric_bounded_and_zero_on_equal():
     assert js_divergence(a, c).item() == pytest.approx(js_divergence(c, a).item(), rel=1e-6)
 
 
-def test_centroid_is_softmax_of_mean_logits_not_mean_of_probs():
+def test_centroid_is_the_mean_path_distribution_with_mean_logits_as_an_option():
+    """Default centroid: mean of the K path distributions; "logits": softmax of the mean logits."""
     logits = torch.tensor([[[4.0, 0.0]], [[0.0, 1.0]]])
-    stats = path_stats(logits, 0.0)
-    assert torch.allclose(stats.centroid, logits.mean(0).softmax(-1))
-    assert not torch.allclose(stats.centroid, logits.softmax(-1).mean(0))
+    by_probs = path_stats(logits, 0.0)
+    assert torch.allclose(by_probs.centroid, logits.softmax(-1).mean(0))
+    by_logits = path_stats(logits, 0.0, "logits")
+    assert torch.allclose(by_logits.centroid, logits.mean(0).softmax(-1))
+    assert not torch.allclose(by_probs.centroid, by_logits.centroid)
+
+
+def test_the_centroid_choice_changes_a_js_decision():
+    """Paths at [0.881, 0.119] and [0.269, 0.731]. Mean of the distributions [0.575, 0.425] (threshold
+    0.0618); softmax of the mean logits [0.622, 0.378] (threshold 0.0647). A draft at [0.9, 0.1] has
+    JS 0.0722 to the first (rejected) and 0.0557 to the second (accepted)."""
+    logits = torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]]])
+    draft = torch.tensor([[0.9, 0.1]])
+    p_target = torch.tensor([[0.2, 0.8]])
+    decisions = {}
+    for centroid in ("probs", "logits"):
+        stats = path_stats(logits, 1.0, centroid)
+        signals = position_signals(torch.tensor([0]), draft, p_target, stats)
+        decisions[centroid] = bool(rule_accepts(RuleConfig("js", centroid=centroid), signals)[0])
+        assert float(stats.threshold[0]) == pytest.approx(float(stats.path_js.max()))
+    assert decisions == {"probs": False, "logits": True}
 
 
 def test_dropout_paths_perturb_only_with_p_above_zero():
@@ -191,3 +240,11 @@ def test_lossless_sampling_follows_the_target_distribution():
 def test_top_p_keeps_the_smallest_nucleus():
     probs = sampling_probs(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), 1.0, 0.7)
     assert torch.allclose(probs, torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]]))
+
+
+def test_target_view_reads_log_probability_and_nucleus_membership():
+    """Probabilities [0.6, 0.3, 0.08, 0.02]: the top-p 0.95 nucleus is the first three tokens."""
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.08, 0.02]])).expand(4, 4)
+    log_probs, in_nucleus = target_view(logits, torch.tensor([0, 1, 2, 3]))
+    assert torch.allclose(log_probs, torch.log(torch.tensor([0.6, 0.3, 0.08, 0.02])))
+    assert in_nucleus.tolist() == [True, True, True, False]

@@ -22,7 +22,7 @@ def embedded_app():
     from dropmatch.studio import Policy, Studio
 
     demo = app.create_demo(Studio(load_pair, Engine, Policy()))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.CSS)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
         yield demo.local_url, json.loads(app.EXAMPLES_FILE.read_text())
     finally:

@@ -10,7 +10,7 @@ from conftest import PROMPTS
 
 from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
 from dropmatch.engine import Engine, run_to_end
-from dropmatch.metrics import first_divergence, summarize, tau
+from dropmatch.metrics import first_divergence, off_nucleus_rate, pooled, summarize, tau
 from dropmatch.models import ModelLoadError, greedy_reference, load_hub_pair
 from dropmatch.trace import GenerationTrace
 
@@ -44,25 +44,73 @@ def test_autoregressive_is_token_identical_to_target_generate(tiny_engine):
 
 
 @pytest.mark.parametrize("rule", ["naive", "js", "majority", "dropmatch"])
-def test_every_dropmatch_rule_with_p_zero_is_lossless_greedy(far_engine, rule):
-    """p = 0: every path is the clean target, so only exact matches are accepted."""
-    ids = far_engine.encode(PROMPTS[0])
-    decode = DecodeConfig(gamma=4, max_new_tokens=40)
-    lossless = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
-    trace = run_to_end(far_engine.speculative(ids, decode, RuleConfig(rule, p=0.0)))
-    assert trace.output_ids == lossless.output_ids
-    assert [r.num_accepted for r in trace.rounds] == [r.num_accepted for r in lossless.rounds]
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("centroid", ["probs", "logits"])
+def test_every_path_rule_with_p_zero_is_lossless_sd_and_costs_no_path_work(far_engine, rule, temperature, centroid):
+    """p = 0: every path is the clean target, so a path rule accepts only what lossless SD accepts,
+    under greedy and sampling (same seed: the masks' stream is apart), and no path row is computed."""
+    for prompt in PROMPTS[:2]:
+        ids = far_engine.encode(prompt)
+        decode = DecodeConfig(gamma=4, max_new_tokens=40, temperature=temperature, seed=3)
+        lossless = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
+        trace = run_to_end(far_engine.speculative(ids, decode, RuleConfig(rule, p=0.0, centroid=centroid)))
+        assert trace.output_ids == lossless.output_ids
+        assert [r.num_accepted for r in trace.rounds] == [r.num_accepted for r in lossless.rounds]
+        assert [r.head_rows for r in trace.rounds] == [r.head_rows for r in lossless.rounds]
+
+
+def test_mc_masks_never_shift_the_sampling_stream(tiny_engine):
+    """At temperature 0.8, p = auto's calibration and the masks draw from their own stream: the
+    prefill's sampled token and the first round's sampled drafts equal lossless SD's."""
+    ids = tiny_engine.encode(PROMPTS[1])
+    decode = DecodeConfig(gamma=4, max_new_tokens=20, temperature=0.8, seed=5)
+    lossless = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("lossless")))
+    lossy = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("dropmatch", p=None)))
+    assert lossy.t_calibration > 0 and lossy.p is not None
+    assert lossy.first_token == lossless.first_token
+    assert [d.token for d in lossy.rounds[0].drafted] == [d.token for d in lossless.rounds[0].drafted]
+
+
+def test_path_tokens_are_each_paths_top_token_under_sampling(tiny_engine):
+    """Under sampling too, a path's token is the argmax of its distribution (its top token)."""
+    ids = tiny_engine.encode(PROMPTS[2])
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=30, temperature=1.5),
+                                               RuleConfig("naive", p=0.3)))
+    judged = [d for r in trace.rounds for d in r.drafted if d.path_tokens]
+    assert judged
+    for d in judged:
+        for token, top in zip(d.path_tokens, d.path_top):
+            best = top[0][1]  # the path's top probability; a tie (bf16 path logits) may list another id first
+            assert dict(top).get(token) == best
+
+
+def test_off_nucleus_rate_is_zero_for_lossless_greedy_and_counts_forced_tokens(far_engine):
+    """Lossless greedy emits the target's argmax, always inside its nucleus; a rule that accepts
+    every draft of a far draft emits tokens the target puts outside it."""
+    lossless, forced = [], []
+    for prompt in PROMPTS:
+        ids = far_engine.encode(prompt)
+        decode = DecodeConfig(gamma=4, max_new_tokens=40)
+        lossless.append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless"))))
+        forced.append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("fixed_js", fixed_js_threshold=1.0))))
+    assert all(off_nucleus_rate(t) == 0.0 for t in lossless)
+    assert pooled(forced)["off_nucleus_rate"] > 0.0
+    assert pooled(forced)["target_nll"] > pooled(lossless)["target_nll"]
+    assert all(len(t.output_ids) == 1 + sum(len(r.emitted_logprob) for r in t.rounds) for t in forced)
 
 
 def test_dropmatch_with_dropout_accepts_more_than_lossless(far_engine):
     """With p > 0 the lossy rules add acceptances on top of the exact ones (and say why)."""
-    decode = DecodeConfig(gamma=4, max_new_tokens=40)
-    ids = far_engine.encode(PROMPTS[0])
-    lossless = run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless")))
-    lossy = run_to_end(far_engine.speculative(ids, decode, RuleConfig("naive", num_paths=8, p=0.5)))
-    reasons = {d.reason for r in lossy.rounds for d in r.drafted}
+    runs = {"lossless": [], "naive": []}
+    for prompt in PROMPTS:  # pooled: one lossy acceptance changes the text after it, so one prompt may tie
+        ids = far_engine.encode(prompt)
+        decode = DecodeConfig(gamma=4, max_new_tokens=40)
+        runs["lossless"].append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless"))))
+        runs["naive"].append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("naive", num_paths=8, p=0.5))))
+    reasons = {d.reason for trace in runs["naive"] for r in trace.rounds for d in r.drafted}
     assert "naive" in reasons
-    assert tau(lossy) > tau(lossless)
+    lossless_tau, lossy_tau = (pooled(traces)["tau"] for traces in runs.values())
+    assert lossy_tau > lossless_tau
 
 
 def test_same_seed_gives_same_sampled_text_and_other_seed_differs(tiny_engine):
@@ -154,6 +202,7 @@ def test_trace_survives_a_json_round_trip(tiny_engine):
     trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=20), RuleConfig("dropmatch", p=0.3)))
     again = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     assert again == trace
+    assert (again.centroid, again.majority_fraction) == ("probs", 0.8)
 
 
 def test_metrics_count_emitted_tokens_per_round(tiny_engine):
