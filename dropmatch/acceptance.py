@@ -46,7 +46,7 @@ class Reason:
 class Rule:
     """An acceptance rule. check: Signals, RuleConfig -> [(reason, accepted mask [g])].
     uses_paths: reads the K Monte-Carlo dropout paths (and so the dropout rate p).
-    knob: the RuleConfig field its frontier sweeps (None for lossless)."""
+    knob: the RuleConfig field the benchmark's frontier sweeps (None: not swept)."""
 
     name: str
     label: str
@@ -289,7 +289,8 @@ def _fixed_js(s: Signals, cfg: "RuleConfig") -> Check:
 for _rule in (
     Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, colour="#455a64", check=lambda s, cfg: []),
     Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p"),
-    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js, knob="p"),
+    # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js),
     Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p"),
     Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, colour="#0d47a1",
          check=_dropmatch, knob="p"),

@@ -165,10 +165,14 @@ class Variant:
     value: float | None = None
 
 
-def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False) -> list[Variant]:
-    """Every speculative run per prompt: the named rules, the p sweep, then the frontier's points."""
+def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
+             auto_sweep: tuple[float, ...] = ()) -> list[Variant]:
+    """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
+    the auto sweep, then the frontier's points."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
     runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
+    runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
+                     "auto_agreement", a) for a in auto_sweep]
     if frontier:
         runs += frontier_variants(template)
     labels = [run.label for run in runs]
@@ -402,7 +406,7 @@ def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
             continue
         tau_gain = _div(stats["tau"], lossless["tau"]) - 1 if lossless and _div(stats["tau"], lossless["tau"]) else None
         points.append({"label": run.label, "rule": run.rule.rule, "centroid": run.rule.centroid, "knob": run.knob,
-                       "value": run.value, "tau": stats["tau"], "tau_gain": tau_gain,
+                       "value": run.value, "p": stats.get("p"), "tau": stats["tau"], "tau_gain": tau_gain,
                        "speed_vs_lossless": stats.get("speedup_vs_lossless"), "target_nll": stats["target_nll"],
                        "off_nucleus_rate": stats["off_nucleus_rate"], "accuracy": stats["accuracy"],
                        "within_reference": stats.get("within_reference")})
@@ -507,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frontier", action="store_true",
                         help="sweep every lossy rule over its knob on the same prompts (JSON key 'frontier')")
     parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
+    parser.add_argument("--auto-sweep", default=None,
+                        help="extra DropMatch runs at p = auto aiming at these agreements, e.g. 0.8,0.9,0.95")
     parser.add_argument("--sweep-limit", default=None, help="run the sweep on the first N prompts of each file")
     parser.add_argument("--temperature", default=0.0)
     parser.add_argument("--top-p", default=1.0)
@@ -557,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:
             rules.insert(0, "lossless")  # the frontier's origin
-        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier)
+        auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)

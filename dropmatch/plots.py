@@ -167,3 +167,52 @@ def all_figures(lossless: GenerationTrace, lossy: GenerationTrace, ar: Generatio
         "acceptance": acceptance_lengths(lossless, lossy),
         "tokens_vs_calls": tokens_vs_calls(lossless, lossy, ar),
     }
+
+
+def frontier_figure(points: list[dict], lossless: dict | None, reference: dict | None,
+                    current: dict | None = None, title: str = "Trade-off frontier") -> go.Figure:
+    """Each lossy rule swept over its knob (bench --frontier points): tau gain over lossless SD against
+    the quality the target sees, target NLL (left) and off-nucleus rate (right). Shaded: the reference
+    band, where the target's own samples (T 0.7, top-p 0.95) lie. lossless: its {"target_nll",
+    "off_nucleus_rate"} (the origin of the y axis); current: one run's point {"tau_gain", "target_nll",
+    "off_nucleus_rate", "label"} drawn as a star."""
+    from .acceptance import RULES
+
+    if not points:
+        return _empty(title, "no frontier points: run the benchmark with --frontier")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("target NLL (nats/token)", "off the target's top-p 0.95 nucleus (%)"))
+    if reference and reference.get("target_nll") is not None:
+        fig.add_vrect(x0=0, x1=reference["target_nll"], fillcolor="#a5d6a7", opacity=0.25, line_width=0, row=1, col=1,
+                      annotation_text="within the target's own variation", annotation_position="top left")
+        fig.add_vrect(x0=0, x1=1.0, fillcolor="#a5d6a7", opacity=0.25, line_width=0, row=1, col=2)
+    groups: dict[str, list[dict]] = {}
+    for point in points:
+        name = point["rule"] if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
+            else f"{point['rule']} (logits centroid)"
+        groups.setdefault(f"{name} over {point['knob']}", []).append(point)
+    for name, group in groups.items():
+        rule = RULES.get(group[0]["rule"])
+        colour = rule.colour if rule else None
+        dash = "dot" if "logits" in name else None
+        hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
+                 f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
+                 f"{p['speed_vs_lossless'] or 0:.2f}x" for p in group]
+        for col, key, scale in ((1, "target_nll", 1.0), (2, "off_nucleus_rate", 100.0)):
+            fig.add_trace(go.Scatter(
+                x=[scale * (p[key] or 0.0) for p in group], y=[100 * (p["tau_gain"] or 0.0) for p in group],
+                mode="lines+markers", name=name, legendgroup=name, showlegend=col == 1, text=hover,
+                hoverinfo="text", line=dict(color=colour, dash=dash)), row=1, col=col)
+    if lossless:
+        for col, x in ((1, lossless.get("target_nll") or 0.0), (2, 100 * (lossless.get("off_nucleus_rate") or 0.0))):
+            fig.add_trace(go.Scatter(x=[x], y=[0.0], mode="markers", name="lossless SD", legendgroup="lossless",
+                                     showlegend=col == 1, marker=dict(symbol="square", size=12, color="#455a64")),
+                          row=1, col=col)
+    if current and current.get("tau_gain") is not None and current.get("target_nll") is not None:
+        for col, x in ((1, current["target_nll"]), (2, 100 * (current.get("off_nucleus_rate") or 0.0))):
+            fig.add_trace(go.Scatter(x=[x], y=[100 * current["tau_gain"]], mode="markers",
+                                     name=current.get("label", "this run"), legendgroup="current",
+                                     showlegend=col == 1, marker=dict(symbol="star", size=18, color="#d81b60")),
+                          row=1, col=col)
+    fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
+    return _layout(fig, title, height=520)

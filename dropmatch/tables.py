@@ -3,8 +3,12 @@ README's Markdown table (pure: summary dicts in, strings out)."""
 
 from __future__ import annotations
 
-HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "dist-2",
-          "overlap w/ lossless")
+HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "off-nucleus",
+          "dist-2", "overlap w/ lossless")
+
+
+def percent(value, dash: str = "–") -> str:
+    return dash if value is None else f"{100 * value:.1f}%"
 
 
 def number(value, digits: int = 2, dash: str = "–") -> str:
@@ -19,16 +23,22 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
 
     ar = summary["autoregressive"]
     rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), "1.00x", dash, dash, dash,
-             f(ar.get("accuracy"), 3), f(ar.get("target_nll"), 3), f(ar.get("distinct2"), 3), dash)]
+             f(ar.get("accuracy"), 3), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
+             f(ar.get("distinct2"), 3), dash)]
+    reference = summary.get("reference", {}).get("target_sampled")
+    if reference:
+        rows.append((f"target sampled (T {reference['temperature']:g}, top-p {reference['top_p']:g}; reference)",
+                     dash, dash, dash, dash, dash, dash, dash, f(reference.get("accuracy"), 3),
+                     f(reference["target_nll"], 3), percent(reference["off_nucleus_rate"], dash), dash, dash))
     for label, s in summary["rules"].items():
         share = dash if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
         rows.append((label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
                      f(s["speedup_vs_ar"]) + "x", f(s.get("speedup_vs_lossless")) + "x", share, f(s["p"], 3),
-                     f(s["accuracy"], 3), f(s["target_nll"], 3), f(s["distinct2"], 3),
-                     f(s.get("overlap_with_lossless"), 3)))
+                     f(s["accuracy"], 3), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
+                     f(s["distinct2"], 3), f(s.get("overlap_with_lossless"), 3)))
     if peer and "peer" in summary:
         rows.append((summary["peer"]["name"], dash, dash, f(summary["peer"]["tokens_per_s"], 1), dash,
-                     f"ours/peer {f(summary['peer']['ours_over_peer'])}", dash, dash, dash, dash, dash, dash))
+                     f"ours/peer {f(summary['peer']['ours_over_peer'])}", dash, dash, dash, dash, dash, dash, dash))
     return rows
 
 

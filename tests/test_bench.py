@@ -83,6 +83,38 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert "<html" in page and "plotly" in page.lower() and "Sweep over p" in page
 
 
+def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path):
+    """--frontier: one point per (rule, centroid, knob value) with the promised fields, for all prompts
+    and per benchmark; the reference band of the target's own samples; the HTML draws the frontier."""
+    from dropmatch.bench import FRONTIER_KNOBS
+
+    target, draft = tiny_dirs
+    out_json, out_html = tmp_path / "frontier.json", tmp_path / "frontier.html"
+    run = bench("--prompts", f"{PROMPTS / 'gsm8k_test_100.jsonl'}:1,{PROMPTS / 'mt_bench.jsonl'}:1",
+                "--max-new-tokens", "8", "--gamma", "3", "--rules", "dropmatch", "--frontier", "--reference-samples", "2",
+                "--target", str(target), "--draft", str(draft), "--json", str(out_json), "--report", str(out_html))
+    assert run.returncode == 0, run.stderr[-2000:]
+    document = json.loads(out_json.read_text())
+    points = document["frontier"]
+    assert isinstance(points, list)
+    overall = [p for p in points if p["benchmark"] == "all"]
+    expected = 2 * len(FRONTIER_KNOBS["p"]) + 2 * len(FRONTIER_KNOBS["p"]) + len(FRONTIER_KNOBS["fixed_js_threshold"]) \
+        + len(FRONTIER_KNOBS["typical_eps"])  # dropmatch x 2 centroids, naive, majority, fixed_js, typical
+    assert len(overall) == expected
+    assert {p["benchmark"] for p in points} == {"all", "gsm8k_test_100", "mt_bench"}
+    for point in overall:
+        for key in ("rule", "knob", "value", "tau", "tau_gain", "speed_vs_lossless", "target_nll", "off_nucleus_rate",
+                    "accuracy", "within_reference"):
+            assert key in point, key
+    assert {p["centroid"] for p in overall if p["rule"] == "dropmatch"} == {"probs", "logits"}
+    reference = document["reference"]["target_sampled"]
+    assert (reference["temperature"], reference["top_p"], reference["samples"]) == (0.7, 0.95, 2)
+    assert reference["target_nll"] > 0 and 0.0 <= reference["off_nucleus_rate"] <= 1.0
+    assert "reference" in document["benchmarks"]["gsm8k_test_100"]
+    page = out_html.read_text()
+    assert "Trade-off frontier" in page and "within the target's own variation" in page
+
+
 def test_gsm8k_scoring_reads_the_final_number():
     assert quality.gsm8k_correct("She sells 9 eggs, so she makes 9 * 2 = $18.", "...\n#### 18")
     assert quality.gsm8k_correct("The answer is 1,234.", "#### 1234")

@@ -238,3 +238,14 @@ def test_the_feature_draft_recipe_extracts_trains_and_exports_a_loadable_feature
     ids = engine.encode(PROMPTS[1])
     trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=3, max_new_tokens=16), RuleConfig("lossless")))
     assert list(trace.output_ids) == greedy_reference(engine.target, ids, 16, engine.stop_ids)
+
+
+def test_embedded_decisions_equal_the_recorded_golden_traces(embedded_engine):
+    """Greedy and sampled, lossless and DropMatch: every token, reason, path token and p as recorded
+    before the engine was reorganised into phases (tests/golden.py writes the file)."""
+    from golden import GOLDEN_FILE, record_all
+
+    recorded = json.loads(GOLDEN_FILE.read_text())
+    now = record_all(embedded_engine)
+    for name in recorded:
+        assert now[name] == recorded[name], name
