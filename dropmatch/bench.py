@@ -590,7 +590,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    peer = peer_runs(args.peer, decode, engine.draft)
+    peer = peer_runs(args.peer, decode)
     started = time.time()
     warm_up(engine, decode, runs)
     total = sum(len(items) for _, _, items in benchmarks)
@@ -653,15 +653,9 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def peer_runs(requested: bool, decode: DecodeConfig, draft) -> bool:
-    """Whether to time transformers' assisted generation: asked for, greedy, and a draft it can drive."""
-    if not (requested and decode.greedy):
-        return False
-    if draft.reads_target_features:
-        print("note: --peer skipped: transformers' assisted generation cannot feed this draft the target's "
-              "hidden states it reads", file=sys.stderr)
-        return False
-    return True
+def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
+    """Whether to time transformers' assisted generation: asked for, and greedy (its only mode here)."""
+    return requested and decode.greedy
 
 
 def warm_up(engine, decode: DecodeConfig, runs) -> None:

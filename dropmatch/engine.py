@@ -1,18 +1,20 @@
-"""The draft -> verify -> MC head -> accept -> crop loop, on token ids, yielding RoundTraces.
+"""Speculative and autoregressive decoding on token ids, yielding one RoundTrace per target call.
 
     engine = Engine(pair)
     ids = engine.encode("What is 2 + 3?")
     trace = run_to_end(engine.speculative(ids, DecodeConfig(), RuleConfig("dropmatch")))
 
-`speculative` and `autoregressive` are generators: they yield one RoundTrace per target call
-(so a UI can stream) and return the GenerationTrace. Nothing here knows about Gradio or plots.
+A round is five phases (Engine._round): draft -> verify -> judge -> commit and crop -> record.
+`speculative` and `autoregressive` are generators: they yield one RoundTrace per target call (so a
+UI can stream) and return the GenerationTrace. The engine knows nothing about Gradio or plots, and
+nothing about transformers' caches: models.CausalLM owns those.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generator
 
 import torch
@@ -63,28 +65,39 @@ class _Sequence:
 
 
 @dataclass
-class _TargetFeatures:
-    """The target's final hidden states [positions, H] of the positions its cache holds: what a
-    draft that reads the target's features (models.FeatureDraft) is fed with."""
+class _RunState:
+    """What one speculative run carries from round to round."""
 
-    rows: torch.Tensor
-
-    def keep(self, length: int, new_rows: torch.Tensor) -> None:
-        """Append the rows of a verification call, keep the first `length` positions."""
-        self.rows = torch.cat([self.rows, new_rows])[:length]
-
-    def before(self, start: int, count: int) -> torch.Tensor:
-        """[count, H]: the feature of the position before each of the `count` tokens from `start`
-        (zeros before the first token of the prompt)."""
-        if start == 0:
-            return torch.cat([self.rows.new_zeros(1, self.rows.shape[-1]), self.rows[: count - 1]])
-        return self.rows[start - 1 : start - 1 + count]
+    decode: DecodeConfig
+    rule: RuleConfig
+    p: float | None  # the dropout rate in use (None when the rule reads no paths)
+    seq: _Sequence
+    target_cache: object
+    draft_cache: object
+    generator: torch.Generator  # sampling and acceptance: the run's seed stream
+    masks: torch.Generator  # the dropout masks' own stream (mc_head.mc_generator)
+    clock: _Clock
+    rounds: list[RoundTrace] = field(default_factory=list)
 
 
-def _features_before(features: _TargetFeatures | None, start: int, count: int) -> torch.Tensor | None:
-    """What the draft reads with `count` tokens fed from position `start`: the target's features
-    for a draft that reads them, nothing (None) for a plain draft."""
-    return None if features is None else features.before(start, count)
+@dataclass
+class _Draft:
+    """tokens [g] (g <= gamma, on the device); q_sample [g, V] the distributions they were drawn
+    from; q_signal [g, V] the smooth distributions the divergence rules compare."""
+
+    tokens: torch.Tensor
+    q_sample: torch.Tensor
+    q_signal: torch.Tensor
+
+
+@dataclass
+class _Judgement:
+    """A round's verdict, the host copies of what it read (for the records), and its MC cost."""
+
+    verdict: acceptance.Verdict
+    host: dict
+    path_rows: int
+    t_mc: float
 
 
 class Engine:
@@ -150,7 +163,7 @@ class Engine:
         while stop_reason is None:
             t0 = clock.now()
             context = seq.output[-1]
-            hidden = self.target.hidden(self._ids(seq.pending(cache.get_seq_length())), cache)
+            hidden = self.target.hidden(self._ids(seq.pending(self.target.cached_length(cache))), cache)
             t1 = clock.now()
             logits = self.target.logits(hidden[-1])
             t2 = clock.now()
@@ -171,11 +184,11 @@ class Engine:
         self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
         stop_event: threading.Event | None = None,
     ) -> Run:
-        """Draft gamma tokens, verify gamma + 1 positions in one target call, accept, crop."""
+        """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop."""
         self.check_fits(prompt_ids, decode)
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
-        masks = mc_head.mc_generator(decode.seed, self.device)  # the dropout masks' own stream
+        masks = mc_head.mc_generator(decode.seed, self.device)
         start = clock.now()
         target_cache, draft_cache = self.target.new_cache(), self.draft.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
@@ -185,90 +198,67 @@ class Engine:
         t_calibration = clock.now() - calibration_start
         p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
-        # Only a draft that reads the target's hidden states needs them kept, round after round.
-        features = _TargetFeatures(prompt_hidden) if self.draft.reads_target_features else None
-        self.draft.hidden(self._ids(prompt_ids), draft_cache, _features_before(features, 0, len(prompt_ids)))
+        self.draft.hidden(self._ids(prompt_ids), draft_cache)
         t_prefill = clock.now() - start - t_calibration
-        seq = _Sequence(list(prompt_ids), [first])
-        rounds: list[RoundTrace] = []
-        stop_reason = self._stop_reason(seq, decode, stop_event)
+        run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, draft_cache,
+                        generator, masks, clock)
+        stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
-            remaining = decode.max_new_tokens - len(seq.output)
-            gamma = min(decode.gamma, remaining - 1)  # never draft past max_new_tokens
-            round_trace = self._round(len(rounds), seq, target_cache, draft_cache, features, gamma, decode, rule,
-                                      p, generator, masks, clock)
-            rounds.append(round_trace)
-            yield round_trace
-            stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("sd", rule, p, decode, seq, rounds, stop_reason, t_prefill,
+            remaining = decode.max_new_tokens - len(run.seq.output)
+            run.rounds.append(self._round(run, gamma=min(decode.gamma, remaining - 1)))  # never past max_new_tokens
+            yield run.rounds[-1]
+            stop_reason = self._stop_reason(run.seq, decode, stop_event)
+        return self._finish("sd", rule, p, decode, run.seq, run.rounds, stop_reason, t_prefill,
                             first_view=_emitted_view(first_logits, [first]), t_calibration=t_calibration,
                             p_auto_reached=None if calibration is None else calibration.reached)
 
     # ------------------------------------------------------------ one round
 
-    def _round(self, index, seq, target_cache, draft_cache, features, gamma, decode, rule, p, generator, masks,
-               clock) -> RoundTrace:
-        t0 = clock.now()
-        drafted, q_sample, q_signal = self._draft(seq, draft_cache, features, gamma, decode, generator)
-        gamma = int(drafted.shape[0])  # fewer than asked when the draft's confidence ran out
-        t1 = clock.now()
-        context = self._ids(seq.pending(target_cache.get_seq_length()))  # the last emitted token
-        hidden = self.target.hidden(torch.cat([context, drafted]), target_cache)  # [gamma + 1, H]
-        t2 = clock.now()
-        use_paths = rule.uses_paths and gamma > 0
-        clean_logits = self.target.logits(hidden)  # [gamma + 1, V], fp32: lossless decisions read these
-        t3 = clock.now()
-        p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
-        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
-        signals = acceptance.position_signals(drafted, q_signal, p_signal)
-        exact = acceptance.exact_accepts(drafted, q_sample, p_sample[:gamma], decode.greedy, generator)
-        t_mc_start = clock.now()
-        path_rows, path_probs = 0, []
-        if use_paths:
-            signals, path_rows, path_probs = self._checked_paths(hidden, clean_logits, q_signal, signals, exact,
-                                                                 rule, p, decode, masks)
-        t4 = clock.now()
-        # One device -> host copy per round for everything the decision and the trace read.
-        host = _to_host({**vars(signals), "exact": exact, **_tops(q_signal, p_signal, path_probs, gamma)})
-        signals = acceptance.Signals(**{name: host[name] for name in vars(signals)})
-        verdict = acceptance.decide(rule, decode.greedy, signals, q_sample, p_sample, generator, exact=host["exact"])
-        drafted_ids = host["draft_tokens"].tolist()
-        emitted = self._commit(seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], decode)
-        committed = len(seq.tokens) - len(emitted)  # tokens the caches may keep = before this round
+    def _round(self, run: _RunState, gamma: int) -> RoundTrace:
+        clock = run.clock
+        t_start = clock.now()
+        # 1. Draft: up to gamma tokens from the draft model, one call each.
+        draft = self._draft(run, gamma)
+        t_drafted = clock.now()
+        # 2. Verify: one target call over [last emitted token] + drafts, then the clean head rows.
+        committed = len(run.seq.tokens)
+        context = self._ids(run.seq.pending(self.target.cached_length(run.target_cache)))
+        hidden = self.target.hidden(torch.cat([context, draft.tokens]), run.target_cache)  # [g + 1, H]
+        t_verified = clock.now()
+        clean_logits = self.target.logits(hidden)  # [g + 1, V], fp32: lossless decisions read these
+        t_head = clock.now()
+        # 3. Judge: the lossless test, then the rule (Monte-Carlo paths only where it reads them).
+        judgement = self._judge(run, draft, hidden, clean_logits)
+        # 4. Commit and crop: the accepted drafts and the extra token; caches keep what was accepted.
+        verdict = judgement.verdict
+        drafted_ids = judgement.host["draft_tokens"].tolist()
+        emitted = self._commit(run.seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], run.decode)
         keep = committed + verdict.num_accepted
-        self.target.crop(target_cache, min(keep, target_cache.get_seq_length()))
-        draft_keep = keep
-        if features is not None:
-            features.keep(min(keep, target_cache.get_seq_length()), hidden)
-            # The draft computed the entries of the drafted tokens from its own estimates of the
-            # target's features: drop them, so that the accepted ones are fed again with the real ones.
-            draft_keep = committed
-        self.draft.crop(draft_cache, min(draft_keep, draft_cache.get_seq_length()))
-        records = _records(host, verdict.reasons)
-        t5 = clock.now()
+        for model, cache in ((self.target, run.target_cache), (self.draft, run.draft_cache)):
+            model.crop(cache, min(keep, model.cached_length(cache)))
+        records = _records(judgement.host, verdict.reasons)
+        t_end = clock.now()
+        # 5. Record.
         return RoundTrace(
-            index=index, context_token=seq.tokens[committed - 1], drafted=records, emitted=tuple(emitted),
-            extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
-            t_draft=t1 - t0, t_forward=t2 - t1, t_head=t3 - t2, t_mc=t4 - t_mc_start, t_round=t5 - t0,
-            head_rows=hidden.shape[0] + path_rows, **_emitted_view(clean_logits[: len(emitted)], emitted),
+            index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
+            emitted=tuple(emitted), extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
+            t_draft=t_drafted - t_start, t_forward=t_verified - t_drafted, t_head=t_head - t_verified,
+            t_mc=judgement.t_mc, t_round=t_end - t_start, head_rows=hidden.shape[0] + judgement.path_rows,
+            **_emitted_view(clean_logits[: len(emitted)], emitted),
         )
 
-    def _draft(self, seq, draft_cache, features, gamma, decode, generator):
-        """drafted [g] with g <= gamma; q_sample / q_signal [g, V]. Tokens stay on the device (no
-        host sync per token) unless decode.draft_confidence asks to stop early: then the draft's
-        probability of each drafted token is read, and drafting stops before a token below it
-        (at least one token is always drafted)."""
+    def _draft(self, run: _RunState, gamma: int) -> _Draft:
+        """Up to gamma draft tokens. They stay on the device (no host sync per token) unless
+        decode.draft_confidence asks to stop early: then the draft's probability of each drafted token
+        is read, and drafting stops before a token below it (at least one token is always drafted)."""
+        decode = run.decode
         tokens, q_sample, q_signal = [], [], []
-        start = draft_cache.get_seq_length()
-        feed = self._ids(seq.pending(start))  # the tokens committed since the draft last ran
-        feed_features = _features_before(features, start, len(feed))
+        feed = self._ids(run.seq.pending(self.draft.cached_length(run.draft_cache)))  # committed since last time
         for _ in range(gamma):
-            draft_hidden = self.draft.hidden(feed, draft_cache, feed_features)
-            logits = self.draft.logits(draft_hidden[-1])
-            feed_features = draft_hidden[-1:] if feed_features is not None else None  # the draft's own estimate
+            logits = self.draft.logits(self.draft.hidden(feed, run.draft_cache)[-1])
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
             signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
-            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, generator).view(1)
+            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, run.generator).view(1)
             if tokens and decode.draft_confidence > 0 and float(signal[feed]) < decode.draft_confidence:
                 break
             tokens.append(feed)
@@ -276,8 +266,29 @@ class Engine:
             q_signal.append(signal)
         if not tokens:
             empty = torch.empty(0, self.target.vocab_size, device=self.device)
-            return torch.empty(0, dtype=torch.long, device=self.device), empty, empty
-        return torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal)
+            return _Draft(torch.empty(0, dtype=torch.long, device=self.device), empty, empty)
+        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal))
+
+    def _judge(self, run: _RunState, draft: _Draft, hidden: torch.Tensor, clean_logits: torch.Tensor) -> _Judgement:
+        """The lossless test at every drafted position, the rule's paths where it reads them, and
+        the verdict; one device -> host copy for everything the decision and the records read."""
+        decode, rule = run.decode, run.rule
+        gamma = int(draft.tokens.shape[0])
+        p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
+        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
+        signals = acceptance.position_signals(draft.tokens, draft.q_signal, p_signal)
+        exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
+        t_mc_start = run.clock.now()
+        path_rows, path_probs = 0, []
+        if rule.uses_paths and gamma > 0:
+            signals, path_rows, path_probs = self._checked_paths(hidden, clean_logits, draft.q_signal, signals, exact,
+                                                                 rule, run.p, decode, run.masks)
+        t_mc = run.clock.now() - t_mc_start
+        host = _to_host({**vars(signals), "exact": exact, **_tops(draft.q_signal, p_signal, path_probs, gamma)})
+        signals = acceptance.Signals(**{name: host[name] for name in vars(signals)})
+        verdict = acceptance.decide(rule, decode.greedy, signals, draft.q_sample, p_sample, run.generator,
+                                    exact=host["exact"])
+        return _Judgement(verdict, host, path_rows, t_mc)
 
     def _checked_paths(self, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, masks):
         """Monte-Carlo paths only where the rule will read them: at the drafted positions that the

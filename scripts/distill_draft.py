@@ -18,7 +18,6 @@ which runs, in one process:
   train     distillation of the small draft against the target's distributions over the draft's
             head rows, computed live from the target (no stored logits), with a held-out check;
   export    the best held-out checkpoint -> assets/draft/{config.json,draft.safetensors,recipe.json}
-            (`--checkpoint feature_best.pt` exports a draft made by scripts/feature_draft.py instead).
 `--device cpu` runs the same recipe without a GPU (about 100 times slower). Never trained on: the
 GSM8K test set, HumanEval, MT-Bench or IFEval (what the draft is evaluated on).
 """
@@ -325,7 +324,7 @@ def save_generated(path: Path, records: list[dict], runs: list[dict]) -> None:
 
 def shuffled_answers(records: list[dict], rng: random.Random) -> list[dict]:
     """The records that have an answer, in rng's shuffled order. `train` holds out the first ones;
-    feature_draft.py samples in the same order, so that both hold out the same answers."""
+    one seeded order, so that every run holds out the same answers."""
     answered = [r for r in records if len(r["ids"]) > r["prompt_len"]]
     rng.shuffle(answered)
     return answered
@@ -563,7 +562,7 @@ def main() -> None:
     sub.add_parser("train", parents=[common, training])
     p_export = sub.add_parser("export", parents=[common])
     p_export.add_argument("--checkpoint", default="draft_best.pt",
-                          help="in WORK: draft_best.pt (train) or feature_best.pt (feature_draft.py train)")
+                          help="in WORK: the checkpoint to export (train writes draft_best.pt)")
     sub.add_parser("gpu", parents=[common, generating, training], help="generate + train + export (the shipped recipe)")
     p_dev = sub.add_parser("devset", parents=[common])
     p_dev.add_argument("--count", type=int, default=20)

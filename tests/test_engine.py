@@ -246,9 +246,9 @@ def test_missing_model_is_a_load_error_not_a_traceback(tmp_path):
 
 
 def test_a_pair_too_big_for_memory_is_refused_with_a_message(tiny_dirs, monkeypatch):
-    from dropmatch import models
+    from dropmatch.models import loading
 
-    monkeypatch.setattr(models, "available_memory", lambda device: 1000)
+    monkeypatch.setattr(loading, "available_memory", lambda device: 1000)
     with pytest.raises(ModelLoadError, match="only 0.0 GiB of memory is free"):
         load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu"))
 
@@ -307,16 +307,15 @@ def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shap
     assert torch.allclose(no_bias.float(), expected - linear.bias.float(), atol=tolerance)
 
 
-def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs, monkeypatch):
-    """CausalLM swaps an fp32 CPU model's nn.Linear layers for RowLinear: same Parameter objects
-    (a tied head stays tied), the same logits up to rounding, packed copies only where memory is
-    plentiful, and bf16 layers left as they are."""
+def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs):
+    """The loader step prepare_for_cpu swaps an fp32 CPU model's nn.Linear layers for RowLinear:
+    same Parameter objects (a tied head stays tied), the same logits up to rounding, packed copies
+    only where memory is plentiful, and bf16 layers left as they are."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
-    from dropmatch import models
-    from dropmatch.models import CausalLM, RowLinear
+    from dropmatch.models import RowLinear, linear_bytes, prepare_for_cpu
 
     def load(**kwargs):
         return AutoModelForCausalLM.from_pretrained(tiny_dirs[0], **kwargs).eval()
@@ -327,7 +326,7 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     with torch.inference_mode():
         before = model(ids).logits
     weights = {name: parameter for name, parameter in model.named_parameters()}
-    CausalLM(model, "tiny", model.config.vocab_size)
+    prepare_for_cpu(model, free_bytes=2**40)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is RowLinear and m.packed is not None for m in linears)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -341,10 +340,9 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     with torch.inference_mode():
         model(ids)
     assert model.model.layers[0].mlp.down_proj.packed is None and model.model.layers[1].mlp.up_proj.packed is None
-    monkeypatch.setattr(models, "available_memory", lambda device: 4 * models.linear_bytes(model))
     tight = load()
-    CausalLM(tight, "tiny, little memory", tight.config.vocab_size)
+    prepare_for_cpu(tight, free_bytes=4 * linear_bytes(model))
     assert all(type(m) is RowLinear and m.packed is None for m in tight.modules() if isinstance(m, torch.nn.Linear))
     bf16 = load(dtype=torch.bfloat16)
-    CausalLM(bf16, "tiny bf16", bf16.config.vocab_size)
+    prepare_for_cpu(bf16, free_bytes=2**40)
     assert all(type(m) is torch.nn.Linear for m in bf16.modules() if isinstance(m, torch.nn.Linear))

@@ -1,0 +1,24 @@
+"""The only package that talks to transformers.
+
+    loading.py      a pair from the hub or the embedded CPU pair; ModelLoadError
+    causal_lm.py    the adapter the engine sees (ids -> hidden states -> logits, cache length and crop)
+    cpu_kernels.py  faster few-row linear layers on a CPU, applied by the loader (prepare_for_cpu)
+    references.py   the target's own greedy generate() and transformers' assisted generation
+"""
+
+from .causal_lm import CausalLM, LoadedPair, RestrictedHead, encode_prompt, pick_device, stop_token_ids, synchronize
+from .cpu_kernels import RowLinear, fast_dtype, linear_bytes, prepare_for_cpu, row_linear, use_row_linears
+from .loading import (
+    EMBEDDED_DRAFT_DIR, ModelLoadError, available_memory, build_draft_model, cache_root, embedded_target_dir,
+    load_draft_weights,
+    load_embedded_pair, load_embedded_target, load_hub_pair, load_pair,
+)
+from .references import assisted_generate, greedy_reference
+
+__all__ = [
+    "CausalLM", "LoadedPair", "RestrictedHead", "encode_prompt", "pick_device", "stop_token_ids", "synchronize",
+    "RowLinear", "fast_dtype", "linear_bytes", "prepare_for_cpu", "row_linear", "use_row_linears",
+    "EMBEDDED_DRAFT_DIR", "ModelLoadError", "available_memory", "build_draft_model", "cache_root", "embedded_target_dir",
+    "load_draft_weights", "load_embedded_pair", "load_embedded_target", "load_hub_pair", "load_pair",
+    "assisted_generate", "greedy_reference",
+]

