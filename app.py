@@ -1,10 +1,13 @@
 """DropMatch Studio: lossless speculative decoding and DropMatch side by side.
 
-    python app.py            # the embedded CPU pair, on http://127.0.0.1:7860
+    python app.py            # the embedded CPU pair; host and port from GRADIO_SERVER_NAME / _PORT
     python app.py --port 8080 --share
 
-`create_demo(studio)` builds the Blocks from a Studio (dropmatch/studio.py), which loads models
-on first use; nothing heavy happens at import time.
+Layout first (`build_layout`), then one block that wires events (`register_listeners`) to the
+module-level callbacks below. Callbacks turn settings into a Comparison (dropmatch.compare) and a
+finished comparison into a `RunRecord`, plain data from which every view is drawn; only that data
+lives in gr.State. The Studio (dropmatch/studio.py) owns the one loaded pair; launch starts loading
+the default pair in the background. Nothing heavy happens at import time.
 """
 
 from __future__ import annotations
@@ -13,23 +16,31 @@ import argparse
 import csv
 import json
 import logging
+import shutil
 import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
 
-from dropmatch.compare import Comparison, compare_stream
+from dropmatch.compare import compare_stream
 from dropmatch.config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig, parse_p
+from dropmatch.metrics import summarize
 from dropmatch.render import css, legend_html, stats_html, step_html, text_html, token_spans
 from dropmatch.studio import DEFAULT_PRESET, PRESETS, Studio, pair_from_choice
+from dropmatch.trace import GenerationTrace
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
+FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
                 centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
+KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
 
 HOW_IT_WORKS = r"""
 **Speculative decoding.** A small *draft* model proposes $\gamma$ tokens; the *target* scores all of
@@ -80,10 +91,34 @@ band, and NLL alone would punish any departure from greedy, even one the target 
 """
 
 
-def load_examples() -> list[list[str]]:
-    if not EXAMPLES_FILE.exists():
-        return []
-    return [[e["prompt"]] for e in json.loads(EXAMPLES_FILE.read_text())]
+# ---------------------------------------------------------------- settings and records
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The Run button's inputs, in the order of Ui.setting_components()."""
+
+    prompt: str
+    preset: str
+    target_id: str
+    draft_id: str
+    gamma: int
+    rule: str
+    k: int
+    p: str
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    run_autoregressive: bool
+    draft_confidence: float
+    centroid: str
+    majority_fraction: float
+
+    def parse(self) -> tuple[DecodeConfig, RuleConfig]:
+        return parse_settings(self.prompt, self.gamma, self.rule, self.k, self.p, self.temperature, self.top_p,
+                              self.max_new_tokens, self.seed, self.draft_confidence, self.centroid,
+                              self.majority_fraction)
 
 
 def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
@@ -98,6 +133,101 @@ def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens
                               majority_fraction=majority_fraction)
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished comparison as plain data: the three traces and the text of every token id they
+    mention, so that every view (columns, stats, charts, step view) is drawn without a model."""
+
+    prompt: str
+    rule: str
+    p_auto: bool
+    lossless: GenerationTrace
+    lossy: GenerationTrace
+    ar: GenerationTrace | None
+    tokens: dict[int, str]
+
+    def token_text(self, token: int) -> str:
+        return self.tokens.get(token, f"<{token}>")
+
+    def metrics(self):
+        return summarize(self.lossless, ar=self.ar), summarize(self.lossy, ar=self.ar, lossless=self.lossless)
+
+    def to_dict(self) -> dict:
+        return {"prompt": self.prompt, "rule": self.rule, "p_auto": self.p_auto, "lossless": self.lossless.to_dict(),
+                "lossy": self.lossy.to_dict(), "autoregressive": self.ar.to_dict() if self.ar else None,
+                "tokens": {str(k): v for k, v in self.tokens.items()}}
+
+
+def mentioned_tokens(*traces: GenerationTrace | None) -> set[int]:
+    """Every token id a trace's views may show: outputs, drafts, targets, paths, top lists."""
+    ids: set[int] = set()
+    for trace in traces:
+        if trace is None:
+            continue
+        ids.update(trace.output_ids)
+        ids.add(trace.first_token)
+        for r in trace.rounds:
+            ids.add(r.context_token)
+            ids.update(r.emitted)
+            for d in r.drafted:
+                ids.update((d.token, d.target_token, *d.path_tokens))
+                if d.majority_token is not None:
+                    ids.add(d.majority_token)
+                ids.update(t for t, _ in (*d.draft_top, *d.target_top))
+                ids.update(t for top in d.path_top for t, _ in top)
+    ids.discard(-1)
+    return ids
+
+
+def record_of(state, engine) -> RunRecord:
+    """The RunRecord of a finished Comparison (the engine only names the tokens)."""
+    lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
+    tokens = {token: engine.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
+    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens)
+
+
+# ---------------------------------------------------------------- files
+
+
+class Downloads:
+    """The server's one folder for the Downloads tab: each run's trace JSON and metrics CSV, the newest
+    KEEP_DOWNLOADS runs kept, the rest removed; the folder goes when the server ends."""
+
+    def __init__(self, folder: Path | None = None, keep: int = KEEP_DOWNLOADS):
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="dropmatch-downloads-"))
+        self.keep = keep
+        self._lock = threading.Lock()
+
+    def write(self, record: RunRecord) -> tuple[str, str]:
+        with self._lock:
+            run = self.folder / uuid.uuid4().hex[:12]
+            run.mkdir(parents=True)
+            trace_path = run / "dropmatch_trace.json"
+            trace_path.write_text(json.dumps(record.to_dict()))
+            metrics_path = run / "dropmatch_metrics.csv"
+            rows = [m.to_dict() for m in record.metrics()]
+            with metrics_path.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+            runs = sorted((p for p in self.folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+            for old in runs[: max(0, len(runs) - self.keep)]:
+                shutil.rmtree(old, ignore_errors=True)
+            return str(trace_path), str(metrics_path)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- views
+
+
+def load_examples() -> list[list[str]]:
+    if not EXAMPLES_FILE.exists():
+        return []
+    return [[e["prompt"]] for e in json.loads(EXAMPLES_FILE.read_text())]
+
+
 def lossy_rule_choices() -> list[tuple[str, str]]:
     """(label, name) of every lossy rule of the one table, for the right column's dropdown."""
     from dropmatch.acceptance import RULES
@@ -109,24 +239,174 @@ def lossy_title(rule: str) -> str:
     return "### DropMatch" if rule == "dropmatch" else f"### Lossy rule: {rule}"
 
 
-def write_downloads(state: Comparison) -> tuple[str, str]:
-    """Trace JSON and metrics CSV of a finished comparison, in a fresh temporary folder."""
-    folder = Path(tempfile.mkdtemp(prefix="dropmatch-"))
-    traces = {"prompt": state.prompt, "lossless": state.lossless.trace.to_dict(),
-              "lossy": state.lossy.trace.to_dict(), "autoregressive": state.ar.to_dict() if state.ar else None}
-    trace_path = folder / "dropmatch_trace.json"
-    trace_path.write_text(json.dumps(traces))
-    metrics_path = folder / "dropmatch_metrics.csv"
-    rows = [m.to_dict() for m in state.metrics() if m is not None]
-    with metrics_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return str(trace_path), str(metrics_path)
+def column_html(column, engine) -> str:
+    spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids)
+    return text_html(spans, cursor=not column.done)
+
+
+def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
+    stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
+    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids))
+
+
+def figures_of(record: RunRecord) -> dict:
+    from dropmatch.plots import all_figures
+
+    return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
+
+
+def load_frontier(path: Path = FRONTIER_FILE) -> dict | None:
+    """The shipped benchmark document with a frontier (bench --frontier), or None."""
+    if not path.exists():
+        return None
+    document = json.loads(path.read_text())
+    return document if document.get("frontier") else None
+
+
+def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
+    """The shipped frontier (all prompts) with this run's point on it."""
+    from dropmatch.plots import frontier_figure
+
+    if frontier is None:
+        return frontier_figure([], None, None)
+    points = [p for p in frontier["frontier"] if p["benchmark"] == "all"]
+    current = None
+    if record is not None:
+        lossless, lossy = record.metrics()
+        if lossless.tau and lossy.tau:
+            current = {"tau_gain": lossy.tau / lossless.tau - 1, "target_nll": lossy.target_nll,
+                       "off_nucleus_rate": lossy.off_nucleus_rate, "label": f"this run ({record.rule})"}
+    reference = (frontier.get("reference") or {}).get("target_sampled")
+    return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
+                           title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
+
+
+def finished_view(record: RunRecord, downloads: Downloads) -> dict:
+    """Every output of a finished run, by Ui field name."""
+    lossless_metrics, lossy_metrics = record.metrics()
+    figs = figures_of(record)
+    trace_file, metrics_file = downloads.write(record)
+    rounds = len(record.lossy.rounds)
+    note = "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
+    return {
+        "status": f"{note} Same prompt, seed and pair for both columns. Hover a token for its numbers; "
+                  "open *Step through* to see one round in detail.",
+        "lossy_header": lossy_title(record.rule),
+        "lossless_out": trace_html(record.lossless, record),
+        "lossy_out": trace_html(record.lossy, record),
+        "lossless_stats": stats_html(lossless_metrics),
+        "lossy_stats": stats_html(lossy_metrics, p_auto=record.p_auto, p_auto_reached=record.lossy.p_auto_reached),
+        "plot_agreement": figs["agreement"], "plot_js": figs["js"],
+        "plot_acceptance": figs["acceptance"], "plot_calls": figs["tokens_vs_calls"],
+        "plot_tradeoff": tradeoff_figure(record, load_frontier()),
+        "step_round": gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
+        "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction)
+        if rounds else "No rounds ran.",
+        "last_run": record,
+        "download_trace": trace_file, "download_metrics": metrics_file,
+    }
+
+
+# ---------------------------------------------------------------- callbacks
+
+
+def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool):
+    """The generation itself (what runs inside a ZeroGPU call): partial views while both columns
+    grow, then the RunRecord (plain data, nothing on the device)."""
+    state = None
+    for state in compare_stream(engine, prompt, decode, rule, run_ar):
+        update = {"lossless_out": column_html(state.lossless, engine), "lossy_out": column_html(state.lossy, engine)}
+        if state.phase == "baseline":
+            update["status"] = "Both runs done; measuring the autoregressive baseline for the speedup …"
+        yield update
+    yield record_of(state, engine)
+
+
+def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
+    """Yields partial views (by Ui field name) while both columns grow, then the finished view.
+    The pair loads outside the GPU call (on_gpu wraps the generation only)."""
+    try:
+        decode, rule = settings.parse()
+        spec = pair_from_choice(settings.preset, settings.target_id, settings.draft_id)
+        if not studio.is_loaded(spec):
+            yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
+                             "GGUF once, about 20 s)"}
+        engine = studio.engine(spec)
+        yield {"status": "Running …", "lossy_header": lossy_title(rule.rule),
+               "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": ""}
+        record = None
+        for item in on_gpu(stream_comparison)(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)):
+            if isinstance(item, RunRecord):
+                record = item
+            else:
+                yield item
+    except (ConfigError, RuntimeError, ValueError, OSError) as error:
+        gr.Warning(str(error))
+        yield {"status": f"⚠️ {error}"}
+        return
+    except Exception as error:  # a bug of ours: say so plainly, keep the traceback in the server log
+        logging.exception("run failed")
+        yield {"status": f"⚠️ internal error ({type(error).__name__}); the server log has the details"}
+        return
+    yield finished_view(record, downloads)
+
+
+def show_step(record: RunRecord | None, which: str, index) -> str:
+    if record is None:
+        return "Run a comparison first."
+    trace = record.lossy if which == "lossy rule" else record.lossless
+    if not trace.rounds:
+        return "No rounds ran."
+    index = max(0, min(int(index or 0), len(trace.rounds) - 1))
+    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction)
+
+
+def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
+                rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
+                temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
+                max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
+                run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
+                draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
+                centroid: str = DEFAULTS["centroid"], majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
+    """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
+    try:
+        decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
+                                             draft_confidence, centroid, majority_fraction)
+        engine = studio.engine(pair_from_choice(pair, target_id, draft_id))  # outside the GPU call
+        *_, record = on_gpu(stream_comparison)(engine, prompt, decode, rule_config, bool(run_autoregressive))
+    except (ConfigError, RuntimeError, ValueError, OSError) as error:
+        raise gr.Error(str(error)) from None
+    lossless_metrics, lossy_metrics = record.metrics()
+    figs = figures_of(record)
+    return {
+        "prompt": prompt,
+        "rule": rule_config.rule,
+        "lossless": {"text": record.lossless.text, "metrics": lossless_metrics.to_dict()},
+        "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
+                  "p_auto_reached": record.lossy.p_auto_reached, "centroid": rule_config.centroid,
+                  "majority_fraction": rule_config.majority_fraction},
+        "autoregressive": None if record.ar is None else {"text": record.ar.text},
+        "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
+    }
+
+
+def load_status_view(studio: Studio) -> tuple:
+    """(status line, timer) while the pair loads in the background: the seconds so far, then the
+    outcome once, and the timer stops."""
+    status = studio.status
+    if status.state == "loading":
+        return status.line(), gr.Timer(active=True)
+    if status.state == "ready":
+        return status.line() + " Pick an example or type a prompt, then **Run**.", gr.Timer(active=False)
+    if status.state == "failed":
+        return status.line(), gr.Timer(active=False)
+    return gr.update(), gr.Timer(active=False)
 
 
 def on_gpu(fn):
-    """On a ZeroGPU Space (package `spaces` importable) a GPU is attached for the call; else as is."""
+    """On a ZeroGPU Space (package `spaces` importable) a GPU is attached for the call; else as is.
+    Hugging Face's pattern: weights load outside the call (the Studio, at launch or on first use),
+    only the generation runs inside, and what it returns holds nothing on the device."""
     try:
         import spaces
     except ImportError:
@@ -134,201 +414,198 @@ def on_gpu(fn):
     return spaces.GPU(duration=180)(fn)
 
 
-def create_demo(studio: Studio) -> gr.Blocks:
-    """The whole UI over one Studio. Callbacks are thin: settings -> compare_stream -> render."""
+# ---------------------------------------------------------------- layout
 
-    def engine_for(preset, target_id, draft_id):
-        return studio.engine(pair_from_choice(preset, target_id, draft_id))
 
-    def figures(state: Comparison, engine):
-        from dropmatch.plots import all_figures
+@dataclass
+class Ui:
+    """Every component the callbacks read or write, by name."""
 
-        return all_figures(state.lossless.trace, state.lossy.trace, state.ar, engine.token_text)
+    prompt: gr.Textbox
+    preset: gr.Dropdown
+    target_id: gr.Textbox
+    draft_id: gr.Textbox
+    gamma: gr.Slider
+    rule: gr.Dropdown
+    k: gr.Slider
+    p: gr.Textbox
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new_tokens: gr.Slider
+    seed: gr.Number
+    run_autoregressive: gr.Checkbox
+    draft_confidence: gr.Slider
+    centroid: gr.Radio
+    majority_fraction: gr.Slider
+    run_button: gr.Button
+    stop_button: gr.Button
+    status: gr.Markdown
+    lossy_header: gr.Markdown
+    lossless_out: gr.HTML
+    lossy_out: gr.HTML
+    lossless_stats: gr.HTML
+    lossy_stats: gr.HTML
+    plot_agreement: gr.Plot
+    plot_js: gr.Plot
+    plot_acceptance: gr.Plot
+    plot_calls: gr.Plot
+    plot_tradeoff: gr.Plot
+    step_column: gr.Radio
+    step_round: gr.Slider
+    step_out: gr.HTML
+    download_trace: gr.File
+    download_metrics: gr.File
+    last_run: gr.State
+    load_timer: gr.Timer
 
-    def column_html(column, engine) -> str:
-        spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids)
-        return text_html(spans, cursor=not column.done)
+    def setting_components(self) -> list:
+        return [getattr(self, f.name) for f in fields(Settings)]
 
-    def run_ui(prompt, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-               seed, run_ar, draft_confidence, centroid, majority_fraction):
-        try:
-            decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
-                                                 draft_confidence, centroid, majority_fraction)
-            spec = pair_from_choice(preset, target_id, draft_id)
-            if not studio.is_loaded(spec):
-                yield {status: f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
-                               "GGUF once, about 20 s)"}
-            engine = studio.engine(spec)
-            yield {status: "Running …", lossy_header: lossy_title(rule_config.rule),
-                   lossless_out: "", lossy_out: "", lossless_stats: "", lossy_stats: ""}
-            state = None
-            for state in compare_stream(engine, prompt, decode, rule_config, bool(run_ar)):
-                update = {lossless_out: column_html(state.lossless, engine),
-                          lossy_out: column_html(state.lossy, engine)}
-                if state.phase == "baseline":
-                    update[status] = "Both runs done; measuring the autoregressive baseline for the speedup …"
-                yield update
-        except (ConfigError, RuntimeError, ValueError, OSError) as error:
-            gr.Warning(str(error))
-            yield {status: f"⚠️ {error}"}
-            return
-        except Exception as error:  # a bug of ours: say so plainly, keep the traceback in the server log
-            logging.exception("run failed")
-            yield {status: f"⚠️ internal error ({type(error).__name__}); the server log has the details"}
-            return
-        yield finished(state, engine)
+    def view_components(self) -> list:
+        names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
+                 "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
+                 "step_out", "last_run", "download_trace", "download_metrics")
+        return [getattr(self, name) for name in names]
 
-    def finished(state: Comparison, engine):
-        lossless_metrics, lossy_metrics = state.metrics()
-        figs = figures(state, engine)
-        trace_file, metrics_file = write_downloads(state)
-        rounds = len(state.lossy.trace.rounds)
-        note = ("Done." if state.ar is not None else "Done (autoregressive baseline off: no speedup shown).")
-        return {
-            status: f"{note} Same prompt, seed and pair for both columns. Hover a token for its numbers; "
-                    "open *Step through* to see one round in detail.",
-            lossless_out: column_html(state.lossless, engine),
-            lossy_out: column_html(state.lossy, engine),
-            lossless_stats: stats_html(lossless_metrics),
-            lossy_stats: stats_html(lossy_metrics, p_auto=state.rule.p is None,
-                                    p_auto_reached=state.lossy.trace.p_auto_reached),
-            plot_agreement: figs["agreement"], plot_js: figs["js"],
-            plot_acceptance: figs["acceptance"], plot_calls: figs["tokens_vs_calls"],
-            step_round: gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
-            step_out: step_html(state.lossy.trace.rounds[0], engine.token_text,
-                                state.rule.majority_fraction) if rounds else "No rounds ran.",
-            last_run: (state, engine.token_text),
-            download_trace: trace_file, download_metrics: metrics_file,
-        }
+    def bind(self, view: dict) -> dict:
+        """A view by field name -> a Gradio update by component."""
+        return {getattr(self, name): value for name, value in view.items()}
 
-    def show_step(saved, which, index):
-        if not saved:
-            return "Run a comparison first."
-        state, token_text = saved
-        trace = state.lossy.trace if which == "lossy rule" else state.lossless.trace
-        if not trace.rounds:
-            return "No rounds ran."
-        index = max(0, min(int(index or 0), len(trace.rounds) - 1))
-        return step_html(trace.rounds[index], token_text, state.rule.majority_fraction)
 
-    def compare_api(prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
-                    rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
-                    temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
-                    max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
-                    run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
-                    draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
-                    centroid: str = DEFAULTS["centroid"], majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
-        """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
-        try:
-            decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p,
-                                                 max_new_tokens, seed, draft_confidence, centroid, majority_fraction)
-            engine = engine_for(pair, target_id, draft_id)
-            state = None
-            for state in compare_stream(engine, prompt, decode, rule_config, bool(run_autoregressive)):
-                pass
-        except (ConfigError, RuntimeError, ValueError, OSError) as error:
-            raise gr.Error(str(error)) from None
-        lossless_metrics, lossy_metrics = state.metrics()
-        figs = figures(state, engine)
-        return {
-            "prompt": prompt,
-            "rule": rule_config.rule,
-            "lossless": {"text": state.lossless.trace.text, "metrics": lossless_metrics.to_dict()},
-            "lossy": {"text": state.lossy.trace.text, "metrics": lossy_metrics.to_dict(), "p": state.lossy.trace.p,
-                      "p_auto_reached": state.lossy.trace.p_auto_reached, "centroid": rule_config.centroid,
-                      "majority_fraction": rule_config.majority_fraction},
-            "autoregressive": None if state.ar is None else {"text": state.ar.text},
-            "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
-        }
-
-    with gr.Blocks(title="DropMatch Studio") as demo:
-        gr.Markdown("# DropMatch Studio\nLossless speculative decoding and **DropMatch** side by side, on the same "
-                    "prompt, seed and model pair — and, token by token, why each draft token was accepted.")
+def build_layout() -> Ui:
+    """The components, top to bottom; no event is wired here."""
+    parts = {}
+    gr.Markdown("# DropMatch Studio\nLossless speculative decoding and **DropMatch** side by side, on the same "
+                "prompt, seed and model pair — and, token by token, why each draft token was accepted.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            parts["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
+            examples = load_examples()
+            if examples:
+                gr.Examples(examples=examples, inputs=[parts["prompt"]],
+                            label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
+        with gr.Column(scale=2):
+            parts["preset"] = gr.Dropdown(list(PRESETS), value=DEFAULT_PRESET, label="Model pair")
+            parts["target_id"] = gr.Textbox(label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
+            parts["draft_id"] = gr.Textbox(label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
+            with gr.Row():
+                parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button")
+                parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")
+    with gr.Accordion("Settings", open=True):
         with gr.Row():
-            with gr.Column(scale=3):
-                prompt_box = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
-                examples = load_examples()
-                if examples:
-                    gr.Examples(examples=examples, inputs=[prompt_box], label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
-            with gr.Column(scale=2):
-                preset = gr.Dropdown(list(PRESETS), value=DEFAULT_PRESET, label="Model pair")
-                target_id = gr.Textbox(label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
-                draft_id = gr.Textbox(label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
-                with gr.Row():
-                    run_button = gr.Button("Run", variant="primary", elem_id="run-button")
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop-button")
-        with gr.Accordion("Settings", open=True):
+            parts["gamma"] = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ",
+                                       info="fastest on the embedded CPU pair: 1; larger shows the rules at more slots")
+            parts["rule"] = gr.Dropdown(lossy_rule_choices(), value=DEFAULTS["rule"], label="rule (right column)")
+            parts["k"] = gr.Slider(1, 16, value=DEFAULTS["k"], step=1, label="K paths")
+            parts["p"] = gr.Textbox(value=DEFAULTS["p"], label="dropout rate p (or auto)")
+        with gr.Row():
+            parts["temperature"] = gr.Slider(0.0, 2.0, value=DEFAULTS["temperature"], step=0.05,
+                                             label="temperature (0 = greedy)")
+            parts["top_p"] = gr.Slider(0.05, 1.0, value=DEFAULTS["top_p"], step=0.05, label="top-p")
+            parts["max_new_tokens"] = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
+            parts["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
+            parts["run_autoregressive"] = gr.Checkbox(value=DEFAULTS["run_autoregressive"],
+                                                      label="measure autoregressive baseline")
+            parts["draft_confidence"] = gr.Slider(0.0, 0.95, value=DEFAULTS["draft_confidence"], step=0.05,
+                                                  label="draft confidence: end a round's draft below it (0 = off)")
+        with gr.Row():
+            parts["centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS["centroid"], label="centroid of the paths",
+                                         info="probs: mean of the path distributions (the method's); "
+                                              "logits: softmax of the mean logits")
+            parts["majority_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS["majority_fraction"], step=0.05,
+                                                   label="majority: share of paths that must agree",
+                                                   info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
+    parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
+    parts["load_timer"] = gr.Timer(1.0)
+    gr.HTML(legend_html())
+    with gr.Row(equal_height=False):
+        with gr.Column(elem_id="lossless-column"):
+            gr.Markdown("### Lossless SD")
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text")
+            parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
+        with gr.Column(elem_id="lossy-column"):
+            parts["lossy_header"] = gr.Markdown(lossy_title(DEFAULTS["rule"]))
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text")
+            parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
+    with gr.Tabs():
+        with gr.Tab("Charts"):
             with gr.Row():
-                gamma = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ",
-                                  info="fastest on the embedded CPU pair: 1; larger shows the rules at more slots")
-                rule = gr.Dropdown(lossy_rule_choices(), value=DEFAULTS["rule"], label="rule (right column)")
-                k = gr.Slider(1, 16, value=DEFAULTS["k"], step=1, label="K paths")
-                p = gr.Textbox(value=DEFAULTS["p"], label="dropout rate p (or auto)")
+                parts["plot_agreement"] = gr.Plot(label="MC-path agreement", elem_id="plot-agreement")
+                parts["plot_js"] = gr.Plot(label="JS vs threshold", elem_id="plot-js")
             with gr.Row():
-                temperature = gr.Slider(0.0, 2.0, value=DEFAULTS["temperature"], step=0.05, label="temperature (0 = greedy)")
-                top_p = gr.Slider(0.05, 1.0, value=DEFAULTS["top_p"], step=0.05, label="top-p")
-                max_new_tokens = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
-                seed = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
-                run_ar = gr.Checkbox(value=DEFAULTS["run_autoregressive"], label="measure autoregressive baseline")
-                draft_confidence = gr.Slider(0.0, 0.95, value=DEFAULTS["draft_confidence"], step=0.05,
-                                             label="draft confidence: end a round's draft below it (0 = off)")
+                parts["plot_acceptance"] = gr.Plot(label="Acceptance length", elem_id="plot-acceptance")
+                parts["plot_calls"] = gr.Plot(label="Tokens vs target calls", elem_id="plot-calls")
+        with gr.Tab("Step through", elem_id="step-tab"):
             with gr.Row():
-                centroid = gr.Radio(list(CENTROIDS), value=DEFAULTS["centroid"], label="centroid of the paths",
-                                    info="probs: mean of the path distributions (the method's); logits: softmax of the mean logits")
-                majority_fraction = gr.Slider(0.5, 1.0, value=DEFAULTS["majority_fraction"], step=0.05,
-                                              label="majority: share of paths that must agree",
-                                              info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
-        status = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
-        gr.HTML(legend_html())
-        with gr.Row(equal_height=False):
-            with gr.Column(elem_id="lossless-column"):
-                gr.Markdown("### Lossless SD")
-                lossless_out = gr.HTML(elem_id="lossless-text")
-                lossless_stats = gr.HTML(elem_id="lossless-stats")
-            with gr.Column(elem_id="lossy-column"):
-                lossy_header = gr.Markdown(lossy_title(DEFAULTS["rule"]))
-                lossy_out = gr.HTML(elem_id="lossy-text")
-                lossy_stats = gr.HTML(elem_id="lossy-stats")
-        with gr.Tabs():
-            with gr.Tab("Charts"):
-                with gr.Row():
-                    plot_agreement = gr.Plot(label="MC-path agreement", elem_id="plot-agreement")
-                    plot_js = gr.Plot(label="JS vs threshold", elem_id="plot-js")
-                with gr.Row():
-                    plot_acceptance = gr.Plot(label="Acceptance length", elem_id="plot-acceptance")
-                    plot_calls = gr.Plot(label="Tokens vs target calls", elem_id="plot-calls")
-            with gr.Tab("Step through", elem_id="step-tab"):
-                with gr.Row():
-                    step_column = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
-                    step_round = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
-                step_out = gr.HTML("Run a comparison first.", elem_id="step-view")
-            with gr.Tab("How it works"):
-                gr.Markdown(HOW_IT_WORKS, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
-            with gr.Tab("Downloads"):
-                download_trace = gr.File(label="trace (JSON)")
-                download_metrics = gr.File(label="metrics (CSV)")
-        last_run = gr.State(None)
+                parts["step_column"] = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
+                parts["step_round"] = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
+            parts["step_out"] = gr.HTML("Run a comparison first.", elem_id="step-view")
+        with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
+            gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
+                        "embedded pair): how many more tokens a round keeps (tau gain over lossless SD) against "
+                        "the quality the target itself sees. Shaded: where the target's own samples (temperature "
+                        "0.7, top-p 0.95) lie. The star is your last run.")
+            parts["plot_tradeoff"] = gr.Plot(label="Trade-off frontier", elem_id="plot-tradeoff")
+        with gr.Tab("How it works"):
+            gr.Markdown(HOW_IT_WORKS, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+        with gr.Tab("Downloads"):
+            parts["download_trace"] = gr.File(label="trace (JSON)")
+            parts["download_metrics"] = gr.File(label="metrics (CSV)")
+    parts["last_run"] = gr.State(None)
+    return Ui(**parts)
 
-        preset.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, preset, [target_id, draft_id],
-                      api_visibility="private")
-        inputs = [prompt_box, preset, target_id, draft_id, gamma, rule, k, p, temperature, top_p, max_new_tokens,
-                  seed, run_ar, draft_confidence, centroid, majority_fraction]
-        run_event = run_button.click(on_gpu(run_ui), inputs, [
-            status, lossy_header, lossless_out, lossy_out, lossless_stats, lossy_stats, plot_agreement, plot_js,
-            plot_acceptance, plot_calls, step_round, step_out, last_run, download_trace, download_metrics,
-        ], api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
-        stop_button.click(lambda: "Stopped.", None, status, cancels=[run_event], api_visibility="private")
-        step_round.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
-        step_column.change(show_step, [last_run, step_column, step_round], step_out, api_visibility="private")
-        gr.api(on_gpu(compare_api), api_name="compare", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+
+# ---------------------------------------------------------------- wiring
+
+
+def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
+    """Every event of the app, in one place."""
+
+    def on_run(*values):
+        for view in run_comparison(studio, downloads, Settings(*values)):
+            yield ui.bind(view)
+
+    def on_compare(prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
+                   rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
+                   temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
+                   max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
+                   run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
+                   draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
+                   centroid: str = DEFAULTS["centroid"],
+                   majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
+        """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
+        return compare_api(studio, prompt, pair, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
+                           run_autoregressive, target_id, draft_id, draft_confidence, centroid, majority_fraction)
+
+    def on_tick():
+        return load_status_view(studio)
+
+    ui.preset.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.preset,
+                     [ui.target_id, ui.draft_id], api_visibility="private")
+    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(),
+                                    api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+    ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
+    for trigger in (ui.step_round, ui.step_column):
+        trigger.change(show_step, [ui.last_run, ui.step_column, ui.step_round], ui.step_out, api_visibility="private")
+    ui.load_timer.tick(on_tick, None, [ui.status, ui.load_timer], api_visibility="private")
+    demo.load(lambda: tradeoff_figure(None, load_frontier()), None, ui.plot_tradeoff, api_visibility="private")
+    gr.api(on_compare, api_name="compare", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+
+
+def create_demo(studio: Studio, downloads: Downloads | None = None) -> gr.Blocks:
+    """The whole UI over one Studio: layout, then the listeners."""
+    downloads = downloads or Downloads()
+    with gr.Blocks(title="DropMatch Studio", delete_cache=(3600, 3600)) as demo:
+        ui = build_layout()
+        register_listeners(demo, ui, studio, downloads)
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="DropMatch Studio")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default=None, help="default: $GRADIO_SERVER_NAME, else 127.0.0.1")
+    parser.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT, else 7860")
     parser.add_argument("--share", action="store_true")
     args = parser.parse_args()
     from dropmatch.engine import Engine
@@ -336,7 +613,14 @@ def main() -> None:
     from dropmatch.studio import Policy
 
     studio = Studio(load_pair, Engine, Policy.from_env())
-    create_demo(studio).launch(server_name=args.host, server_port=args.port, share=args.share, css=css())
+    studio.preload(PRESETS[DEFAULT_PRESET])
+    downloads = Downloads()
+    try:
+        # None lets Gradio read GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a Space sets them.
+        create_demo(studio, downloads).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                              css=css())
+    finally:
+        downloads.close()
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ class Engine:
         self.tokenizer = pair.tokenizer
         self.device = pair.target.device
         self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model))
+        self.source_label = pair.source or pair.spec.label
         self._token_texts: dict[int, str] = {}
 
     # ------------------------------------------------------------ prompts

@@ -1,8 +1,11 @@
 """Which pair is loaded, and who may load what: the app's one piece of model state.
 
-Loading is lazy (first use) and one pair at a time: switching pairs frees the previous one.
+One pair in memory at a time: switching pairs drops every reference to the previous engine before
+the next one loads (and, on CUDA, returns its memory to the allocator). `preload` starts loading a
+pair in a background thread at launch, so that the first Run waits only for what is left.
 Environment:
-  DROPMATCH_ALLOWED_MODELS   comma-separated hub ids a user may pick (public Spaces); unset = any
+  DROPMATCH_ALLOWED_MODELS       comma-separated hub ids a user may pick (public Spaces); unset = any hub id
+  DROPMATCH_ALLOW_LOCAL_MODELS=1 lets users name local folders as models (off: the web app loads hub ids only)
   DROPMATCH_TRUST_REMOTE_CODE=1  lets transformers run a model repository's own code (off by default)
 """
 
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -24,6 +29,7 @@ PRESETS: dict[str, PairSpec | None] = {
     "Custom hub ids": None,
 }
 DEFAULT_PRESET = next(iter(PRESETS))
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
 
 
 def _truthy(value: str | None) -> bool:
@@ -34,19 +40,30 @@ def _truthy(value: str | None) -> bool:
 class Policy:
     allowed_models: frozenset[str] | None = None
     trust_remote_code: bool = False
+    allow_local_models: bool = False
 
     @staticmethod
     def from_env(environ=os.environ) -> "Policy":
         allowed = environ.get("DROPMATCH_ALLOWED_MODELS")
         names = frozenset(n.strip() for n in allowed.split(",") if n.strip()) if allowed else None
-        return Policy(allowed_models=names, trust_remote_code=_truthy(environ.get("DROPMATCH_TRUST_REMOTE_CODE")))
+        return Policy(allowed_models=names, trust_remote_code=_truthy(environ.get("DROPMATCH_TRUST_REMOTE_CODE")),
+                      allow_local_models=_truthy(environ.get("DROPMATCH_ALLOW_LOCAL_MODELS")))
 
     def check(self, spec: PairSpec) -> PairSpec:
-        if spec.target != EMBEDDED and self.allowed_models is not None:
+        if spec.target != EMBEDDED:
             for name in (spec.target, spec.draft):
-                if name not in self.allowed_models:
+                if not self.allow_local_models and not is_hub_id(name):
+                    raise ConfigError(f"{name!r} is not a hub id (namespace/name); this server loads models from the "
+                                      "hub only (DROPMATCH_ALLOW_LOCAL_MODELS=1 allows local folders)")
+                if self.allowed_models is not None and name not in self.allowed_models:
                     raise ConfigError(f"{name!r} is not on this server's list of allowed models")
         return replace(spec, trust_remote_code=self.trust_remote_code)
+
+
+def is_hub_id(name: str) -> bool:
+    """namespace/name, and not a folder on this machine (transformers would read a local folder of
+    that name before asking the hub)."""
+    return bool(HUB_ID.match(name)) and ".." not in name and not os.path.exists(name)
 
 
 def pair_from_choice(preset: str, target: str = "", draft: str = "") -> PairSpec:
@@ -59,8 +76,27 @@ def pair_from_choice(preset: str, target: str = "", draft: str = "") -> PairSpec
     return PairSpec(target=(target or "").strip(), draft=(draft or "").strip())
 
 
+@dataclass(frozen=True)
+class LoadStatus:
+    """What the studio is doing: idle, loading (since `started`), ready, or failed (with `error`)."""
+
+    state: str
+    label: str = ""
+    started: float = 0.0
+    error: str = ""
+
+    def line(self) -> str:
+        if self.state == "loading":
+            return f"Loading **{self.label}** … {time.monotonic() - self.started:.0f} s"
+        if self.state == "ready":
+            return f"**{self.label}** is loaded."
+        if self.state == "failed":
+            return f"⚠️ {self.error}"
+        return ""
+
+
 class Studio:
-    """Hands out the engine for a pair, loading it on first use (thread-safe)."""
+    """Hands out the engine for a pair, loading it on first use or in the background (thread-safe)."""
 
     def __init__(self, loader: Callable[[PairSpec], object], engine_factory: Callable[[object], object],
                  policy: Policy = Policy()):
@@ -70,16 +106,45 @@ class Studio:
         self._lock = threading.Lock()
         self._spec: PairSpec | None = None
         self._engine = None
+        self.status = LoadStatus("idle")
 
     def is_loaded(self, spec: PairSpec) -> bool:
         return self._engine is not None and self._spec == self.policy.check(spec)
+
+    def preload(self, spec: PairSpec) -> threading.Thread:
+        """Start loading `spec` in a background thread; errors are kept in `status`, shown on use."""
+        def load():
+            try:
+                self.engine(spec)
+            except Exception:  # noqa: BLE001 - the status line says it; a Run raises it again
+                pass
+
+        thread = threading.Thread(target=load, name="dropmatch-preload", daemon=True)
+        thread.start()
+        return thread
 
     def engine(self, spec: PairSpec):
         spec = self.policy.check(spec)
         with self._lock:
             if self._engine is None or self._spec != spec:
-                self._engine, self._spec = None, None
-                gc.collect()
-                self._engine = self._engine_factory(self._loader(spec))
+                self._release()
+                self.status = LoadStatus("loading", spec.label, time.monotonic())
+                try:
+                    self._engine = self._engine_factory(self._loader(spec))
+                except Exception as error:
+                    self.status = LoadStatus("failed", spec.label, error=str(error))
+                    raise
                 self._spec = spec
+                self.status = LoadStatus("ready", getattr(self._engine, "source_label", None) or spec.label)
             return self._engine
+
+    def _release(self) -> None:
+        """Drop the current engine before another loads: one pair in memory at a time."""
+        self._engine, self._spec = None, None
+        gc.collect()
+        try:
+            import torch
+        except ImportError:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -36,10 +35,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_target, stop_token_ids
 
-from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_target, stop_token_ids  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_WORK = ROOT / "runs" / "distill"
 DEFAULT_GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
@@ -345,7 +343,7 @@ def generate(args) -> float:
     device = torch.device(args.device)
     started = time.time()
     dtype = generation_dtype(args.generate_dtype, device)
-    model, tokenizer = load_embedded_target(device, dtype)
+    model, tokenizer, _ = load_embedded_target(device, dtype)
     loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
     deadline = loaded + args.minutes * 60
     path = Path(args.work) / "generated.npz"
@@ -448,7 +446,7 @@ def train(args) -> None:
     if autocast:
         torch.backends.cuda.matmul.allow_tf32 = True
     work = Path(args.work)
-    target_model, tokenizer = load_embedded_target(device, torch.float32)
+    target_model, tokenizer, _ = load_embedded_target(device, torch.float32)
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
     records, generation_runs = load_generated(work / "generated.npz")

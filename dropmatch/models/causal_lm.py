@@ -170,6 +170,7 @@ class LoadedPair:
     draft: CausalLM
     tokenizer: object
     spec: PairSpec
+    source: str = ""  # where the weights came from, for the status line (empty: the spec says it)
 
     @property
     def device(self) -> torch.device:

