@@ -76,7 +76,7 @@ A drafted token that is not the target's choice is still accepted when
 Comparators on the same loop: **naive** (any path chose it), **typical** (Medusa:
 $p_{target}(x) > \min(\epsilon, \delta e^{-H(p_{target})})$), **fixed_js** (Fuzzy SD: $\mathrm{JS}(q\|p_{target}) \le T$).
 `p = auto` picks, per prompt, the largest dropout rate whose paths still agree with the clean target
-on the prompt's own positions at the chosen rate (70% by default) — no data needed; the stats say when no
+on the prompt's own positions at the chosen rate (50% by default, chosen on training-side prompts) — no data needed; the stats say when no
 rate of its grid reached that agreement.
 
 **Metrics.** *tau* = tokens emitted / verification rounds (correction or bonus included; autoregressive = 1).

