@@ -35,6 +35,8 @@ from dropmatch.trace import GenerationTrace
 ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
+RECORDED_DIR = ROOT / "assets" / "recorded"
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 1  # the Downloads trace file: what "Open a recorded run" reads
 DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
                 centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
@@ -153,9 +155,43 @@ class RunRecord:
         return summarize(self.lossless, ar=self.ar), summarize(self.lossy, ar=self.ar, lossless=self.lossless)
 
     def to_dict(self) -> dict:
-        return {"prompt": self.prompt, "rule": self.rule, "p_auto": self.p_auto, "lossless": self.lossless.to_dict(),
-                "lossy": self.lossy.to_dict(), "autoregressive": self.ar.to_dict() if self.ar else None,
+        return {"format": RUN_FORMAT, "version": RUN_VERSION, "prompt": self.prompt, "rule": self.rule,
+                "p_auto": self.p_auto, "lossless": self.lossless.to_dict(), "lossy": self.lossy.to_dict(),
+                "autoregressive": self.ar.to_dict() if self.ar else None,
                 "tokens": {str(k): v for k, v in self.tokens.items()}}
+
+    @staticmethod
+    def from_dict(data) -> "RunRecord":
+        """A recorded run from its JSON; ConfigError with one line for an old or foreign file."""
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+            raise ConfigError("this file is not a DropMatch Studio run (its trace JSON from Downloads)")
+        if data.get("version") != RUN_VERSION:
+            raise ConfigError(f"this run was written in format version {data.get('version')!r}; this app reads "
+                              f"version {RUN_VERSION}: record it again")
+        try:
+            ar = data["autoregressive"]
+            return RunRecord(data["prompt"], data["rule"], bool(data["p_auto"]),
+                             GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
+                             None if ar is None else GenerationTrace.from_dict(ar),
+                             {int(k): v for k, v in data["tokens"].items()})
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"this run file is damaged ({type(error).__name__}: {error})") from None
+
+
+def read_recorded_run(path) -> RunRecord:
+    """A RunRecord from a trace JSON file; ConfigError with one line for anything else."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ConfigError("this file is not a DropMatch Studio run (not readable JSON)") from None
+    return RunRecord.from_dict(data)
+
+
+def recorded_runs() -> dict[str, Path]:
+    """The runs shipped in assets/recorded, by their title (the file name, spaced)."""
+    if not RECORDED_DIR.exists():
+        return {}
+    return {p.stem.replace("_", " "): p for p in sorted(RECORDED_DIR.glob("*.json"))}
 
 
 def mentioned_tokens(*traces: GenerationTrace | None) -> set[int]:
@@ -281,13 +317,18 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
 
 
-def finished_view(record: RunRecord, downloads: Downloads) -> dict:
-    """Every output of a finished run, by Ui field name."""
+def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | None = None) -> dict:
+    """Every output of a finished run (or of a recorded one, `recorded_from` naming it), by Ui field name."""
     lossless_metrics, lossy_metrics = record.metrics()
     figs = figures_of(record)
     trace_file, metrics_file = downloads.write(record)
     rounds = len(record.lossy.rounds)
-    note = "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
+    if recorded_from is not None:
+        prompt = record.prompt if len(record.prompt) <= 120 else record.prompt[:117] + "…"
+        note = (f"Recorded run *{recorded_from}* ({record.lossless.target_name} + {record.lossless.draft_name}), "
+                f"prompt: “{prompt}”; no model ran.")
+    else:
+        note = "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
     return {
         "status": f"{note} Same prompt, seed and pair for both columns. Hover a token for its numbers; "
                   "open *Step through* to see one round in detail.",
@@ -332,10 +373,11 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
             yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
                              "GGUF once, about 20 s)"}
         engine = studio.engine(spec)
-        yield {"status": "Running …", "lossy_header": lossy_title(rule.rule),
+        yield {"status": "Running …", "lossy_header": lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
                "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": ""}
         record = None
-        for item in on_gpu(stream_comparison)(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)):
+        generation = on_gpu(stream_comparison)(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive))
+        for item in studio.iterate(generation):
             if isinstance(item, RunRecord):
                 record = item
             else:
@@ -349,6 +391,17 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
         yield {"status": f"⚠️ internal error ({type(error).__name__}); the server log has the details"}
         return
     yield finished_view(record, downloads)
+
+
+def open_recorded(downloads: Downloads, path, title: str | None = None) -> dict:
+    """The views of a recorded run (an uploaded file or a shipped one); one clear message otherwise."""
+    if not path:
+        return {}
+    try:
+        record = read_recorded_run(path)
+    except ConfigError as error:
+        return {"status": f"⚠️ {error}"}
+    return finished_view(record, downloads, recorded_from=title or Path(str(path)).name)
 
 
 def show_step(record: RunRecord | None, which: str, index) -> str:
@@ -373,7 +426,7 @@ def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: 
         decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
                                              draft_confidence, centroid, majority_fraction)
         engine = studio.engine(pair_from_choice(pair, target_id, draft_id))  # outside the GPU call
-        *_, record = on_gpu(stream_comparison)(engine, prompt, decode, rule_config, bool(run_autoregressive))
+        *_, record = studio.iterate(on_gpu(stream_comparison)(engine, prompt, decode, rule_config, bool(run_autoregressive)))
     except (ConfigError, RuntimeError, ValueError, OSError) as error:
         raise gr.Error(str(error)) from None
     lossless_metrics, lossy_metrics = record.metrics()
@@ -455,6 +508,8 @@ class Ui:
     step_out: gr.HTML
     download_trace: gr.File
     download_metrics: gr.File
+    recorded_choice: gr.Dropdown
+    recorded_upload: gr.File
     last_run: gr.State
     load_timer: gr.Timer
 
@@ -464,7 +519,7 @@ class Ui:
     def view_components(self) -> list:
         names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
-                 "step_out", "last_run", "download_trace", "download_metrics")
+                 "step_out", "last_run", "download_trace", "download_metrics", "load_timer")
         return [getattr(self, name) for name in names]
 
     def bind(self, view: dict) -> dict:
@@ -551,6 +606,14 @@ def build_layout() -> Ui:
         with gr.Tab("Downloads"):
             parts["download_trace"] = gr.File(label="trace (JSON)")
             parts["download_metrics"] = gr.File(label="metrics (CSV)")
+        with gr.Tab("Recorded runs", elem_id="recorded-tab"):
+            gr.Markdown("Open a run recorded earlier (a trace JSON from *Downloads*, or one shipped with the app): "
+                        "both columns, the stats, every chart and the step view, without loading a model.")
+            with gr.Row():
+                parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
+                                                       elem_id="recorded-choice")
+                parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
+                                                   elem_id="recorded-upload")
     parts["last_run"] = gr.State(None)
     return Ui(**parts)
 
@@ -588,7 +651,23 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(show_step, [ui.last_run, ui.step_column, ui.step_round], ui.step_out, api_visibility="private")
     ui.load_timer.tick(on_tick, None, [ui.status, ui.load_timer], api_visibility="private")
-    demo.load(lambda: tradeoff_figure(None, load_frontier()), None, ui.plot_tradeoff, api_visibility="private")
+    def on_recorded_choice(title):
+        return ui.bind(open_recorded(downloads, recorded_runs().get(title), title) if title else {})
+
+    def on_recorded_upload(file):
+        return ui.bind(open_recorded(downloads, file))
+
+    def on_first_visit():
+        """A shipped run at once, while the pair loads in the background; else the frontier alone."""
+        shipped = recorded_runs()
+        if shipped:
+            title = next(iter(shipped))
+            return ui.bind(open_recorded(downloads, shipped[title], title))
+        return ui.bind({"plot_tradeoff": tradeoff_figure(None, load_frontier())})
+
+    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
+    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+    demo.load(on_first_visit, None, ui.view_components(), api_visibility="private")
     gr.api(on_compare, api_name="compare", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
 
 

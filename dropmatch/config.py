@@ -75,7 +75,7 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class RuleConfig:
-    """Which acceptance rule runs and its parameters (DESIGN.md section 1).
+    """Which acceptance rule runs and its parameters (README: The method in brief).
 
     p is the dropout rate on the LM-head input; None means "auto" (calibrated per prompt).
     """

@@ -1,4 +1,4 @@
-"""Metrics as pure functions of traces (DESIGN.md section 2).
+"""Metrics as pure functions of traces (the README's Metrics).
 
 - rounds: target verification calls (the prefill call is counted apart).
 - tau: tokens emitted by the rounds / rounds, correction or bonus token included (vLLM, SGLang);

@@ -115,6 +115,19 @@ def verdicts(document: dict) -> list[str]:
     return lines
 
 
+def step_costs(document: dict) -> list[str]:
+    """Per benchmark: lossless SD's draft step against its verification round (both from the JSON),
+    the ratio that decides how long a draft pays off on this machine."""
+    lines = []
+    for name, summary in document["benchmarks"].items():
+        lossless = summary["rules"].get("lossless") or {}
+        draft_ms, round_ms = lossless.get("draft_step_ms"), lossless.get("verify_round_ms")
+        if draft_ms and round_ms:
+            lines.append(f"{name}: a draft step {draft_ms:.1f} ms, a lossless round {round_ms:.1f} ms "
+                         f"(the draft step is 1/{round_ms / draft_ms:.1f} of a round)")
+    return lines
+
+
 def best_points(points: list[dict]) -> dict[str, dict]:
     """Per rule (and centroid), the frontier point with the largest tau gain that stays within the
     reference band, or None when none does."""
@@ -181,6 +194,7 @@ K {settings.get('k')}, p {settings.get('p')}, temperature {settings.get('tempera
 <p><code>{command}</code></p>
 <p>{html.escape(PAPER)}</p>
 <h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in verdicts(document))}</ul>
+<h2>Step costs on this machine</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in step_costs(document))}</ul>
 <p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, the
 path logits, path softmaxes, JS, votes, p = auto's calibration) / round time. Target NLL = mean negative
 log-likelihood (nats/token) of the answer under the clean target (temperature 1); off-nucleus = share of emitted
@@ -217,5 +231,5 @@ def markdown_table(document: dict) -> str:
             lines += ["", f"{name} by category:", "", "| " + " | ".join(CATEGORY_HEADER) + " |",
                       "|" + "---|" * len(CATEGORY_HEADER)]
             lines += ["|" + "|".join(f" {c} " if c else " " for c in row) + "|" for row in rows]
-    lines += ["", *[f"- {v}" for v in verdicts(document)], "", PAPER]
+    lines += ["", *[f"- {v}" for v in verdicts(document)], *[f"- {v}" for v in step_costs(document)], "", PAPER]
     return "\n".join(lines)

@@ -48,8 +48,14 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         found["step_text"] = page.inner_text("#step-view")
         step_png = out_dir / "step.png"
         page.locator("#step-view").screenshot(path=str(step_png))
+        page.get_by_role("tab", name="Trade-offs").click()
+        page.wait_for_selector("#plot-tradeoff .js-plotly-plot", timeout=30_000)
+        page.wait_for_timeout(1000)
+        found["tradeoff_text"] = page.inner_text("#plot-tradeoff")
+        tradeoff_png = out_dir / "tradeoffs.png"
+        page.locator("#plot-tradeoff").screenshot(path=str(tradeoff_png))
         browser.close()
-    found["screenshots"] = [str(main_png), str(step_png)]
+    found["screenshots"] = [str(main_png), str(step_png), str(tradeoff_png)]
     return found
 
 

@@ -15,7 +15,8 @@ EOS = 0
 
 
 class FakeEngine:
-    def __init__(self, delay_s: float = 0.0):
+    def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None):
+        self.reason_for = reason_for or {}  # the reason a lossy rule gives (default "js")
         self.words = ["<eos>"]
         self.ids: dict[str, int] = {}
         self.stop_ids = frozenset({EOS})
@@ -67,7 +68,8 @@ class FakeEngine:
             drafted = []
             for j in range(gamma):
                 token = answer[position + j] if j < accept or not lossy else self._id("wrong")
-                reason = ("js" if lossy and j % 2 else "exact") if j < accept else ("rejected" if j == accept else "unchecked")
+                lossy_reason = self.reason_for.get(rule.rule, "js")
+                reason = (lossy_reason if lossy and j % 2 else "exact") if j < accept else ("rejected" if j == accept else "unchecked")
                 drafted.append(self._drafted(token, answer[position + j], reason, rule))
             emitted = tuple(answer[position : position + accept + 1])
             rounds.append(RoundTrace(len(rounds), answer[position - 1], tuple(drafted), emitted,

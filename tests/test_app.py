@@ -214,3 +214,53 @@ def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs
     assert views[-1]["status"].startswith("Done")
     assert inside["loaded_inside"] == [False]
     assert inside["generated_inside"] and all(inside["generated_inside"])
+
+
+def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(tmp_path):
+    """The Downloads trace of a run reopens (both columns, stats, charts, step view) with a Studio
+    whose loader fails; an old or foreign JSON gets one clear line."""
+    import json as json_module
+
+    from fake_engine import FakeEngine
+
+    import app
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import DecodeConfig, RuleConfig
+
+    engine = FakeEngine()
+    *_, state = compare_stream(engine, PROMPT, DecodeConfig(max_new_tokens=8), RuleConfig("dropmatch"))
+    downloads = app.Downloads(tmp_path / "downloads")
+    trace_path, _ = downloads.write(app.record_of(state, engine))
+
+    view = app.open_recorded(downloads, trace_path, "a run")
+    assert view["status"].startswith("Recorded run *a run*")
+    assert "alpha" in view["lossless_out"] and "alpha" in view["lossy_out"] and "tau" in view["lossy_stats"]
+    assert view["plot_agreement"].data and "Round 0" in view["step_out"]
+    assert view["last_run"].lossy.output_ids == state.lossy.trace.output_ids
+
+    old = json_module.loads(open(trace_path).read())
+    for name, content, message in (
+        ("foreign.json", json_module.dumps({"hello": 1}), "not a DropMatch Studio run"),
+        ("old.json", json_module.dumps({**old, "version": 0}), "format version 0"),
+        ("broken.json", "{not json", "not readable JSON"),
+        ("damaged.json", json_module.dumps({**old, "lossy": {}}), "damaged"),
+    ):
+        (tmp_path / name).write_text(content)
+        shown = app.open_recorded(downloads, tmp_path / name)
+        assert set(shown) == {"status"} and message in shown["status"] and "\n" not in shown["status"]
+
+
+def test_shipped_recorded_runs_open_while_loading_fails():
+    """Every run in assets/recorded opens with no model: the Studio's loader would raise."""
+    import app
+
+    def no_model(spec):
+        raise RuntimeError("no model may load in this test")
+
+    studio = Studio(loader=no_model, engine_factory=lambda pair: pair)
+    shipped = app.recorded_runs()
+    assert len(shipped) >= 3
+    for title, path in shipped.items():
+        view = app.open_recorded(app.Downloads(), path, title)
+        assert view["status"].startswith("Recorded run") and view["lossless_out"] and view["plot_js"] is not None
+    assert not studio.is_loaded(PairSpec())

@@ -30,7 +30,8 @@ def embedded_app():
 
 
 def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):
-    """Clicking an example and Run shows both columns, their stats, four charts and a round."""
+    """Clicking an example and Run shows both columns, their stats, four charts, a round, and the
+    Trade-offs tab with the shipped frontier and this run's point."""
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     from ui_flow import drive
@@ -42,6 +43,7 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     assert found["charts"] == 4
     assert "tau" in found["lossless_stats"] and "MC-head share" in found["lossy_stats"]
     assert "Round 0" in found["step_text"]
+    assert "Trade-off frontier" in found["tradeoff_text"] and "this run" in found["tradeoff_text"]
     for path in found["screenshots"]:
         assert Path(path).stat().st_size > 10_000
     print("screenshots:", found["screenshots"])

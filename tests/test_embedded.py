@@ -157,3 +157,16 @@ def test_embedded_decisions_equal_the_recorded_golden_traces(embedded_engine):
     now = record_all(embedded_engine)
     for name in recorded:
         assert now[name] == recorded[name], name
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_embedded_path_rules_at_p_zero_are_lossless_sd(embedded_engine, temperature):
+    """On the real pair too: p = 0 gives lossless SD's exact output for every path rule, greedy and
+    sampled with the same seed, and computes no path row."""
+    ids = embedded_engine.encode(PROMPTS[1])
+    decode = DecodeConfig(gamma=4, max_new_tokens=32, temperature=temperature, seed=11)
+    lossless = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig("lossless")))
+    for rule in ("naive", "js", "majority", "dropmatch"):
+        trace = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig(rule, p=0.0)))
+        assert trace.output_ids == lossless.output_ids, rule
+        assert [r.head_rows for r in trace.rounds] == [r.head_rows for r in lossless.rounds], rule

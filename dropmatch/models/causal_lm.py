@@ -104,8 +104,7 @@ class CausalLM:
         When few entries are dropped, on a CPU, they are computed from the clean logits:
         W (h * keep) / (1 - p) = (W h - W (h * (1 - keep))) / (1 - p), where the second product is
         sparse: it reads only the head columns of the dropped entries, so its cost grows with p
-        instead of being a whole extra pass over the 49k x 576 head (5.5 ms in bf16 on this
-        project's CPU for 5 rows, against 1 ms at p = 0.05). Otherwise all rows go through the head
+        instead of being a whole extra pass over the head. Otherwise all rows go through the head
         in one matmul, in bf16 where the hardware has it (the dropout noise is orders of magnitude
         above bf16 rounding)."""
         if self._sparse_possible():  # counting the dropped entries is a sync: only where sparse may pay
@@ -131,9 +130,8 @@ class CausalLM:
 
     def _sparse_pays(self, num_dropped: int, hidden_size: int) -> bool:
         """The sparse product reads one fp32 head column per dropped entry; the dense bf16 pass
-        reads the whole head and multiplies every row. Measured on this project's CPU (H = 576):
-        sparse 0.9 ms at 133 entries, 2.2 ms at 272, 8 ms at 849; dense 5.5 ms. So sparse up to
-        H entries."""
+        reads the whole head and multiplies every row. The two cost about the same near H dropped
+        entries (the crossover found on the embedded pair), so sparse up to H entries."""
         return self._sparse_possible() and num_dropped <= hidden_size
 
     def _sparse_possible(self) -> bool:

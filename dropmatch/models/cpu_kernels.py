@@ -26,7 +26,7 @@ def row_linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.reshape(*hidden.shape[:-1], weight.shape[0])
 
 
-PACKED_ROWS = 8  # the row count oneDNN lays a packed weight out for (3-8 rows measured alike)
+PACKED_ROWS = 8  # the row count oneDNN lays a packed weight out for
 
 
 class RowLinear(torch.nn.Linear):

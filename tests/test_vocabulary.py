@@ -1,0 +1,54 @@
+"""One vocabulary of rules and reasons: a rule registered once reaches every consumer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_engine import FakeEngine
+
+from dropmatch import acceptance
+from dropmatch.acceptance import REASONS, RULES, Reason, Rule
+from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
+
+
+@pytest.fixture()
+def coin_rule():
+    """A fake lossy rule, 'coin', accepting every other drafted position, with a reason of its own."""
+    def check(signals, cfg):
+        positions = torch.arange(signals.draft_tokens.shape[0])
+        return [("heads", positions % 2 == 1)]
+
+    acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", lossy=True))
+    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check))
+    yield "coin"
+    RULES.pop("coin")
+    REASONS.pop("heads")
+
+
+def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_rule):
+    """Config accepts it, the fake engine's run reports its reason, the lossy share counts it, the
+    legend, stylesheet and tooltips name it, the JS chart colours it, the UI offers it."""
+    import app
+    from dropmatch import metrics, plots, render
+    from dropmatch.compare import compare_stream
+
+    assert coin_rule in rule_names() and RuleConfig(coin_rule).rule == coin_rule
+    with pytest.raises(ConfigError, match="unknown rule"):
+        RuleConfig("dice")
+    signals = acceptance.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25),
+                                          torch.eye(4)[[0, 0, 0]])
+    verdict = acceptance.decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
+                                torch.eye(4)[[0, 0, 0, 0]], torch.Generator())
+    assert verdict.reasons == ("rejected", "unchecked", "unchecked")  # position 0 is tails
+
+    engine = FakeEngine(reason_for={coin_rule: "heads"})
+    *_, state = compare_stream(engine, "a b c d e f g h", DecodeConfig(max_new_tokens=8), RuleConfig(coin_rule))
+    lossy = state.lossy.trace
+    assert any(d.reason == "heads" for r in lossy.rounds for d in r.drafted)
+    assert metrics.lossy_share(lossy) > 0 and "heads" in acceptance.lossy_reasons()
+    assert "heads" in render.legend_html() and ".dm-heads { background: #abcdef; }" in render.css()
+    spans = render.token_spans(lossy.first_token, list(lossy.rounds), engine.token_text)
+    assert any(kind == "heads" and "accepted by the coin" in tip for _, kind, tip in spans)
+    heads = [t for t in plots.js_scatter(lossy, engine.token_text).data if t.name == "heads"]
+    assert heads and heads[0].marker.color == "#123456"
+    assert (RULES[coin_rule].label, coin_rule) in app.lossy_rule_choices()
