@@ -29,9 +29,9 @@ from pathlib import Path
 
 from . import tables
 from .config import CENTROIDS, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p, rule_names
+from .metrics import MAX_OFF_NUCLEUS
 
 REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95
-MAX_OFF_NUCLEUS = 0.01  # a lossy run within the target's own variation leaves the nucleus at most this often
 FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path rules
     "p": FRONTIER_P,

@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass
 from .acceptance import lossy_reasons
 from .trace import GenerationTrace
 
+# A lossy run stays within the target's own variation when its target NLL is at or below that of the
+# target's own samples and at most this share of its tokens leave the target's top-p 0.95 nucleus.
+MAX_OFF_NUCLEUS = 0.01
+
 
 @dataclass(frozen=True)
 class RunMetrics:

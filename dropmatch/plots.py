@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .acceptance import REASONS, votes_needed
+from .metrics import MAX_OFF_NUCLEUS
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
@@ -182,10 +183,6 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         return _empty(title, "no frontier points: run the benchmark with --frontier")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=("target NLL (nats/token)", "off the target's top-p 0.95 nucleus (%)"))
-    if reference and reference.get("target_nll") is not None:
-        fig.add_vrect(x0=0, x1=reference["target_nll"], fillcolor="#a5d6a7", opacity=0.25, line_width=0, row=1, col=1,
-                      annotation_text="within the target's own variation", annotation_position="top left")
-        fig.add_vrect(x0=0, x1=1.0, fillcolor="#a5d6a7", opacity=0.25, line_width=0, row=1, col=2)
     groups: dict[str, list[dict]] = {}
     for point in points:
         name = point["rule"] if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
@@ -214,5 +211,10 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                                      name=current.get("label", "this run"), legendgroup="current",
                                      showlegend=col == 1, marker=dict(symbol="star", size=18, color="#d81b60")),
                           row=1, col=col)
+    if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
+        fig.add_vrect(x0=0, x1=reference["target_nll"], fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
+                      row=1, col=1, annotation_text="within the target's own variation", annotation_position="top left")
+        fig.add_vrect(x0=0, x1=100 * MAX_OFF_NUCLEUS, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
+                      row=1, col=2)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
     return _layout(fig, title, height=520)
