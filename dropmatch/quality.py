@@ -82,7 +82,10 @@ def sandbox_command(folder: Path) -> list[str]:
     if bwrap is None:
         raise SandboxUnavailable(f"HumanEval scoring runs model-written code only inside an operating-system "
                                  f"sandbox: install Debian's {SANDBOX_PACKAGE} (apt-get install {SANDBOX_PACKAGE})")
-    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    # The interpreter (a virtual environment may live under /tmp, which the sandbox empties) stays readable.
+    interpreter = sorted({sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)})
+    readable = [arg for path in interpreter for arg in ("--ro-bind", path, path)]
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *readable,
             "--bind", str(folder), str(folder), "--chdir", str(folder), "--unshare-all", "--die-with-parent",
             "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", str(folder),
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]

@@ -16,7 +16,9 @@ GOLDEN_RUNS = [
     ("greedy_lossless", dict(gamma=4, max_new_tokens=40), dict(rule="lossless")),
     ("greedy_dropmatch", dict(gamma=4, max_new_tokens=40), dict(rule="dropmatch", p=0.1)),
     ("sampled_lossless", dict(gamma=4, max_new_tokens=40, temperature=0.8, seed=7), dict(rule="lossless")),
-    ("sampled_dropmatch", dict(gamma=4, max_new_tokens=40, temperature=0.8, seed=7), dict(rule="dropmatch", p=None)),
+    # p = auto with the agreement it was recorded with (0.7), so that a change of the default is not a change of the engine
+    ("sampled_dropmatch", dict(gamma=4, max_new_tokens=40, temperature=0.8, seed=7),
+     dict(rule="dropmatch", p=None, auto_agreement=0.7)),
 ]
 
 
