@@ -643,9 +643,19 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     def on_tick():
         return load_status_view(studio)
 
+    def on_first_visit():
+        """A shipped run at once, while the pair loads in the background; else the frontier alone."""
+        shipped = recorded_runs()
+        if shipped:
+            title = next(iter(shipped))
+            return ui.bind(open_recorded(downloads, shipped[title], title))
+        return ui.bind({"plot_tradeoff": tradeoff_figure(None, load_frontier())})
+
     ui.preset.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.preset,
                      [ui.target_id, ui.draft_id], api_visibility="private")
-    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(),
+    # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
+    first_visit = demo.load(on_first_visit, None, ui.view_components(), api_visibility="private")
+    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
     ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
     for trigger in (ui.step_round, ui.step_column):
@@ -657,17 +667,8 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     def on_recorded_upload(file):
         return ui.bind(open_recorded(downloads, file))
 
-    def on_first_visit():
-        """A shipped run at once, while the pair loads in the background; else the frontier alone."""
-        shipped = recorded_runs()
-        if shipped:
-            title = next(iter(shipped))
-            return ui.bind(open_recorded(downloads, shipped[title], title))
-        return ui.bind({"plot_tradeoff": tradeoff_figure(None, load_frontier())})
-
     ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
     ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
-    demo.load(on_first_visit, None, ui.view_components(), api_visibility="private")
     gr.api(on_compare, api_name="compare", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
 
 

@@ -23,6 +23,11 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
         page.goto(url)
+        try:  # the shipped run shown on first visit, before the user's own run (a Run cancels it if it is late)
+            page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
+                                   timeout=15_000)
+        except Exception:  # noqa: BLE001 - no shipped runs: nothing to wait for
+            pass
         page.get_by_text(example_prefix).first.click()
         tokens_box = page.get_by_label("max new tokens", exact=False).first
         tokens_box.fill(str(max_new_tokens))
