@@ -541,26 +541,22 @@ def check_sandbox() -> None:
         raise BenchError(str(error)) from None
 
 
-def _count(name: str, value) -> int:
+def _whole(name: str, value, least: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise BenchError(f"{name} must be a whole number, got {value!r}") from None
-    if number < 0:
-        raise BenchError(f"{name} must be 0 or more")
+    if number < least:
+        raise BenchError(f"{name} must be {'0 or more' if least == 0 else f'at least {least}'}")
     return number
+
+
+def _count(name: str, value) -> int:
+    return _whole(name, value, 0)
 
 
 def _positive(name: str, value) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise BenchError(f"{name} must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise BenchError(f"{name} must be at least 1")
-    return number
+    return None if value is None else _whole(name, value, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
