@@ -23,7 +23,7 @@ from . import acceptance, mc_head
 from .config import ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
 from .sampling import draw, sampling_probs, signal_probs, target_view
-from .trace import DraftedToken, GenerationTrace, RoundTrace
+from .trace import DraftedToken, GenerationTrace, RoundStates, RoundTrace
 
 TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
 CALIBRATION_POSITIONS = 64
@@ -75,19 +75,21 @@ class _RunState:
     target_cache: object
     draft_cache: object
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
-    masks: torch.Generator  # the dropout masks' own stream (mc_head.mc_generator)
     clock: _Clock
     rounds: list[RoundTrace] = field(default_factory=list)
+    states: list[RoundStates] | None = None  # kept for the rule lab when asked
 
 
 @dataclass
 class _Draft:
     """tokens [g] (g <= gamma, on the device); q_sample [g, V] the distributions they were drawn
-    from; q_signal [g, V] the smooth distributions the divergence rules compare."""
+    from; q_signal [g, V] the smooth distributions the divergence rules compare; hidden [g, H_d]
+    the draft's final hidden states they came from."""
 
     tokens: torch.Tensor
     q_sample: torch.Tensor
     q_signal: torch.Tensor
+    hidden: torch.Tensor
 
 
 @dataclass
@@ -98,6 +100,87 @@ class _Judgement:
     host: dict
     path_rows: int
     t_mc: float
+
+
+@dataclass
+class JudgedPositions:
+    """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
+    were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
+    [(positions [m], path probs [K, m, V])], and the Monte-Carlo time."""
+
+    signals: acceptance.Signals
+    p_signal: torch.Tensor
+    path_rows: int
+    path_probs: list
+    t_mc: float
+
+
+def judge_positions(target: CausalLM, rule: RuleConfig, p: float | None, decode: DecodeConfig,
+                    first_position: int, draft_tokens: torch.Tensor, q_signal: torch.Tensor,
+                    hidden: torch.Tensor, clean_logits: torch.Tensor, exact: torch.Tensor,
+                    clock: "_Clock | None" = None, memo: dict | None = None) -> JudgedPositions:
+    """Everything a rule reads at one round's drafted positions, the rule's paths included: what the
+    engine judges with, and what the rule lab (lab.py) re-judges with, so the two never differ.
+
+    draft_tokens [g] at sequence positions first_position + i; q_signal [g, V]; hidden [g + 1, H] and
+    clean_logits [g + 1, V] the target's at the verified positions; exact [g] the lossless test.
+    memo: path statistics already computed, by (sequence positions, K, p, centroid): the lab judges
+    several rules on the same positions and computes their paths once."""
+    gamma = int(draft_tokens.shape[0])
+    p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
+    signals = acceptance.position_signals(draft_tokens, q_signal, p_signal)
+    start = clock.now() if clock else 0.0
+    path_rows, path_probs = 0, []
+    if rule.uses_paths and gamma > 0:
+        signals, path_rows, path_probs = _checked_paths(target, hidden, clean_logits, q_signal, signals, exact, rule,
+                                                        p, decode, first_position, memo)
+    t_mc = clock.now() - start if clock else 0.0
+    return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
+
+
+def _checked_paths(target, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, first_position, memo):
+    """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
+    exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
+    left to right, until the rule rejects one (the positions after it are discarded anyway).
+
+    Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
+    runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
+    At p = 0 every path is the clean row: its statistics come from that one row, no path work.
+    Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
+    """
+    judged = (~exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
+    stages = [judged[:1], judged[1:]]
+    parts, probs, rows = [], [], 0
+    for stage in stages:
+        if stage.numel() == 0:
+            break
+        positions = [first_position + i for i in stage.tolist()]
+        key = (tuple(positions), rule.num_paths, p, rule.centroid)
+        stats = memo.get(key) if memo is not None else None
+        if stats is None:
+            stats = _path_stats(target, hidden[stage], clean_logits[stage], rule, p, decode, positions)
+            if memo is not None:
+                memo[key] = stats
+        part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
+        parts.append((stage, part))
+        probs.append((stage, stats.probs))
+        rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
+        checked = acceptance.Signals(**{**vars(acceptance.at_positions(signals, stage)), **part})
+        if not bool(acceptance.rule_accepts(rule, checked).all()):
+            break
+    return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs
+
+
+def _path_stats(target, hidden, clean_logits, rule, p, decode, positions) -> mc_head.PathStats:
+    """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V], their sequence
+    positions [n], which key their dropout masks)."""
+    if p == 0.0:  # every path is the clean row
+        return mc_head.path_stats(clean_logits.unsqueeze(0), decode.temperature, rule.centroid).expanded(
+            rule.num_paths)
+    keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], decode.seed, hidden.device,
+                                  hidden.dtype)
+    path_logits = target.path_logits(hidden, keep, p, clean_logits)
+    return mc_head.path_stats(path_logits, decode.temperature, rule.centroid)
 
 
 class Engine:
@@ -183,26 +266,26 @@ class Engine:
 
     def speculative(
         self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
-        stop_event: threading.Event | None = None,
+        stop_event: threading.Event | None = None, keep_states: bool = False,
     ) -> Run:
-        """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop."""
+        """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop.
+        keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
         self.check_fits(prompt_ids, decode)
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
-        masks = mc_head.mc_generator(decode.seed, self.device)
         start = clock.now()
         target_cache, draft_cache = self.target.new_cache(), self.draft.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         first_logits = self.target.logits(prompt_hidden[-1:])
         calibration_start = clock.now()
-        calibration = self._calibrate(rule, prompt_hidden, masks)
+        calibration = self._calibrate(rule, prompt_hidden, mc_head.mc_generator(decode.seed, self.device))
         t_calibration = clock.now() - calibration_start
         p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
         self.draft.hidden(self._ids(prompt_ids), draft_cache)
         t_prefill = clock.now() - start - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, draft_cache,
-                        generator, masks, clock)
+                        generator, clock, states=[] if keep_states else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
@@ -211,7 +294,8 @@ class Engine:
             stop_reason = self._stop_reason(run.seq, decode, stop_event)
         return self._finish("sd", rule, p, decode, run.seq, run.rounds, stop_reason, t_prefill,
                             first_view=_emitted_view(first_logits, [first]), t_calibration=t_calibration,
-                            p_auto_reached=None if calibration is None else calibration.reached)
+                            p_auto_reached=None if calibration is None else calibration.reached,
+                            states=tuple(run.states or ()))
 
     # ------------------------------------------------------------ one round
 
@@ -239,6 +323,8 @@ class Engine:
             model.crop(cache, min(keep, model.cached_length(cache)))
         records = _records(judgement.host, verdict.reasons)
         t_end = clock.now()
+        if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
+            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"]))
         # 5. Record.
         return RoundTrace(
             index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
@@ -253,10 +339,11 @@ class Engine:
         decode.draft_confidence asks to stop early: then the draft's probability of each drafted token
         is read, and drafting stops before a token below it (at least one token is always drafted)."""
         decode = run.decode
-        tokens, q_sample, q_signal = [], [], []
+        tokens, q_sample, q_signal, states = [], [], [], []
         feed = self._ids(run.seq.pending(self.draft.cached_length(run.draft_cache)))  # committed since last time
         for _ in range(gamma):
-            logits = self.draft.logits(self.draft.hidden(feed, run.draft_cache)[-1])
+            state = self.draft.hidden(feed, run.draft_cache)[-1]
+            logits = self.draft.logits(state)
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
             signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
             feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, run.generator).view(1)
@@ -265,10 +352,12 @@ class Engine:
             tokens.append(feed)
             q_sample.append(probs)
             q_signal.append(signal)
+            states.append(state)
         if not tokens:
             empty = torch.empty(0, self.target.vocab_size, device=self.device)
-            return _Draft(torch.empty(0, dtype=torch.long, device=self.device), empty, empty)
-        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal))
+            return _Draft(torch.empty(0, dtype=torch.long, device=self.device), empty, empty,
+                          torch.empty(0, self.draft.hidden_size, device=self.device))
+        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states))
 
     def _judge(self, run: _RunState, draft: _Draft, hidden: torch.Tensor, clean_logits: torch.Tensor) -> _Judgement:
         """The lossless test at every drafted position, the rule's paths where it reads them, and
@@ -276,55 +365,15 @@ class Engine:
         decode, rule = run.decode, run.rule
         gamma = int(draft.tokens.shape[0])
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
-        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
-        signals = acceptance.position_signals(draft.tokens, draft.q_signal, p_signal)
         exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
-        t_mc_start = run.clock.now()
-        path_rows, path_probs = 0, []
-        if rule.uses_paths and gamma > 0:
-            signals, path_rows, path_probs = self._checked_paths(hidden, clean_logits, draft.q_signal, signals, exact,
-                                                                 rule, run.p, decode, run.masks)
-        t_mc = run.clock.now() - t_mc_start
-        host = _to_host({**vars(signals), "exact": exact, **_tops(draft.q_signal, p_signal, path_probs, gamma)})
-        signals = acceptance.Signals(**{name: host[name] for name in vars(signals)})
+        judged = judge_positions(self.target, rule, run.p, decode, len(run.seq.tokens), draft.tokens, draft.q_signal,
+                                 hidden, clean_logits, exact, run.clock)
+        host = _to_host({**vars(judged.signals), "exact": exact,
+                         **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
+        signals = acceptance.Signals(**{name: host[name] for name in vars(judged.signals)})
         verdict = acceptance.decide(rule, decode.greedy, signals, draft.q_sample, p_sample, run.generator,
                                     exact=host["exact"])
-        return _Judgement(verdict, host, path_rows, t_mc)
-
-    def _checked_paths(self, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, masks):
-        """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
-        exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
-        left to right, until the rule rejects one (the positions after it are discarded anyway).
-
-        Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
-        runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
-        At p = 0 every path is the clean row: its statistics come from that one row, no path work.
-        Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
-        """
-        judged = (~exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
-        stages = [judged[:1], judged[1:]]
-        parts, probs, rows = [], [], 0
-        for stage in stages:
-            if stage.numel() == 0:
-                break
-            stats = self._path_stats(hidden[stage], clean_logits[stage], rule, p, decode, masks)
-            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
-            parts.append((stage, part))
-            probs.append((stage, stats.probs))
-            rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
-            checked = acceptance.Signals(**{**vars(acceptance.at_positions(signals, stage)), **part})
-            if not bool(acceptance.rule_accepts(rule, checked).all()):
-                break
-        return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs
-
-    def _path_stats(self, hidden, clean_logits, rule, p, decode, masks) -> mc_head.PathStats:
-        """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V])."""
-        if p == 0.0:  # every path is the clean row
-            return mc_head.path_stats(clean_logits.unsqueeze(0), decode.temperature, rule.centroid).expanded(
-                rule.num_paths)
-        keep = mc_head.dropout_masks(hidden, rule.num_paths, p, masks)
-        path_logits = self.target.path_logits(hidden, keep, p, clean_logits)
-        return mc_head.path_stats(path_logits, decode.temperature, rule.centroid)
+        return _Judgement(verdict, host, judged.path_rows, judged.t_mc)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""
@@ -364,7 +413,7 @@ class Engine:
         return None
 
     def _finish(self, mode, rule, p, decode, seq, rounds, stop_reason, t_prefill, first_view,
-                t_calibration=0.0, p_auto_reached=None) -> GenerationTrace:
+                t_calibration=0.0, p_auto_reached=None, states=()) -> GenerationTrace:
         # The run's own time: prefill + calibration + rounds. Time spent by the caller between rounds
         # (another run interleaved with this one, a UI update) is not this run's.
         t_total = t_prefill + t_calibration + sum(r.t_round for r in rounds)
@@ -379,7 +428,7 @@ class Engine:
             target_name=self.target.name, draft_name=self.draft.name if mode == "sd" else "",
             centroid=rule.centroid, majority_fraction=rule.majority_fraction, t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
-            first_in_nucleus=first_view["emitted_in_nucleus"][0],
+            first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states,
         )
 
 

@@ -7,6 +7,7 @@ which makes them cheap to keep and trivial to write as JSON.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from dataclasses import dataclass
 
@@ -76,6 +77,46 @@ class RoundTrace:
 
 
 @dataclass(frozen=True)
+class RoundStates:
+    """What the rule lab (lab.py) re-judges one round's drafts from, without the transformer: the
+    target's final hidden states at the g + 1 verified positions [g + 1, H] and the draft's at its g
+    drafting steps [g, H_d], as float32 little-endian bytes in base64 (exact: a replay with the run's
+    own settings decides bit for bit as the run did); the lossless test's result per drafted position;
+    the sequence position of the first drafted token (it keys the dropout masks)."""
+
+    first_position: int
+    target_hidden: str
+    draft_hidden: str
+    exact: tuple[bool, ...]
+
+    @staticmethod
+    def from_tensors(first_position: int, target_hidden, draft_hidden, exact) -> "RoundStates":
+        return RoundStates(first_position, _pack(target_hidden), _pack(draft_hidden),
+                           tuple(bool(x) for x in exact.tolist()))
+
+    def tensors(self):
+        """(target_hidden [g + 1, H], draft_hidden [g, H_d]) as float32 CPU tensors."""
+        g = len(self.exact)
+        target = _unpack(self.target_hidden)
+        draft = _unpack(self.draft_hidden)
+        return target.view(g + 1, -1), draft.view(g, -1) if g else draft.view(0, 0)
+
+
+def _unpack(text: str):
+    import numpy
+    import torch
+
+    return torch.from_numpy(numpy.frombuffer(base64.b64decode(text), dtype="<f4").astype(numpy.float32))
+
+
+def _pack(tensor) -> str:
+    import torch
+
+    data = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().astype("<f4").tobytes()
+    return base64.b64encode(data).decode("ascii")
+
+
+@dataclass(frozen=True)
 class GenerationTrace:
     """A whole generation: settings, prefill, rounds, the text.
 
@@ -108,6 +149,7 @@ class GenerationTrace:
     p_auto_reached: bool | None = None  # p = auto: did any grid value reach the agreement target
     first_logprob: float | None = None  # the prefill token, as emitted_logprob
     first_in_nucleus: bool | None = None
+    states: tuple[RoundStates, ...] = ()  # per round, for the rule lab; empty unless the run kept them
 
     @property
     def label(self) -> str:
@@ -124,7 +166,8 @@ class GenerationTrace:
                           "emitted_in_nucleus": tuple(r.get("emitted_in_nucleus", ()))})
             for r in data["rounds"]
         )
-        fields = {**data, "rounds": rounds}
+        states = tuple(RoundStates(**{**st, "exact": tuple(st["exact"])}) for st in data.get("states", ()))
+        fields = {**data, "rounds": rounds, "states": states}
         for name in ("prompt_ids", "output_ids", "token_texts"):
             fields[name] = tuple(data[name])
         return GenerationTrace(**fields)

@@ -32,6 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--warm-up", type=int, default=20)
+    parser.add_argument("--every", type=int, default=25, help="print the growth every this many requests")
     args = parser.parse_args()
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -54,7 +55,7 @@ def main() -> int:
                 before = process.memory_info().rss
             prompt = f"Tell me about {' '.join(WORDS[: 1 + i % len(WORDS)])}, number {i}."
             client.predict(prompt=prompt, max_new_tokens=6, api_name="/compare")
-            if before is not None and (i - args.warm_up) % 25 == 24:
+            if before is not None and (i - args.warm_up) % args.every == args.every - 1:
                 print(f"{i - args.warm_up + 1} requests: +{(process.memory_info().rss - before) / 2**20:.1f} MB", flush=True)
         print(f"RSS growth over {args.requests} requests after {args.warm_up}: "
               f"{(process.memory_info().rss - before) / 2**20:.1f} MB")

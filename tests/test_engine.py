@@ -285,10 +285,11 @@ def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tin
 
 
 @pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
-@pytest.mark.parametrize("shape", [(0, 24), (1, 24), (2, 24), (5, 24), (1, 3, 24)])
+@pytest.mark.parametrize("shape", [(0, 24), (1, 24), (2, 24), (5, 24), (1, 3, 24), (17, 24), (1, 40, 24)])
 def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, dtype, packed):
     """RowLinear (row_linear's CPU layout, one fp32 row multiplied as two; oneDNN with a packed
-    weight for three rows or more) gives F.linear's numbers and shape."""
+    weight for three rows or more, padded to a power of two above 16 rows) gives F.linear's numbers
+    and shape."""
     from dropmatch.models import RowLinear, row_linear
 
     generator = torch.Generator().manual_seed(0)
@@ -305,6 +306,40 @@ def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shap
     assert torch.allclose(got.float(), expected, atol=tolerance)
     no_bias = row_linear(hidden, linear.weight)
     assert torch.allclose(no_bias.float(), expected - linear.bias.float(), atol=tolerance)
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 16, 17, 37, 64, 100, 511, 512, 513, 1300])
+def test_onednn_chunks_cover_the_input_with_sizes_from_a_fixed_set(length):
+    """A bf16 CPU model is fed in power-of-two pieces of at most 512 rows, largest first, that add
+    up to the input: oneDNN then meets ten row counts at most, whatever the prompt's length. An fp32
+    model, or one on another device, is fed whole."""
+    from dropmatch.models.cpu_kernels import onednn_chunks
+
+    sizes = onednn_chunks(length, torch.device("cpu"), torch.bfloat16)
+    assert sum(sizes) == length
+    assert all(size in {2**k for k in range(10)} for size in sizes)
+    assert sizes == sorted(sizes, reverse=True)
+    assert onednn_chunks(length, torch.device("cpu"), torch.float32) == [length]
+    assert onednn_chunks(length, torch.device("cuda"), torch.bfloat16) == [length]
+
+
+def test_a_bf16_model_fed_in_chunks_gives_the_hidden_states_of_one_call(tiny_dirs):
+    """CausalLM.hidden splits a long input for a bf16 CPU model (onednn_chunks) and appends each
+    piece to the cache: the same hidden states (up to bf16 rounding) and cache length as one call."""
+    from transformers import AutoModelForCausalLM
+
+    from dropmatch.models import CausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.bfloat16)
+    lm = CausalLM(model, "tiny", model.config.vocab_size)
+    ids = torch.randint(0, model.config.vocab_size, (37,), generator=torch.Generator().manual_seed(1))
+    cache = lm.new_cache()
+    chunked = lm.hidden(ids, cache)
+    with torch.inference_mode():
+        whole = model.get_decoder()(input_ids=ids.view(1, -1)).last_hidden_state[0]
+    assert chunked.shape == whole.shape and lm.cached_length(cache) == 37
+    assert torch.allclose(chunked.float(), whole.float(), atol=0.1, rtol=0.05)
+    assert (chunked.float() - whole.float()).abs().mean() < 0.01
 
 
 def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kept(tiny_dirs):

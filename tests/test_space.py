@@ -95,3 +95,16 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(s
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_a_running_server_stays_lean_over_a_hundred_compare_requests():
+    """scripts/soak_server.py through the real server (the embedded pair, prompts of varied length):
+    after 20 warm-up requests, 100 more /compare requests grow its resident memory by at most 20 MB.
+    (Before oneDNN was kept to a fixed set of row counts, each new prompt length added megabytes.)"""
+    result = subprocess.run([sys.executable, "scripts/soak_server.py", "--requests", "100", "--warm-up", "20"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    print(last)
+    growth_mb = float(last.rsplit(":", 1)[1].split()[0])
+    assert growth_mb <= 20.0, result.stdout

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PairSpec
-from .cpu_kernels import RowLinear, fast_dtype, row_linear
+from .cpu_kernels import RowLinear, fast_dtype, onednn_chunks, row_linear
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
@@ -56,6 +56,9 @@ class CausalLM:
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
+        # The blocks' dtype: the decoder's last parameter (its final norm), not the first, which may
+        # be an input embedding shared with a model that computes in another dtype.
+        self.compute_dtype = list(self.decoder.parameters())[-1].dtype
         self.head = model.get_output_embeddings()
         plain = isinstance(self.head, torch.nn.Linear) and self.head.bias is None
         self._head_weight = self.head.weight if plain else None  # None: call the module itself
@@ -72,6 +75,10 @@ class CausalLM:
         return self.head.weight.detach()
 
     @property
+    def hidden_size(self) -> int:
+        return int(self.head.weight.shape[-1])
+
+    @property
     def max_positions(self) -> int:
         config = self.model.config
         return int(getattr(config, "max_position_embeddings", None) or 1_000_000)
@@ -83,9 +90,14 @@ class CausalLM:
 
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H]."""
-        out = self.decoder(input_ids=input_ids.view(1, -1), past_key_values=cache, use_cache=True)
-        return out.last_hidden_state[0]
+        """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H].
+        A long input to a model that multiplies through oneDNN goes in chunks of fixed sizes
+        (cpu_kernels.onednn_chunks: oneDNN keeps memory per row count it meets)."""
+        parts = []
+        for chunk in input_ids.split(onednn_chunks(int(input_ids.numel()), self.device, self.compute_dtype)):
+            out = self.decoder(input_ids=chunk.view(1, -1), past_key_values=cache, use_cache=True)
+            parts.append(out.last_hidden_state[0])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,13 @@ path, and in fp32 a single row (a matrix-vector product) is slower still than tw
 lays the product out as (W x^T)^T; `RowLinear` is an nn.Linear that uses it for one or two rows and,
 for three or more, oneDNN with a packed copy of its weight. Same products up to fp32 rounding;
 docs/results-2026-11-30.md has what they were measured to save.
+
+oneDNN (and PyTorch's ideep layer over it) caches a compiled primitive per row count, up to 1024 of
+them, a few MB each, never given back: fed every prompt length a server meets, the process grows by
+megabytes per new length. So only row counts from a small fixed set reach oneDNN: RowLinear pads more
+than PACKED_MAX_ROWS rows with zero rows to a power of two (rows are independent in a linear layer),
+and CausalLM.hidden feeds an input to a model whose blocks multiply through oneDNN (bf16 on a CPU) in
+chunks of power-of-two sizes.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ def row_linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 PACKED_ROWS = 8  # the row count oneDNN lays a packed weight out for
+PACKED_MAX_ROWS = 16  # more rows (a prompt) are padded to a power of two (see the module's docstring)
 
 
 class RowLinear(torch.nn.Linear):
     """An nn.Linear (same parameters, shared, not copied) for the few rows decoding multiplies on
     a CPU: one or two rows go through row_linear; three or more through oneDNN with a packed copy
-    of the weight when pack() made one (otherwise row_linear too). The packed copy is for
+    of the weight when pack() made one (more than PACKED_MAX_ROWS padded with zero rows to a power
+    of two), otherwise through row_linear too. The packed copy is for
     inference; it is dropped when the weights change (in place, or by .to())."""
 
     packed: torch.Tensor | None = None
@@ -60,7 +69,10 @@ class RowLinear(torch.nn.Linear):
         if self.packed is not None and self._packed_version != self.weight._version:
             self.packed = None
         if self.packed is not None and rows.shape[0] > 2 and not torch.is_grad_enabled():
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+            num_rows = rows.shape[0]
+            if num_rows > PACKED_MAX_ROWS:
+                rows = torch.nn.functional.pad(rows, (0, 0, 0, (1 << (num_rows - 1).bit_length()) - num_rows))
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:num_rows]
             return out.reshape(*hidden.shape[:-1], self.out_features)
         out = row_linear(hidden, self.weight)
         return out if self.bias is None else out + self.bias
@@ -85,6 +97,17 @@ def linear_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights of a model's nn.Linear layers (what packing them would copy)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     return sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def onednn_chunks(length: int, device: torch.device, dtype: torch.dtype) -> list[int]:
+    """Sizes to feed `length` input rows in, so that a model multiplying through oneDNN (bf16 on a
+    CPU) meets only row counts from a fixed set: the powers of two in `length` (largest first; at
+    most 512 rows a piece), e.g. 37 -> [32, 4, 1]. A model multiplying otherwise is fed whole."""
+    if device.type != "cpu" or dtype == torch.float32 or length <= 1:
+        return [length]
+    sizes = [512] * (length // 512)
+    rest = length % 512
+    return sizes + [1 << bit for bit in reversed(range(rest.bit_length())) if rest >> bit & 1]
 
 
 def fast_dtype(device: torch.device) -> torch.dtype:

@@ -1,0 +1,174 @@
+"""The rule lab: one run's drafted tokens re-judged under every rule, through the heads only.
+
+The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
+result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
+and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
+under every rule with the engine's own function (engine.judge_positions, then acceptance.judge): the
+same drafts and the same clean target for every rule, in well under a second, without running a
+transformer block. A replay with the run's own settings decides exactly as the run did.
+
+The numbers under the matrix are counterfactuals on fixed drafts: what each rule would accept of
+these drafts, not what a run with that rule would have drafted next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import acceptance
+from .config import ConfigError, DecodeConfig, RuleConfig
+from .engine import judge_positions
+from .models import CausalLM
+from .sampling import signal_probs
+from .trace import GenerationTrace
+
+LAB_VERSION = 1
+
+
+@dataclass
+class PreparedRound:
+    """One round's inputs to the rules: draft_tokens [g] at sequence positions first_position + i,
+    q_signal [g, V], hidden [g + 1, H] and clean_logits [g + 1, V] at the verified positions, exact [g]."""
+
+    first_position: int
+    draft_tokens: torch.Tensor
+    q_signal: torch.Tensor
+    hidden: torch.Tensor
+    clean_logits: torch.Tensor
+    exact: torch.Tensor
+
+
+def has_states(trace: GenerationTrace | None) -> bool:
+    return trace is not None and trace.mode == "sd" and len(trace.states) == len(trace.rounds) > 0
+
+
+def decode_of(trace: GenerationTrace) -> DecodeConfig:
+    return DecodeConfig(gamma=trace.gamma, max_new_tokens=max(1, len(trace.output_ids)),
+                        temperature=trace.temperature, top_p=trace.top_p, seed=trace.seed)
+
+
+@torch.inference_mode()
+def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[PreparedRound]:
+    """The heads' part of the run again, from its kept states: the clean logits of each round's
+    verified positions (one call per round, as the engine made it) and the draft's distribution at
+    each drafting step (one row per call, as the engine made it), so every number is the run's own."""
+    if not has_states(trace):
+        raise ConfigError("this run kept no states for the rule lab (runs from the app and recorded runs do)")
+    prepared = []
+    for round_trace, states in zip(trace.rounds, trace.states):
+        target_hidden, draft_hidden = states.tensors()
+        q_signal = [signal_probs(draft.logits(row.to(draft.device)), trace.temperature) for row in draft_hidden]
+        hidden = target_hidden.to(target.device)
+        prepared.append(PreparedRound(
+            first_position=states.first_position,
+            draft_tokens=torch.tensor([d.token for d in round_trace.drafted], dtype=torch.long, device=target.device),
+            q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
+            hidden=hidden, clean_logits=target.logits(hidden),
+            exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),
+        ))
+    return prepared
+
+
+def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
+    """The lab's knobs as one RuleConfig (its rule field unused): the lossy run's own where it had
+    them (K, p, vote fraction, centroid), else the defaults; p must be a number here."""
+    base = RuleConfig()
+    if trace is not None and trace.p is not None:
+        base = dataclasses.replace(base, num_paths=trace.num_paths, p=trace.p, centroid=trace.centroid,
+                                   majority_fraction=trace.majority_fraction)
+    settings = dataclasses.replace(base, **changes)
+    if settings.p is None:
+        raise ConfigError("the rule lab needs a number for p")
+    return settings
+
+
+@torch.inference_mode()
+def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfig, settings: RuleConfig,
+            token_text: Callable[[int], str], rules: tuple[str, ...] | None = None) -> dict:
+    """The lab's matrix (JSON-ready): one row per drafted token, one cell per rule, and per rule the
+    share of drafted tokens it accepts and its acceptance length per round on these drafts."""
+    start = time.perf_counter()
+    rules = rules or tuple(acceptance.RULES)
+    memo: dict = {}
+    columns = []  # per rule: per round, (reasons, host signals)
+    for name in rules:
+        cfg = dataclasses.replace(settings, rule=name)
+        p = cfg.p if cfg.uses_paths else None
+        column = []
+        for rnd in prepared:
+            judged = judge_positions(target, cfg, p, decode, rnd.first_position, rnd.draft_tokens, rnd.q_signal,
+                                     rnd.hidden, rnd.clean_logits, rnd.exact, memo=memo)
+            signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
+            column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
+        columns.append((cfg, column))
+    rows = _rows(prepared, columns, token_text)
+    return {
+        "version": LAB_VERSION,
+        "settings": {"num_paths": settings.num_paths, "p": settings.p, "majority_fraction": settings.majority_fraction,
+                     "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
+                     "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta},
+        "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
+                  for name in rules],
+        "rows": rows,
+        "summary": [_summary(cfg.rule, column) for cfg, column in columns],
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _rows(prepared, columns, token_text) -> list[dict]:
+    rows = []
+    for r, rnd in enumerate(prepared):
+        for i, token in enumerate(rnd.draft_tokens.tolist()):
+            cells = []
+            for cfg, column in columns:
+                reasons, signals = column[r]
+                reason = reasons[i]
+                cells.append({"reason": reason, "accepted": reason not in ("rejected", "unchecked"),
+                              "info": cell_info(cfg, signals, i, reason, token_text)})
+            rows.append({"round": r, "slot": i, "token": token, "text": token_text(token), "cells": cells})
+    return rows
+
+
+def _summary(rule: str, column) -> dict:
+    drafted = sum(len(reasons) for reasons, _ in column)
+    accepted = sum(sum(reason not in ("rejected", "unchecked") for reason in reasons) for reasons, _ in column)
+    rounds = len(column)
+    return {"rule": rule, "drafted": drafted, "accepted": accepted, "share": accepted / drafted if drafted else 0.0,
+            "tau": (accepted + rounds) / rounds if rounds else 0.0}
+
+
+def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str, token_text) -> str:
+    """The numbers the rule read at position i, as a hover line."""
+    if reason == "unchecked":
+        return "not reached: this rule rejected an earlier token of the round"
+    draft_prob, target_prob = float(signals.draft_prob[i]), float(signals.target_prob[i])
+    top = int(signals.target_tokens[i])
+    lines = [f"draft q(x) {draft_prob:.3f}, target p(x) {target_prob:.3f}; target's top {token_text(top)!r} "
+             f"({float(signals.target_token_prob[i]):.3f})"]
+    if reason == "exact":
+        lines.append("accepted by the lossless test")
+    elif cfg.rule == "typical":
+        floor = min(cfg.typical_eps, cfg.typical_delta * float(torch.exp(-signals.target_entropy[i])))
+        lines.append(f"typical: p(x) {target_prob:.3f} vs floor {floor:.3f}")
+    elif cfg.rule == "fixed_js":
+        lines.append(f"JS(draft, target) {float(signals.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}")
+    elif cfg.uses_paths:
+        lines.append(_path_info(cfg, signals, i, token_text))
+    return "\n".join(lines)
+
+
+def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text) -> str:
+    if signals.path_tokens is None or int(signals.path_tokens[0, i]) < 0:
+        return "paths not read: the draft is the target's top token (the lossless test decides)"
+    paths = " ".join(repr(token_text(int(t))) for t in signals.path_tokens[:, i])
+    needed = acceptance.votes_needed(cfg.num_paths, cfg.majority_fraction)
+    majority = int(signals.majority_tokens[i])
+    majority_text = token_text(majority) if majority >= 0 else "(tie)"
+    return (f"paths: {paths}\nJS(draft, centroid) {float(signals.js_draft_centroid[i]):.3f} vs threshold "
+            f"{float(signals.js_threshold[i]):.3f}; majority {majority_text!r} {int(signals.majority_votes[i])}/"
+            f"{cfg.num_paths} (needs {needed}); draft's votes {int(signals.draft_votes[i])}")

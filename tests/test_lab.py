@@ -1,0 +1,99 @@
+"""The rule lab re-judges a run's drafts through the heads only, with the engine's own functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import PROMPTS
+
+from dropmatch import lab
+from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
+from dropmatch.engine import run_to_end
+from dropmatch.trace import GenerationTrace
+
+SETTINGS = [  # (decode, rule): greedy and sampled, each path rule and one without paths
+    (dict(gamma=4, max_new_tokens=40), dict(rule="dropmatch", p=0.3)),
+    (dict(gamma=5, max_new_tokens=40), dict(rule="naive", p=0.1, num_paths=7)),
+    (dict(gamma=4, max_new_tokens=40), dict(rule="majority", p=0.4, majority_fraction=0.6, centroid="logits")),
+    (dict(gamma=4, max_new_tokens=40, temperature=0.8, seed=3), dict(rule="dropmatch", p=0.3)),
+    (dict(gamma=4, max_new_tokens=40, temperature=0.8, seed=5), dict(rule="js", p=0.2)),
+    (dict(gamma=3, max_new_tokens=40), dict(rule="typical", typical_eps=0.1)),
+]
+
+
+def reasons_of(trace: GenerationTrace) -> list[list[str]]:
+    """Per round with drafts (a last round may draft none), its reasons."""
+    return [[d.reason for d in r.drafted] for r in trace.rounds if r.drafted]
+
+
+def matrix_reasons(matrix: dict, column: int) -> list[list[str]]:
+    rounds: dict[int, list[str]] = {}
+    for row in matrix["rows"]:
+        rounds.setdefault(row["round"], []).append(row["cells"][column]["reason"])
+    return [rounds[r] for r in sorted(rounds)]
+
+
+@pytest.mark.parametrize("decode, rule", SETTINGS)
+def test_rejudging_a_run_with_its_own_settings_reproduces_its_decisions(far_engine, decode, rule):
+    """The lab, given a run's kept states and its own settings, decides every drafted position as the
+    run did (its lossy rule and the lossless test), bit for bit: one source of truth."""
+    engine = far_engine
+    decode_config, rule_config = DecodeConfig(**decode), RuleConfig(**rule)
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), decode_config, rule_config, keep_states=True))
+    assert lab.has_states(trace) and any(r.num_accepted < r.num_drafted for r in trace.rounds)
+    prepared = lab.prepare(trace, engine.target, engine.draft)
+    settings = lab.lab_settings(trace, **{k: v for k, v in rule.items() if k != "rule"})
+    matrix = lab.rejudge(prepared, engine.target, lab.decode_of(trace), settings, engine.token_text,
+                         rules=("lossless", rule_config.rule))
+    assert matrix_reasons(matrix, 1) == reasons_of(trace)
+    assert [row["token"] for row in matrix["rows"]] == [d.token for r in trace.rounds for d in r.drafted]
+    assert matrix_reasons(matrix, 0) == [lossless_reasons(states.exact) for states in trace.states if states.exact]
+
+
+def lossless_reasons(exact: tuple[bool, ...]) -> list[str]:
+    reasons = []
+    for accepted in exact:
+        reasons.append("exact" if accepted else "rejected")
+        if not accepted:
+            break
+    return reasons + ["unchecked"] * (len(exact) - len(reasons))
+
+
+def test_the_lab_column_of_lossless_equals_the_lossless_run_and_a_lossy_rule_accepts_more(far_engine):
+    """On the lossless column's drafts, the lab's lossless column is that run's own decisions; a lossy
+    rule with dropout accepts at least as much, and its counterfactual tau is reported per rule."""
+    engine = far_engine
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[1]), DecodeConfig(gamma=4, max_new_tokens=40),
+                                          RuleConfig("lossless"), keep_states=True))
+    prepared = lab.prepare(trace, engine.target, engine.draft)
+    matrix = lab.rejudge(prepared, engine.target, lab.decode_of(trace), lab.lab_settings(None, p=0.4), engine.token_text)
+    names = [rule["name"] for rule in matrix["rules"]]
+    assert names[0] == "lossless" and {"naive", "js", "majority", "dropmatch", "typical", "fixed_js"} <= set(names)
+    assert matrix_reasons(matrix, 0) == reasons_of(trace)
+    summary = {row["rule"]: row for row in matrix["summary"]}
+    assert summary["lossless"]["tau"] == pytest.approx(sum(r.num_accepted + 1 for r in trace.rounds) / len(trace.rounds))
+    assert summary["naive"]["accepted"] > summary["lossless"]["accepted"]
+    assert all(summary[name]["accepted"] >= summary["lossless"]["accepted"] for name in names)
+    assert json.loads(json.dumps(matrix)) == matrix  # JSON as the API returns it
+
+
+def test_states_survive_the_trace_json_round_trip_and_a_run_without_them_is_refused(tiny_engine):
+    """Kept states travel in the trace JSON (the Downloads file) and re-judge the same after it;
+    a trace without states gets one clear message."""
+    engine = tiny_engine
+    ids = engine.encode(PROMPTS[2])
+    trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=24), RuleConfig("lossless"),
+                                          keep_states=True))
+    again = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    assert again == trace
+    settings = lab.lab_settings(None, p=0.2)
+    first = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace), settings,
+                        engine.token_text)
+    second = lab.rejudge(lab.prepare(again, engine.target, engine.draft), engine.target, lab.decode_of(again),
+                         settings, engine.token_text)
+    assert first["rows"] == second["rows"]
+    plain = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=24), RuleConfig("lossless")))
+    assert plain.states == ()
+    with pytest.raises(ConfigError, match="kept no states"):
+        lab.prepare(plain, engine.target, engine.draft)
