@@ -19,6 +19,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,7 +29,9 @@ import gradio as gr
 from dropmatch.compare import compare_stream
 from dropmatch.config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig, parse_p
 from dropmatch.metrics import summarize
-from dropmatch.render import css, legend_html, stats_html, step_html, text_html, token_spans
+from dropmatch import lab
+from dropmatch.render import (css, lab_html, lab_summary_html, legend_html, stats_html, step_html, text_html,
+                              token_spans)
 from dropmatch.studio import DEFAULT_PRESET, PRESETS, Studio, pair_from_choice
 from dropmatch.trace import GenerationTrace
 
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
-RUN_FORMAT, RUN_VERSION = "dropmatch-run", 1  # the Downloads trace file: what "Open a recorded run" reads
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 2  # the Downloads trace file: what "Open a recorded run" reads
 DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
                 centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
@@ -137,8 +140,9 @@ def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A finished comparison as plain data: the three traces and the text of every token id they
-    mention, so that every view (columns, stats, charts, step view) is drawn without a model."""
+    """A finished comparison as plain data: the three traces, the text of every token id they
+    mention and the rule lab's matrix at the run's own settings, so that every view (columns, stats,
+    charts, step view, rule lab) is drawn without a model."""
 
     prompt: str
     rule: str
@@ -147,6 +151,7 @@ class RunRecord:
     lossy: GenerationTrace
     ar: GenerationTrace | None
     tokens: dict[int, str]
+    lab: dict | None = None
 
     def token_text(self, token: int) -> str:
         return self.tokens.get(token, f"<{token}>")
@@ -158,7 +163,7 @@ class RunRecord:
         return {"format": RUN_FORMAT, "version": RUN_VERSION, "prompt": self.prompt, "rule": self.rule,
                 "p_auto": self.p_auto, "lossless": self.lossless.to_dict(), "lossy": self.lossy.to_dict(),
                 "autoregressive": self.ar.to_dict() if self.ar else None,
-                "tokens": {str(k): v for k, v in self.tokens.items()}}
+                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab}
 
     @staticmethod
     def from_dict(data) -> "RunRecord":
@@ -173,7 +178,7 @@ class RunRecord:
             return RunRecord(data["prompt"], data["rule"], bool(data["p_auto"]),
                              GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
                              None if ar is None else GenerationTrace.from_dict(ar),
-                             {int(k): v for k, v in data["tokens"].items()})
+                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
         except (KeyError, TypeError, ValueError) as error:
             raise ConfigError(f"this run file is damaged ({type(error).__name__}: {error})") from None
 
@@ -216,10 +221,18 @@ def mentioned_tokens(*traces: GenerationTrace | None) -> set[int]:
 
 
 def record_of(state, engine) -> RunRecord:
-    """The RunRecord of a finished Comparison (the engine only names the tokens)."""
+    """The RunRecord of a finished Comparison (the engine names the tokens and its heads give the
+    rule lab's matrix at the run's own settings)."""
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
     tokens = {token: engine.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
-    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens)
+    matrix = lab_matrix(engine, lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
+    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix)
+
+
+def lab_matrix(engine, trace: GenerationTrace, settings: RuleConfig) -> dict:
+    """The rule lab's matrix for a run's drafts (its kept states) through the engine's heads."""
+    prepared = lab.prepare(trace, engine.target, engine.draft)
+    return lab.rejudge(prepared, engine.target, lab.decode_of(trace), settings, engine.token_text)
 
 
 # ---------------------------------------------------------------- files
@@ -345,7 +358,22 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         if rounds else "No rounds ran.",
         "last_run": record,
         "download_trace": trace_file, "download_metrics": metrics_file,
+        **lab_view(record),
     }
+
+
+def lab_view(record: RunRecord) -> dict:
+    """The rule lab at the run's own settings (the matrix the run recorded), controls set to them."""
+    if record.lab is None:
+        return {"lab_out": "", "lab_summary": "",
+                "lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+    settings = record.lab["settings"]
+    return {"lab_out": lab_html(record.lab), "lab_summary": lab_summary_html(record.lab),
+            "lab_status": f"The lossless column's {len(record.lab['rows'])} drafted tokens under every rule, at the "
+                          "run's own settings. Move a control to re-judge them.",
+            "lab_k": settings["num_paths"], "lab_p": settings["p"], "lab_fraction": settings["majority_fraction"],
+            "lab_centroid": settings["centroid"], "lab_fixed_js": settings["fixed_js_threshold"],
+            "lab_typical_eps": settings["typical_eps"]}
 
 
 # ---------------------------------------------------------------- callbacks
@@ -414,6 +442,31 @@ def show_step(record: RunRecord | None, which: str, index) -> str:
     return step_html(trace.rounds[index], record.token_text, trace.majority_fraction)
 
 
+def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps) -> dict:
+    """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
+    if record is None:
+        return {"lab_status": "Run a comparison (or open a recorded run) first."}
+    if not lab.has_states(record.lossless):
+        return {"lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+    try:
+        settings = lab.lab_settings(None, num_paths=k, p=p, majority_fraction=fraction, centroid=centroid,
+                                    fixed_js_threshold=fixed_js, typical_eps=typical_eps)
+    except ConfigError as error:
+        return {"lab_status": f"⚠️ {error}"}
+    engine = studio.loaded_engine()
+    names = (record.lossless.target_name, record.lossless.draft_name)
+    if engine is None or (engine.target.name, engine.draft.name) != names:
+        return {"lab_status": f"Re-judging reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
+                              f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
+                              "Run that pair once (or wait for it to load), then move a control again."}
+    start = time.perf_counter()
+    matrix = studio.call(lab_matrix, engine, record.lossless, settings)
+    seconds = time.perf_counter() - start
+    return {"lab_out": lab_html(matrix), "lab_summary": lab_summary_html(matrix),
+            "lab_status": f"Re-judged {len(matrix['rows'])} drafted tokens under {len(matrix['rules'])} rules in "
+                          f"{seconds:.2f} s through the heads only (no transformer block ran)."}
+
+
 def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
                 rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
                 temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
@@ -440,6 +493,7 @@ def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: 
                   "majority_fraction": rule_config.majority_fraction},
         "autoregressive": None if record.ar is None else {"text": record.ar.text},
         "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
+        "lab": record.lab,
     }
 
 
@@ -510,6 +564,15 @@ class Ui:
     download_metrics: gr.File
     recorded_choice: gr.Dropdown
     recorded_upload: gr.File
+    lab_k: gr.Slider
+    lab_p: gr.Slider
+    lab_fraction: gr.Slider
+    lab_centroid: gr.Radio
+    lab_fixed_js: gr.Slider
+    lab_typical_eps: gr.Slider
+    lab_status: gr.Markdown
+    lab_out: gr.HTML
+    lab_summary: gr.HTML
     last_run: gr.State
     load_timer: gr.Timer
 
@@ -519,8 +582,16 @@ class Ui:
     def view_components(self) -> list:
         names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
-                 "step_out", "last_run", "download_trace", "download_metrics", "load_timer")
+                 "step_out", "last_run", "download_trace", "download_metrics", "load_timer", *self.lab_names())
         return [getattr(self, name) for name in names]
+
+    @staticmethod
+    def lab_names() -> tuple[str, ...]:
+        return ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_status",
+                "lab_out", "lab_summary")
+
+    def lab_controls(self) -> list:
+        return [self.lab_k, self.lab_p, self.lab_fraction, self.lab_centroid, self.lab_fixed_js, self.lab_typical_eps]
 
     def bind(self, view: dict) -> dict:
         """A view by field name -> a Gradio update by component."""
@@ -595,6 +666,23 @@ def build_layout() -> Ui:
                 parts["step_column"] = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
                 parts["step_round"] = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
             parts["step_out"] = gr.HTML("Run a comparison first.", elem_id="step-view")
+        with gr.Tab("Rule lab", elem_id="lab-tab"):
+            gr.Markdown("The lossless column's drafted tokens (the same drafts, the same clean target) judged by every "
+                        "rule at once, re-judged through the models' heads when you move a control. The totals under "
+                        "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
+                        "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
+            with gr.Row():
+                parts["lab_k"] = gr.Slider(1, 16, value=5, step=1, label="K paths", elem_id="lab-k")
+                parts["lab_p"] = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="dropout rate p", elem_id="lab-p")
+                parts["lab_fraction"] = gr.Slider(0.5, 1.0, value=0.8, step=0.05, label="majority: share of paths")
+                parts["lab_centroid"] = gr.Radio(list(CENTROIDS), value="probs", label="centroid")
+                parts["lab_fixed_js"] = gr.Slider(0.0, 0.69, value=RuleConfig.fixed_js_threshold, step=0.01,
+                                                  label="fixed-JS threshold T")
+                parts["lab_typical_eps"] = gr.Slider(0.0, 0.5, value=RuleConfig.typical_eps, step=0.01,
+                                                     label="typical ε")
+            parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
+            parts["lab_summary"] = gr.HTML(elem_id="lab-summary")
+            parts["lab_out"] = gr.HTML(elem_id="lab-matrix")
         with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
             gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
                         "embedded pair): how many more tokens a round keeps (tau gain over lossless SD) against "
@@ -661,6 +749,14 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(show_step, [ui.last_run, ui.step_column, ui.step_round], ui.step_out, api_visibility="private")
     ui.load_timer.tick(on_tick, None, [ui.status, ui.load_timer], api_visibility="private")
+
+    def on_lab(record, *controls):
+        return ui.bind(rejudge_view(studio, record, *controls))
+
+    lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary]
+    for control in ui.lab_controls():  # user moves only: a run setting the controls re-judges nothing
+        event = control.release if isinstance(control, gr.Slider) else control.input
+        event(on_lab, [ui.last_run, *ui.lab_controls()], lab_outputs, api_visibility="private", concurrency_id="engine")
     def on_recorded_choice(title):
         return ui.bind(open_recorded(downloads, recorded_runs().get(title), title) if title else {})
 

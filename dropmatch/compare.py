@@ -65,7 +65,9 @@ def compare_stream(
     engine.check_fits(ids, decode)
     state = Comparison(prompt, decode, rule, Column("lossless"), Column(rule.rule))
     runs = {
-        "lossless": (state.lossless, engine.speculative(ids, decode, replace(rule, rule="lossless"), stop_event)),
+        # The lossless column keeps its states: the rule lab re-judges its drafts under every rule.
+        "lossless": (state.lossless, engine.speculative(ids, decode, replace(rule, rule="lossless"), stop_event,
+                                                        keep_states=True)),
         "lossy": (state.lossy, engine.speculative(ids, decode, rule, stop_event)),
     }
     active = dict(runs)

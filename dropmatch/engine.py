@@ -124,11 +124,17 @@ def judge_positions(target: CausalLM, rule: RuleConfig, p: float | None, decode:
 
     draft_tokens [g] at sequence positions first_position + i; q_signal [g, V]; hidden [g + 1, H] and
     clean_logits [g + 1, V] the target's at the verified positions; exact [g] the lossless test.
-    memo: path statistics already computed, by (sequence positions, K, p, centroid): the lab judges
-    several rules on the same positions and computes their paths once."""
+    memo: what was computed already for these positions (the signals; the paths by K, p and centroid):
+    the lab judges several rules on the same positions and computes each once."""
     gamma = int(draft_tokens.shape[0])
-    p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
-    signals = acceptance.position_signals(draft_tokens, q_signal, p_signal)
+    key = ("signals", first_position, gamma)
+    if memo is not None and key in memo:
+        p_signal, signals = memo[key]
+    else:
+        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
+        signals = acceptance.position_signals(draft_tokens, q_signal, p_signal)
+        if memo is not None:
+            memo[key] = p_signal, signals
     start = clock.now() if clock else 0.0
     path_rows, path_probs = 0, []
     if rule.uses_paths and gamma > 0:
@@ -155,13 +161,15 @@ def _checked_paths(target, hidden, clean_logits, q_signal, signals, exact, rule,
         if stage.numel() == 0:
             break
         positions = [first_position + i for i in stage.tolist()]
-        key = (tuple(positions), rule.num_paths, p, rule.centroid)
-        stats = memo.get(key) if memo is not None else None
-        if stats is None:
+        # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
+        key = ("paths", first_position, tuple(positions), rule.num_paths, p, rule.centroid)
+        if memo is not None and key in memo:
+            stats, part = memo[key]
+        else:
             stats = _path_stats(target, hidden[stage], clean_logits[stage], rule, p, decode, positions)
+            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
             if memo is not None:
-                memo[key] = stats
-        part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
+                memo[key] = stats, part
         parts.append((stage, part))
         probs.append((stage, stats.probs))
         rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())

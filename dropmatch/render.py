@@ -49,6 +49,12 @@ BASE_CSS = """
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
 .dm-step .why { max-width: 460px; }
+.dm-lab { max-height: 560px; overflow: auto; }
+.dm-lab table { border-collapse: collapse; font-size: 0.95rem; }
+.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 8px; border: 1px solid #cfd8dc; }
+.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
+.dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
+.dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
 """
 
 
@@ -202,3 +208,39 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
     summary = (f"<p>Round {r.index}: {r.num_accepted} of {len(r.drafted)} drafted tokens accepted, then a "
                f"{r.extra_kind} token. Emitted: {emitted}</p>")
     return f'<div class="dm-step">{summary}<table>{head}{"".join(rows)}</table></div>'
+
+
+LAB_MARKS = {"exact": "✓", "rejected": "✗", "unchecked": "·"}
+
+
+def lab_html(matrix: dict) -> str:
+    """The rule lab's matrix: one row per drafted token (rounds separated by a rule), one column per
+    rule; a cell's colour is its reason, its hover the numbers the rule read."""
+    rules = matrix["rules"]
+    head = "".join(f"<th title=\"{html.escape(rule['name'])}\">{html.escape(rule['label'])}</th>" for rule in rules)
+    body = []
+    for row in matrix["rows"]:
+        cells = []
+        for cell in row["cells"]:
+            reason = cell["reason"]
+            mark = LAB_MARKS.get(reason, "✓")
+            cells.append(f'<td class="dm-{reason}" title="{html.escape(kind_label(reason))}\n'
+                         f'{html.escape(cell["info"])}">{mark}</td>')
+        start = ' class="round-start"' if row["slot"] == 0 else ""
+        round_cell = str(row["round"]) if row["slot"] == 0 else ""
+        body.append(f"<tr{start}><td>{round_cell}</td><td>{row['slot'] + 1}</td>"
+                    f'<td class="tok">{html.escape(_q(row["text"]))}</td>{"".join(cells)}</tr>')
+    if not body:
+        return "<p>No drafted tokens in this run.</p>"
+    return (f'<div class="dm-lab"><table><tr><th>round</th><th>slot</th><th>drafted</th>{head}</tr>'
+            f'{"".join(body)}</table></div>')
+
+
+def lab_summary_html(matrix: dict) -> str:
+    """Per rule, on these drafts: accepted / drafted and the acceptance length per round it would give."""
+    labels = {rule["name"]: rule["label"] for rule in matrix["rules"]}
+    rows = "".join(
+        f"<tr><td>{html.escape(labels[s['rule']])}</td><td>{s['accepted']} / {s['drafted']}</td>"
+        f"<td>{100 * s['share']:.0f}%</td><td>{s['tau']:.2f}</td></tr>" for s in matrix["summary"])
+    return ('<table class="dm-lab-summary"><tr><th>rule</th><th>accepted / drafted</th><th>share</th>'
+            f'<th>tau on these drafts</th></tr>{rows}</table>')

@@ -123,6 +123,14 @@ class Studio:
         """The engine for `spec`, loading it (on the model thread) when another pair or none is loaded."""
         return self._worker.submit(self._engine_for, self.policy.check(spec)).result()
 
+    def loaded_engine(self):
+        """The engine of the pair in memory, or None; never loads."""
+        return self._engine
+
+    def call(self, fn: Callable, *args):
+        """fn(*args) on the model thread (work that reads the loaded models)."""
+        return self._worker.submit(fn, *args).result()
+
     def iterate(self, generator) -> Iterator:
         """The items of a generator that runs the model, each computed on the model thread."""
         finished = object()

@@ -53,8 +53,9 @@ class FakeEngine:
             yield rounds[-1]
         return self._trace("ar", RuleConfig("lossless"), None, decode, prompt_ids, answer, rounds)
 
-    def speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event=None):
-        """Rounds of gamma drafts: lossless accepts half of each round, lossy rules all but the last."""
+    def speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event=None, keep_states=False):
+        """Rounds of gamma drafts: lossless accepts half of each round, lossy rules all but the last.
+        It has no hidden states to keep (keep_states is ignored): the rule lab says so."""
         answer = self.answer(prompt_ids)[: decode.max_new_tokens]
         lossy = rule.rule != "lossless"
         p = (0.1 if rule.p is None else rule.p) if rule.uses_paths else None

@@ -251,7 +251,9 @@ def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(
 
 
 def test_shipped_recorded_runs_open_while_loading_fails():
-    """Every run in assets/recorded opens with no model: the Studio's loader would raise."""
+    """Every run in assets/recorded opens with no model (the Studio's loader would raise): columns,
+    charts and the rule lab's matrix at the run's own settings; moving a lab control then says which
+    pair's heads it needs instead of failing."""
     import app
 
     def no_model(spec):
@@ -263,4 +265,8 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     for title, path in shipped.items():
         view = app.open_recorded(app.Downloads(), path, title)
         assert view["status"].startswith("Recorded run") and view["lossless_out"] and view["plot_js"] is not None
+        assert "<table>" in view["lab_out"] and "tau on these drafts" in view["lab_summary"]
+        assert view["lab_p"] == view["last_run"].lossy.p  # the controls start at the run's own settings
+        moved = app.rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
+        assert "not in memory" in moved["lab_status"] and "lab_out" not in moved
     assert not studio.is_loaded(PairSpec())

@@ -170,3 +170,29 @@ def test_embedded_path_rules_at_p_zero_are_lossless_sd(embedded_engine, temperat
         trace = run_to_end(embedded_engine.speculative(ids, decode, RuleConfig(rule, p=0.0)))
         assert trace.output_ids == lossless.output_ids, rule
         assert [r.head_rows for r in trace.rounds] == [r.head_rows for r in lossless.rounds], rule
+
+
+def test_the_rule_lab_reproduces_the_embedded_runs_and_redraws_a_96_token_run_quickly(embedded_engine):
+    """On the real pair: re-judging a DropMatch run (p = 0.3: dense bf16 paths; p = auto: sparse ones)
+    with its own settings gives its decisions; a control change on a 96-token lossless run (prepare
+    through the heads + every rule) is timed and printed (goal < 1 s here; asserted loosely)."""
+    from dropmatch import lab
+
+    engine = embedded_engine
+    ids = engine.encode(PROMPTS[0])
+    for p in (0.3, None):
+        trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("dropmatch", p=p),
+                                              keep_states=True))
+        matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace),
+                             lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
+        got = [cell["reason"] for row in matrix["rows"] for cell in row["cells"]]
+        assert got == [d.reason for r in trace.rounds for d in r.drafted]
+        assert any(reason in ("js", "majority") for reason in got)
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[1]), DecodeConfig(gamma=4, max_new_tokens=96),
+                                          RuleConfig("lossless"), keep_states=True))
+    start = time.perf_counter()
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace),
+                         lab.lab_settings(None, p=0.2), engine.token_text)
+    seconds = time.perf_counter() - start
+    print(f"rule lab: {len(matrix['rows'])} drafted tokens x {len(matrix['rules'])} rules re-judged in {seconds:.2f} s")
+    assert len(matrix["rows"]) >= 40 and seconds < 5.0
