@@ -365,10 +365,11 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
 def lab_view(record: RunRecord) -> dict:
     """The rule lab at the run's own settings (the matrix the run recorded), controls set to them."""
     if record.lab is None:
-        return {"lab_out": "", "lab_summary": "",
+        return {"lab_out": "", "lab_summary": "", "lab_matrix": None,
                 "lab_status": "This run kept no states for the rule lab (record it again with this version)."}
     settings = record.lab["settings"]
-    return {"lab_out": lab_html(record.lab), "lab_summary": lab_summary_html(record.lab),
+    return {"lab_out": lab_html(record.lab), "lab_summary": lab_summary_html(record.lab), "lab_matrix": record.lab,
+            "lab_disagreements": False,
             "lab_status": f"The lossless column's {len(record.lab['rows'])} drafted tokens under every rule, at the "
                           "run's own settings. Move a control to re-judge them.",
             "lab_k": settings["num_paths"], "lab_p": settings["p"], "lab_fraction": settings["majority_fraction"],
@@ -442,7 +443,8 @@ def show_step(record: RunRecord | None, which: str, index) -> str:
     return step_html(trace.rounds[index], record.token_text, trace.majority_fraction)
 
 
-def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps) -> dict:
+def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
+                 disagreements_only: bool = False) -> dict:
     """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
     if record is None:
         return {"lab_status": "Run a comparison (or open a recorded run) first."}
@@ -462,7 +464,8 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
     start = time.perf_counter()
     matrix = studio.call(lab_matrix, engine, record.lossless, settings)
     seconds = time.perf_counter() - start
-    return {"lab_out": lab_html(matrix), "lab_summary": lab_summary_html(matrix),
+    return {"lab_out": lab_html(matrix, disagreements_only), "lab_summary": lab_summary_html(matrix),
+            "lab_matrix": matrix,
             "lab_status": f"Re-judged {len(matrix['rows'])} drafted tokens under {len(matrix['rules'])} rules in "
                           f"{seconds:.2f} s through the heads only (no transformer block ran)."}
 
@@ -573,6 +576,8 @@ class Ui:
     lab_status: gr.Markdown
     lab_out: gr.HTML
     lab_summary: gr.HTML
+    lab_disagreements: gr.Checkbox
+    lab_matrix: gr.State
     last_run: gr.State
     load_timer: gr.Timer
 
@@ -588,7 +593,7 @@ class Ui:
     @staticmethod
     def lab_names() -> tuple[str, ...]:
         return ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_status",
-                "lab_out", "lab_summary")
+                "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
 
     def lab_controls(self) -> list:
         return [self.lab_k, self.lab_p, self.lab_fraction, self.lab_centroid, self.lab_fixed_js, self.lab_typical_eps]
@@ -680,7 +685,11 @@ def build_layout() -> Ui:
                                                   label="fixed-JS threshold T")
                 parts["lab_typical_eps"] = gr.Slider(0.0, 0.5, value=RuleConfig.typical_eps, step=0.01,
                                                      label="typical ε")
-            parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
+            with gr.Row():
+                parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.",
+                                                  elem_id="lab-status")
+                parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",
+                                                         elem_id="lab-disagreements")
             parts["lab_summary"] = gr.HTML(elem_id="lab-summary")
             parts["lab_out"] = gr.HTML(elem_id="lab-matrix")
         with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
@@ -703,6 +712,7 @@ def build_layout() -> Ui:
                 parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
                                                    elem_id="recorded-upload")
     parts["last_run"] = gr.State(None)
+    parts["lab_matrix"] = gr.State(None)
     return Ui(**parts)
 
 
@@ -753,10 +763,13 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     def on_lab(record, *controls):
         return ui.bind(rejudge_view(studio, record, *controls))
 
-    lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary]
-    for control in ui.lab_controls():  # user moves only: a run setting the controls re-judges nothing
-        event = control.release if isinstance(control, gr.Slider) else control.input
-        event(on_lab, [ui.last_run, *ui.lab_controls()], lab_outputs, api_visibility="private", concurrency_id="engine")
+    lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
+    for control in ui.lab_controls():  # user input only (a run setting the controls re-judges nothing); a drag's
+        # many steps coalesce to the last one
+        control.input(on_lab, [ui.last_run, *ui.lab_controls(), ui.lab_disagreements], lab_outputs,
+                      api_visibility="private", concurrency_id="engine", trigger_mode="always_last")
+    ui.lab_disagreements.input(lambda matrix, only: lab_html(matrix, only) if matrix else gr.update(),
+                               [ui.lab_matrix, ui.lab_disagreements], ui.lab_out, api_visibility="private")
     def on_recorded_choice(title):
         return ui.bind(open_recorded(downloads, recorded_runs().get(title), title) if title else {})
 

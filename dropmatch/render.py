@@ -213,25 +213,30 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
 LAB_MARKS = {"exact": "✓", "rejected": "✗", "unchecked": "·"}
 
 
-def lab_html(matrix: dict) -> str:
+def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
     """The rule lab's matrix: one row per drafted token (rounds separated by a rule), one column per
-    rule; a cell's colour is its reason, its hover the numbers the rule read."""
+    rule; a cell's colour is its reason, its hover the numbers the rule read. disagreements_only:
+    only the rows where the rules do not all decide alike."""
     rules = matrix["rules"]
     head = "".join(f"<th title=\"{html.escape(rule['name'])}\">{html.escape(rule['label'])}</th>" for rule in rules)
     body = []
     for row in matrix["rows"]:
+        if disagreements_only and len({cell["accepted"] for cell in row["cells"]}) == 1:
+            continue
         cells = []
         for cell in row["cells"]:
             reason = cell["reason"]
             mark = LAB_MARKS.get(reason, "✓")
             cells.append(f'<td class="dm-{reason}" title="{html.escape(kind_label(reason))}\n'
                          f'{html.escape(cell["info"])}">{mark}</td>')
-        start = ' class="round-start"' if row["slot"] == 0 else ""
-        round_cell = str(row["round"]) if row["slot"] == 0 else ""
+        first = row["slot"] == 0 or disagreements_only
+        start = ' class="round-start"' if first else ""
+        round_cell = str(row["round"]) if first else ""
         body.append(f"<tr{start}><td>{round_cell}</td><td>{row['slot'] + 1}</td>"
                     f'<td class="tok">{html.escape(_q(row["text"]))}</td>{"".join(cells)}</tr>')
     if not body:
-        return "<p>No drafted tokens in this run.</p>"
+        return "<p>The rules decide every drafted token alike here.</p>" if disagreements_only and matrix["rows"] \
+            else "<p>No drafted tokens in this run.</p>"
     return (f'<div class="dm-lab"><table><tr><th>round</th><th>slot</th><th>drafted</th>{head}</tr>'
             f'{"".join(body)}</table></div>')
 

@@ -1,4 +1,5 @@
-"""Drive the app in a real headless Chromium: pick an example, Run, wait, take screenshots.
+"""Drive the app in a real headless Chromium: the shipped run's rule lab on first visit, then pick an
+example, Run, wait, open every tab, move a rule-lab control, take screenshots.
 
 Used by tests/test_browser.py and, to refresh the README's pictures:
     python scripts/ui_flow.py --out assets/screenshots
@@ -23,9 +24,14 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
         page.goto(url)
+        found = {"recorded_lab_rows": 0}
         try:  # the shipped run shown on first visit, before the user's own run (a Run cancels it if it is late)
             page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
                                    timeout=15_000)
+            page.get_by_role("tab", name="Rule lab").click()
+            page.wait_for_selector("#lab-matrix table", timeout=15_000)
+            found["recorded_lab_rows"] = page.locator("#lab-matrix tr").count() - 1
+            page.get_by_role("tab", name="Charts").click()
         except Exception:  # noqa: BLE001 - no shipped runs: nothing to wait for
             pass
         page.get_by_text(example_prefix).first.click()
@@ -38,14 +44,14 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
             timeout=timeout_s * 1000,
         )
         page.wait_for_timeout(1500)  # let Plotly finish drawing
-        found = {
+        found.update({
             "status": page.inner_text("#status"),
             "lossless_tokens": page.locator("#lossless-text .dm-tok").count(),
             "lossy_tokens": page.locator("#lossy-text .dm-tok").count(),
             "charts": page.locator(".js-plotly-plot").count(),
             "lossless_stats": page.inner_text("#lossless-stats"),
             "lossy_stats": page.inner_text("#lossy-stats"),
-        }
+        })
         main_png = out_dir / "main.png"
         page.screenshot(path=str(main_png), full_page=True)
         page.get_by_role("tab", name="Step through").click()
@@ -59,8 +65,23 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         found["tradeoff_text"] = page.inner_text("#plot-tradeoff")
         tradeoff_png = out_dir / "tradeoffs.png"
         page.locator("#plot-tradeoff").screenshot(path=str(tradeoff_png))
+        page.get_by_role("tab", name="Rule lab").click()
+        page.wait_for_selector("#lab-matrix table", timeout=30_000)
+        found["lab_rows"] = page.locator("#lab-matrix tr").count() - 1
+        p_box = page.locator("#lab-p input[type=number]")
+        p_box.fill("0.25")
+        p_box.press("Enter")
+        page.wait_for_function("() => /Re-judged/.test(document.querySelector('#lab-status')?.innerText || '')",
+                               timeout=60_000)
+        found["lab_status"] = page.inner_text("#lab-status")
+        found["lab_summary"] = page.inner_text("#lab-summary")
+        page.locator("#lab-disagreements input").check()
+        page.wait_for_timeout(1000)
+        found["lab_disagreement_rows"] = page.locator("#lab-matrix tr").count() - 1
+        lab_png = out_dir / "lab.png"
+        page.locator("#lab-tab").screenshot(path=str(lab_png))
         browser.close()
-    found["screenshots"] = [str(main_png), str(step_png), str(tradeoff_png)]
+    found["screenshots"] = [str(main_png), str(step_png), str(tradeoff_png), str(lab_png)]
     return found
 
 

@@ -30,8 +30,9 @@ def embedded_app():
 
 
 def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):
-    """Clicking an example and Run shows both columns, their stats, four charts, a round, and the
-    Trade-offs tab with the shipped frontier and this run's point."""
+    """Clicking an example and Run shows both columns, their stats, four charts, a round, the
+    Trade-offs tab with the shipped frontier and this run's point, and the rule lab, which re-judges
+    when a control moves; before that, the shipped run shown on first visit has its rule lab too."""
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     from ui_flow import drive
@@ -44,6 +45,10 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     assert "tau" in found["lossless_stats"] and "MC-head share" in found["lossy_stats"]
     assert "Round 0" in found["step_text"]
     assert "Trade-off frontier" in found["tradeoff_text"] and "this run" in found["tradeoff_text"]
+    assert found["recorded_lab_rows"] >= 40  # the shipped run's matrix, shown before any model ran
+    assert found["lab_rows"] >= 5 and "Re-judged" in found["lab_status"], found["lab_status"]
+    assert "tau on these drafts" in found["lab_summary"]
+    assert found["lab_disagreement_rows"] < found["lab_rows"]  # the filter keeps only rows where rules differ
     for path in found["screenshots"]:
         assert Path(path).stat().st_size > 10_000
     print("screenshots:", found["screenshots"])
