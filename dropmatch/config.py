@@ -9,6 +9,8 @@ CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's)
 
 EMBEDDED = "embedded"
 MAX_GAMMA = 16
+AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
+DRAFT_SOURCES = ("model", "ngram", "hybrid")  # the draft model; prompt lookup; lookup where it matches, else the model
 MAX_PATHS = 64
 
 
@@ -37,7 +39,11 @@ def _integer(name: str, value, low: int, high: int) -> int:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How tokens are drafted and sampled. temperature 0 means greedy."""
+    """How tokens are drafted and sampled. temperature 0 means greedy.
+
+    gamma_auto: each round drafts the length with the most expected tokens per second (drafting.py),
+    at most `gamma`. draft_source: the draft model, prompt lookup (n-grams of the text so far), or
+    hybrid (lookup where it matches, the model otherwise)."""
 
     gamma: int = 4
     max_new_tokens: int = 128
@@ -48,6 +54,15 @@ class DecodeConfig:
     # this (0: always draft gamma). The target still verifies every drafted token, so greedy
     # lossless output is unchanged; what changes is how many unlikely drafts are paid for.
     draft_confidence: float = 0.0
+    gamma_auto: bool = False
+    draft_source: str = "model"
+
+    @staticmethod
+    def parse_gamma(text) -> dict:
+        """'auto' -> gamma = auto (capped at AUTO_GAMMA_CAP); a number -> that fixed gamma."""
+        if isinstance(text, str) and text.strip().lower() == "auto":
+            return {"gamma": AUTO_GAMMA_CAP, "gamma_auto": True}
+        return {"gamma": _integer("gamma (draft length)", text, 1, MAX_GAMMA), "gamma_auto": False}
 
     def __post_init__(self):
         object.__setattr__(self, "gamma", _integer("gamma (draft length)", self.gamma, 1, MAX_GAMMA))
@@ -67,6 +82,9 @@ class DecodeConfig:
         if not 0.0 <= confidence < 1.0:
             raise ConfigError(f"draft confidence must be in [0, 1), got {confidence:g}")
         object.__setattr__(self, "draft_confidence", confidence)
+        if self.draft_source not in DRAFT_SOURCES:
+            raise ConfigError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
+        object.__setattr__(self, "gamma_auto", bool(self.gamma_auto))
 
     @property
     def greedy(self) -> bool:

@@ -19,8 +19,8 @@ from typing import Generator
 
 import torch
 
-from . import acceptance, mc_head
-from .config import ConfigError, DecodeConfig, RuleConfig
+from . import acceptance, drafting, mc_head
+from .config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
 from .sampling import draw, sampling_probs, signal_probs, target_view
 from .trace import DraftedToken, GenerationTrace, RoundStates, RoundTrace
@@ -78,18 +78,24 @@ class _RunState:
     clock: _Clock
     rounds: list[RoundTrace] = field(default_factory=list)
     states: list[RoundStates] | None = None  # kept for the rule lab when asked
+    costs: drafting.StepCosts | None = None  # gamma = auto's cost model (measured for this pair here)
+    acceptance: dict[str, drafting.SlotAcceptance] = field(
+        default_factory=lambda: {"model": drafting.SlotAcceptance(), "ngram": drafting.SlotAcceptance()})
 
 
 @dataclass
 class _Draft:
     """tokens [g] (g <= gamma, on the device); q_sample [g, V] the distributions they were drawn
     from; q_signal [g, V] the smooth distributions the divergence rules compare; hidden [g, H_d]
-    the draft's final hidden states they came from."""
+    the draft's final hidden states they came from ([0, H_d] for prompt lookup, whose distributions
+    are one-hot); source "model" or "ngram"; requested: the length the round asked for."""
 
     tokens: torch.Tensor
     q_sample: torch.Tensor
     q_signal: torch.Tensor
     hidden: torch.Tensor
+    source: str = "model"
+    requested: int = 0
 
 
 @dataclass
@@ -203,6 +209,7 @@ class Engine:
         self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model))
         self.source_label = pair.source or pair.spec.label
         self._token_texts: dict[int, str] = {}
+        self._costs: drafting.StepCosts | None = None
 
     # ------------------------------------------------------------ prompts
 
@@ -279,6 +286,8 @@ class Engine:
         """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop.
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
         self.check_fits(prompt_ids, decode)
+        if decode.gamma_auto:
+            self.step_costs()  # measured once per pair, before the run's clock starts
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
         start = clock.now()
@@ -293,11 +302,12 @@ class Engine:
         self.draft.hidden(self._ids(prompt_ids), draft_cache)
         t_prefill = clock.now() - start - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, draft_cache,
-                        generator, clock, states=[] if keep_states else None)
+                        generator, clock, states=[] if keep_states else None,
+                        costs=self.step_costs() if decode.gamma_auto else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
-            run.rounds.append(self._round(run, gamma=min(decode.gamma, remaining - 1)))  # never past max_new_tokens
+            run.rounds.append(self._round(run, limit=min(decode.gamma, remaining - 1)))  # never past max_new_tokens
             yield run.rounds[-1]
             stop_reason = self._stop_reason(run.seq, decode, stop_event)
         return self._finish("sd", rule, p, decode, run.seq, run.rounds, stop_reason, t_prefill,
@@ -307,11 +317,11 @@ class Engine:
 
     # ------------------------------------------------------------ one round
 
-    def _round(self, run: _RunState, gamma: int) -> RoundTrace:
+    def _round(self, run: _RunState, limit: int) -> RoundTrace:
         clock = run.clock
         t_start = clock.now()
-        # 1. Draft: up to gamma tokens from the draft model, one call each.
-        draft = self._draft(run, gamma)
+        # 1. Draft: at most `limit` tokens, from prompt lookup or the draft model (one call each).
+        draft = self._draft(run, limit)
         t_drafted = clock.now()
         # 2. Verify: one target call over [last emitted token] + drafts, then the clean head rows.
         committed = len(run.seq.tokens)
@@ -330,6 +340,7 @@ class Engine:
         for model, cache in ((self.target, run.target_cache), (self.draft, run.draft_cache)):
             model.crop(cache, min(keep, model.cached_length(cache)))
         records = _records(judgement.host, verdict.reasons)
+        run.acceptance[draft.source].record(len(drafted_ids), verdict.num_accepted)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
             run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"]))
@@ -339,11 +350,38 @@ class Engine:
             emitted=tuple(emitted), extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
             t_draft=t_drafted - t_start, t_forward=t_verified - t_drafted, t_head=t_head - t_verified,
             t_mc=judgement.t_mc, t_round=t_end - t_start, head_rows=hidden.shape[0] + judgement.path_rows,
-            **_emitted_view(clean_logits[: len(emitted)], emitted),
+            **_emitted_view(clean_logits[: len(emitted)], emitted), gamma=draft.requested, draft_source=draft.source,
         )
 
-    def _draft(self, run: _RunState, gamma: int) -> _Draft:
-        """Up to gamma draft tokens. They stay on the device (no host sync per token) unless
+    def _draft(self, run: _RunState, limit: int) -> _Draft:
+        """At most `limit` draft tokens: prompt lookup's proposal where the source allows it (hybrid:
+        where a suffix of at least HYBRID_MIN_N tokens recurs), else the draft model's; gamma = auto
+        picks the length from this generation's acceptance and the measured costs."""
+        source = run.decode.draft_source
+        if source != "model" and limit > 0:
+            min_n = 1 if source == "ngram" else drafting.HYBRID_MIN_N
+            proposal = drafting.lookup(run.seq.tokens, limit, min_n=min_n)
+            if proposal or source == "ngram":
+                gamma = self._length(run, "ngram", len(proposal))
+                return self._lookup_draft(proposal[:gamma], gamma)
+        gamma = self._length(run, "model", limit)
+        return self._model_draft(run, gamma)
+
+    def _length(self, run: _RunState, source: str, limit: int) -> int:
+        if not run.decode.gamma_auto or limit <= 0:
+            return limit
+        return drafting.choose_gamma(run.acceptance[source], run.costs, limit,
+                                     draft_step=0.0 if source == "ngram" else None)
+
+    def _lookup_draft(self, tokens: list[int], requested: int) -> _Draft:
+        """Prompt lookup's tokens with one-hot distributions (so lossless acceptance stays exact)."""
+        ids = self._ids(tokens)
+        one_hot = torch.nn.functional.one_hot(ids, self.target.vocab_size).float()
+        return _Draft(ids, one_hot, one_hot, torch.empty(0, self.draft.hidden_size, device=self.device), "ngram",
+                      requested)
+
+    def _model_draft(self, run: _RunState, gamma: int) -> _Draft:
+        """Up to gamma draft tokens from the draft model. They stay on the device (no host sync per token) unless
         decode.draft_confidence asks to stop early: then the draft's probability of each drafted token
         is read, and drafting stops before a token below it (at least one token is always drafted)."""
         decode = run.decode
@@ -364,8 +402,9 @@ class Engine:
         if not tokens:
             empty = torch.empty(0, self.target.vocab_size, device=self.device)
             return _Draft(torch.empty(0, dtype=torch.long, device=self.device), empty, empty,
-                          torch.empty(0, self.draft.hidden_size, device=self.device))
-        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states))
+                          torch.empty(0, self.draft.hidden_size, device=self.device), "model", gamma)
+        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states), "model",
+                      gamma)
 
     def _judge(self, run: _RunState, draft: _Draft, hidden: torch.Tensor, clean_logits: torch.Tensor) -> _Judgement:
         """The lossless test at every drafted position, the rule's paths where it reads them, and
@@ -392,6 +431,38 @@ class Engine:
                 break
         seq.output.extend(kept)
         return kept
+
+    # ------------------------------------------------------------ costs
+
+    def step_costs(self) -> drafting.StepCosts:
+        """gamma = auto's cost model for this pair on this machine, measured on first use."""
+        if self._costs is None:
+            self._costs = self._measure_costs()
+        return self._costs
+
+    @torch.inference_mode()
+    def _measure_costs(self, context: int = 32, repeats: int = 3) -> drafting.StepCosts:
+        """The best of `repeats` timings, after a context of `context` tokens: one draft step (one
+        token in, its logits), and a target call over 1 and AUTO_GAMMA_CAP + 1 positions (with the
+        clean logits of every position, as a round computes them)."""
+        clock = _Clock(self.device)
+        ids = self._ids([(7 * i + 11) % self.target.vocab_size for i in range(context + AUTO_GAMMA_CAP + 1)])
+
+        def best(model: CausalLM, positions: int, rows: int) -> float:
+            cache = model.new_cache()
+            model.hidden(ids[:context], cache)
+            times = []
+            for _ in range(repeats):
+                start = clock.now()
+                model.logits(model.hidden(ids[context : context + positions], cache)[-rows:])
+                times.append(clock.now() - start)
+                model.crop(cache, context)
+            return min(times)
+
+        wide = AUTO_GAMMA_CAP + 1
+        one, many = best(self.target, 1, 1), best(self.target, wide, wide)
+        return drafting.StepCosts(draft_step=best(self.draft, 1, 1), verify_base=one,
+                                  verify_per_position=max(many - one, 0.0) / (wide - 1))
 
     # ------------------------------------------------------------ helpers
 
@@ -436,7 +507,8 @@ class Engine:
             target_name=self.target.name, draft_name=self.draft.name if mode == "sd" else "",
             centroid=rule.centroid, majority_fraction=rule.majority_fraction, t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
-            first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states,
+            first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
+            draft_source=decode.draft_source if mode == "sd" else "model",
         )
 
 

@@ -62,11 +62,15 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[P
     prepared = []
     for round_trace, states in zip(trace.rounds, trace.states):
         target_hidden, draft_hidden = states.tensors()
-        q_signal = [signal_probs(draft.logits(row.to(draft.device)), trace.temperature) for row in draft_hidden]
+        tokens = torch.tensor([d.token for d in round_trace.drafted], dtype=torch.long, device=target.device)
+        if round_trace.draft_source == "ngram":  # prompt lookup: one-hot, as the engine drafted it
+            q_signal = list(torch.nn.functional.one_hot(tokens, target.vocab_size).float())
+        else:
+            q_signal = [signal_probs(draft.logits(row.to(draft.device)), trace.temperature) for row in draft_hidden]
         hidden = target_hidden.to(target.device)
         prepared.append(PreparedRound(
             first_position=states.first_position,
-            draft_tokens=torch.tensor([d.token for d in round_trace.drafted], dtype=torch.long, device=target.device),
+            draft_tokens=tokens,
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
             hidden=hidden, clean_logits=target.logits(hidden),
             exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),

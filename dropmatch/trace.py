@@ -70,6 +70,8 @@ class RoundTrace:
     # lies in the top-p 0.95 nucleus. Empty in traces written before these were recorded.
     emitted_logprob: tuple[float, ...] = ()
     emitted_in_nucleus: tuple[bool, ...] = ()
+    gamma: int | None = None  # the draft length this round asked for (gamma = auto chooses it per round)
+    draft_source: str = "model"  # who drafted this round: "model" or "ngram" (prompt lookup)
 
     @property
     def num_drafted(self) -> int:
@@ -80,7 +82,7 @@ class RoundTrace:
 class RoundStates:
     """What the rule lab (lab.py) re-judges one round's drafts from, without the transformer: the
     target's final hidden states at the g + 1 verified positions [g + 1, H] and the draft's at its g
-    drafting steps [g, H_d], as float32 little-endian bytes in base64 (exact: a replay with the run's
+    drafting steps [g, H_d] (none for a prompt-lookup round), as float32 little-endian bytes in base64 (exact: a replay with the run's
     own settings decides bit for bit as the run did); the lossless test's result per drafted position;
     the sequence position of the first drafted token (it keys the dropout masks)."""
 
@@ -99,7 +101,7 @@ class RoundStates:
         g = len(self.exact)
         target = _unpack(self.target_hidden)
         draft = _unpack(self.draft_hidden)
-        return target.view(g + 1, -1), draft.view(g, -1) if g else draft.view(0, 0)
+        return target.view(g + 1, -1), draft.view(g, -1) if draft.numel() else draft.view(0, 0)
 
 
 def _unpack(text: str):
@@ -150,6 +152,8 @@ class GenerationTrace:
     first_logprob: float | None = None  # the prefill token, as emitted_logprob
     first_in_nucleus: bool | None = None
     states: tuple[RoundStates, ...] = ()  # per round, for the rule lab; empty unless the run kept them
+    gamma_auto: bool = False  # gamma is then the cap; each round's own is RoundTrace.gamma
+    draft_source: str = "model"
 
     @property
     def label(self) -> str:
