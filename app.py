@@ -27,7 +27,7 @@ from pathlib import Path
 import gradio as gr
 
 from dropmatch.compare import compare_stream
-from dropmatch.config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig, parse_p
+from dropmatch.config import CENTROIDS, DRAFT_SOURCES, ConfigError, DecodeConfig, RuleConfig, parse_p
 from dropmatch.metrics import summarize
 from dropmatch import lab
 from dropmatch.render import (css, lab_html, lab_summary_html, legend_html, stats_html, step_html, text_html,
@@ -40,7 +40,7 @@ EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 RUN_FORMAT, RUN_VERSION = "dropmatch-run", 2  # the Downloads trace file: what "Open a recorded run" reads
-DEFAULTS = dict(gamma=4, rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
+DEFAULTS = dict(gamma="auto", draft_source="model", rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
                 centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
@@ -54,6 +54,16 @@ target adds one token: a *correction* at the first rejected slot, or a *bonus* t
 With a *draft confidence* above 0, a round's draft ends early, before a token the draft itself gives less than
 that probability: the target verifies what was drafted as usual (lossless output unchanged), and fewer
 unlikely drafts are paid for.
+
+**Draft length and source.** With γ = *auto* each round drafts the length with the most expected tokens
+per second, $(1 + \sum_{k \le \gamma} \prod_{i \le k} a_i) / (\gamma\, c_{draft} + c_{verify}(\gamma + 1))$: $a_i$ is
+this generation's running acceptance at slot $i$ (0.5 until it has data), and the costs were timed on this
+machine for this pair when it was first used. *Drafts from ngram* (prompt lookup) proposes the tokens that
+followed the latest earlier occurrence of the text's last 1-3 tokens, at no model cost; *hybrid* uses a lookup
+of 2 or more tokens where one exists and the draft model elsewhere. A lookup token's draft distribution is
+one-hot, so the lossless tests below stay exact (sampling accepts it with probability $p_{target}(x)$), and the
+JS rule compares that one-hot $q$ with the paths' centroid: it accepts a lookup token only where the paths put
+nearly all their mass on it. Hover a token to see who drafted it.
 
 **Lossless acceptance.** Greedy: accept $x_i$ iff $x_i = \arg\max p_{target}$. Sampling: accept with
 probability $\min(1, p_{target}(x_i)/p_{draft}(x_i))$, else draw from $\mathrm{norm}(\max(0, p_{target}-p_{draft}))$.
@@ -119,21 +129,22 @@ class Settings:
     draft_confidence: float
     centroid: str
     majority_fraction: float
+    draft_source: str
 
     def parse(self) -> tuple[DecodeConfig, RuleConfig]:
         return parse_settings(self.prompt, self.gamma, self.rule, self.k, self.p, self.temperature, self.top_p,
                               self.max_new_tokens, self.seed, self.draft_confidence, self.centroid,
-                              self.majority_fraction)
+                              self.majority_fraction, self.draft_source)
 
 
 def parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
                    draft_confidence=DEFAULTS["draft_confidence"], centroid=DEFAULTS["centroid"],
-                   majority_fraction=DEFAULTS["majority_fraction"]):
+                   majority_fraction=DEFAULTS["majority_fraction"], draft_source=DEFAULTS["draft_source"]):
     """UI / API values -> (DecodeConfig, RuleConfig); ConfigError with one message if any is off."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("the prompt is empty; type a question or pick an example")
-    decode = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=seed, draft_confidence=draft_confidence)
+    decode = DecodeConfig(**DecodeConfig.parse_gamma(gamma), max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, seed=seed, draft_confidence=draft_confidence, draft_source=draft_source)
     return decode, RuleConfig(rule=rule, num_paths=k, p=parse_p(p), centroid=centroid,
                               majority_fraction=majority_fraction)
 
@@ -470,17 +481,18 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
                           f"{seconds:.2f} s through the heads only (no transformer block ran)."}
 
 
-def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
+def compare_api(studio: Studio, prompt: str, pair: str = DEFAULT_PRESET, gamma: str = DEFAULTS["gamma"],
                 rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
                 temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
                 max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                 run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
                 draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
-                centroid: str = DEFAULTS["centroid"], majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
-    """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
+                centroid: str = DEFAULTS["centroid"], majority_fraction: float = DEFAULTS["majority_fraction"],
+                draft_source: str = DEFAULTS["draft_source"]) -> dict:
+    """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures, the rule lab."""
     try:
-        decode, rule_config = parse_settings(prompt, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
-                                             draft_confidence, centroid, majority_fraction)
+        decode, rule_config = parse_settings(prompt, str(gamma), rule, k, p, temperature, top_p, max_new_tokens,
+                                             seed, draft_confidence, centroid, majority_fraction, draft_source)
         engine = studio.engine(pair_from_choice(pair, target_id, draft_id))  # outside the GPU call
         *_, record = studio.iterate(on_gpu(stream_comparison)(engine, prompt, decode, rule_config, bool(run_autoregressive)))
     except (ConfigError, RuntimeError, ValueError, OSError) as error:
@@ -535,7 +547,8 @@ class Ui:
     preset: gr.Dropdown
     target_id: gr.Textbox
     draft_id: gr.Textbox
-    gamma: gr.Slider
+    gamma: gr.Dropdown
+    draft_source: gr.Radio
     rule: gr.Dropdown
     k: gr.Slider
     p: gr.Textbox
@@ -624,8 +637,13 @@ def build_layout() -> Ui:
                 parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")
     with gr.Accordion("Settings", open=True):
         with gr.Row():
-            parts["gamma"] = gr.Slider(1, 12, value=DEFAULTS["gamma"], step=1, label="draft length γ",
-                                       info="fastest on the embedded CPU pair: 1; larger shows the rules at more slots")
+            parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS["gamma"],
+                                         label="draft length γ",
+                                         info="auto: each round drafts the length with the most expected tokens "
+                                              "per second (costs measured here)")
+            parts["draft_source"] = gr.Radio(list(DRAFT_SOURCES), value=DEFAULTS["draft_source"], label="drafts from",
+                                             info="model: the draft model; ngram: prompt lookup (free); hybrid: "
+                                                  "lookup where the text repeats, the model elsewhere")
             parts["rule"] = gr.Dropdown(lossy_rule_choices(), value=DEFAULTS["rule"], label="rule (right column)")
             parts["k"] = gr.Slider(1, 16, value=DEFAULTS["k"], step=1, label="K paths")
             parts["p"] = gr.Textbox(value=DEFAULTS["p"], label="dropout rate p (or auto)")
@@ -726,17 +744,19 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         for view in run_comparison(studio, downloads, Settings(*values)):
             yield ui.bind(view)
 
-    def on_compare(prompt: str, pair: str = DEFAULT_PRESET, gamma: int = DEFAULTS["gamma"],
+    def on_compare(prompt: str, pair: str = DEFAULT_PRESET, gamma: str = DEFAULTS["gamma"],
                    rule: str = DEFAULTS["rule"], k: int = DEFAULTS["k"], p: str = DEFAULTS["p"],
                    temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
                    max_new_tokens: int = DEFAULTS["max_new_tokens"], seed: int = DEFAULTS["seed"],
                    run_autoregressive: bool = DEFAULTS["run_autoregressive"], target_id: str = "",
                    draft_id: str = "", draft_confidence: float = DEFAULTS["draft_confidence"],
                    centroid: str = DEFAULTS["centroid"],
-                   majority_fraction: float = DEFAULTS["majority_fraction"]) -> dict:
-        """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures."""
+                   majority_fraction: float = DEFAULTS["majority_fraction"],
+                   draft_source: str = DEFAULTS["draft_source"]) -> dict:
+        """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures, the rule lab."""
         return compare_api(studio, prompt, pair, gamma, rule, k, p, temperature, top_p, max_new_tokens, seed,
-                           run_autoregressive, target_id, draft_id, draft_confidence, centroid, majority_fraction)
+                           run_autoregressive, target_id, draft_id, draft_confidence, centroid, majority_fraction,
+                           draft_source)
 
     def on_tick():
         return load_status_view(studio)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import tables
-from .config import CENTROIDS, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p, rule_names
+from .config import CENTROIDS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, RuleConfig, parse_p, rule_names
 from .metrics import MAX_OFF_NUCLEUS
 
 REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95
@@ -219,7 +219,7 @@ class BenchmarkResult:
     ar: list[Generation] = field(default_factory=list)
     runs: dict[str, list[Generation | None]] = field(default_factory=dict)
     identical: list[bool] = field(default_factory=list)
-    peer: list[dict] = field(default_factory=list)
+    peers: dict[str, list[dict]] = field(default_factory=dict)  # peer name -> one row per prompt
     reference: list[list[Generation]] = field(default_factory=list)  # per prompt, the target's own samples
     skipped: list[str] = field(default_factory=list)  # why prompts that do not fit were left out
     interrupted: bool = False
@@ -273,7 +273,7 @@ def reference_decodes(decode: DecodeConfig, samples: int) -> list[DecodeConfig]:
 def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
                reference_samples=0) -> None:
     from .engine import run_to_end
-    from .models import assisted_generate, greedy_reference
+    from .models import greedy_reference
 
     for index, item in enumerate(items):
         ids = engine.encode(item.prompt)
@@ -290,12 +290,12 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
                 continue
             traces[run.label] = run_to_end(engine.speculative(ids, decode, run.rule))
         own_samples = [run_to_end(engine.autoregressive(ids, sample)) for sample in reference_decodes(decode, reference_samples)]
-        peer_row = None
+        peer_rows = {}
         if peer:
-            tokens, seconds = assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
-                                                decode.gamma, engine.stop_ids)
-            peer_row = {"tokens": len(tokens), "seconds": seconds,
-                        "identical_to_lossless": "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
+            for name, generate in PEERS.items():
+                tokens, seconds = generate(engine, ids, decode)
+                peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "identical_to_lossless":
+                                   "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
         identical = None
         if check_identity and "lossless" in traces:
             reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
@@ -309,8 +309,8 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
             result.runs[label].append(None if trace is None else generation(kind, item, trace, lossless))
         if identical is not None:
             result.identical.append(identical)
-        if peer_row is not None:
-            result.peer.append(peer_row)
+        for name, row in peer_rows.items():
+            result.peers.setdefault(name, []).append(row)
         progress()
 
 
@@ -366,12 +366,13 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     categories = by_category(result)
     if categories:
         out["categories"] = categories
-    if result.peer:
+    if result.peers:
         ours = rules.get("lossless", {}).get("tokens_per_s")
-        theirs = _div(sum(r["tokens"] for r in result.peer), sum(r["seconds"] for r in result.peer))
-        out["peer"] = {"name": "transformers assisted generation", "tokens_per_s": theirs,
-                       "ours_over_peer": _div(ours, theirs),
-                       "identical_to_lossless": all(r["identical_to_lossless"] for r in result.peer)}
+        out["peers"] = {}
+        for name, rows in result.peers.items():
+            theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
+            out["peers"][name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
+                                  "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
     return out
 
 
@@ -435,8 +436,7 @@ def format_table(name: str, numbers: dict) -> str:
     rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
     lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})", *_aligned(rows)]
-    if "peer" in numbers:
-        peer = numbers["peer"]
+    for peer in numbers.get("peers", {}).values():
         lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
     by_kind = tables.category_rows(numbers, dash="-")
     if by_kind:
@@ -493,7 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", required=True, help="JSONL file(s), comma-separated; FILE:N takes N prompts")
     parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
     parser.add_argument("--max-new-tokens", default=128)
-    parser.add_argument("--gamma", default=4)
+    parser.add_argument("--gamma", default="auto", help="draft length, or 'auto' (per round, from measured costs)")
+    parser.add_argument("--draft-source", default="model", choices=DRAFT_SOURCES,
+                        help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the model")
     parser.add_argument("--draft-confidence", default=0.0,
                         help="stop drafting a round once the draft's probability of its token is below this (0: off)")
     parser.add_argument("--rules", default="lossless,dropmatch")
@@ -517,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", default=0.0)
     parser.add_argument("--top-p", default=1.0)
     parser.add_argument("--seed", default=0)
-    parser.add_argument("--peer", action="store_true", help="also time transformers' assisted generation")
+    parser.add_argument("--peer", action="store_true",
+                        help="also time transformers' assisted generation and its prompt-lookup decoding")
     parser.add_argument("--json", default=None, help="write every number and text here")
     parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
     parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")
@@ -562,8 +565,9 @@ def _positive(name: str, value) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        decode = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_p=args.top_p, seed=args.seed, draft_confidence=args.draft_confidence)
+        decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                              draft_confidence=args.draft_confidence, draft_source=args.draft_source)
         template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
                               centroid=args.centroid, majority_fraction=args.majority_fraction)
         rules = parse_rules(args.rules)
@@ -661,8 +665,26 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
+def _assisted(engine, ids, decode: DecodeConfig):
+    from .models import assisted_generate
+
+    return assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                             None if decode.gamma_auto else decode.gamma, engine.stop_ids)
+
+
+def _prompt_lookup(engine, ids, decode: DecodeConfig):
+    from .models import prompt_lookup_generate
+
+    return prompt_lookup_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
+
+
+# The peers --peer times on the same prompts, in the same process, right after our runs of each prompt.
+PEERS = {"assisted": _assisted, "prompt_lookup": _prompt_lookup}
+PEER_NAMES = {"assisted": "transformers assisted generation", "prompt_lookup": "transformers prompt-lookup decoding"}
+
+
 def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
-    """Whether to time transformers' assisted generation: asked for, and greedy (its only mode here)."""
+    """Whether to time the peers: asked for, and greedy (their only mode here)."""
     return requested and decode.greedy
 
 

@@ -134,8 +134,12 @@ def acceptance_lengths(lossless: GenerationTrace, lossy: GenerationTrace) -> go.
         fig.add_trace(go.Scatter(x=list(range(1, len(accepted) + 1)), y=accepted, mode="lines+markers",
                                  name=trace.label, line=dict(color=RUN_COLORS[key], width=3),
                                  legendgroup=key), row=1, col=1)
+        if trace.gamma_auto:  # the length each round asked for (gamma = auto chose it)
+            fig.add_trace(go.Scatter(x=list(range(1, len(accepted) + 1)), y=[r.gamma for r in trace.rounds],
+                                     mode="lines", name=f"γ chosen ({trace.label})", legendgroup=key,
+                                     line=dict(color=RUN_COLORS[key], width=1, dash="dot", shape="hv")), row=1, col=1)
         fig.add_trace(go.Histogram(x=accepted, name=trace.label, marker_color=RUN_COLORS[key], opacity=0.7,
-                                   xbins=dict(start=-0.5, end=lossless.gamma + 0.5, size=1),
+                                   xbins=dict(start=-0.5, end=max(lossless.gamma, lossy.gamma) + 0.5, size=1),
                                    legendgroup=key, showlegend=False), row=1, col=2)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="round", row=1, col=1)

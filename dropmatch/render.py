@@ -74,15 +74,16 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 continue
             if j < r.num_accepted:
                 d = r.drafted[j]
-                spans.append((token_text(token), d.reason, tooltip(d, token_text, r.index)))
+                spans.append((token_text(token), d.reason, tooltip(d, token_text, r.index, r.draft_source)))
             else:
                 spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
     return spans
 
 
-def tooltip(d: DraftedToken, token_text: TokenText, round_index: int) -> str:
+def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: str = "model") -> str:
+    drafted_by = "prompt lookup (one-hot q)" if source == "ngram" else "the draft model"
     lines = [f"round {round_index}: {kind_label(d.reason)}",
-             f"draft prob q = {d.draft_prob:.3f}",
+             f"drafted by {drafted_by}; draft prob q = {d.draft_prob:.3f}",
              f"clean target: {_q(token_text(d.target_token))} p = {d.target_token_prob:.3f}"
              f" (this token: p = {d.target_prob:.3f})"]
     if d.path_tokens:
@@ -205,8 +206,10 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
                     f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
-    summary = (f"<p>Round {r.index}: {r.num_accepted} of {len(r.drafted)} drafted tokens accepted, then a "
-               f"{r.extra_kind} token. Emitted: {emitted}</p>")
+    drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"
+    asked = f" (γ asked: {r.gamma})" if r.gamma is not None and r.gamma != len(r.drafted) else ""
+    summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {drafted_by}{asked}; {r.num_accepted} "
+               f"accepted, then a {r.extra_kind} token. Emitted: {emitted}</p>")
     return f'<div class="dm-step">{summary}<table>{head}{"".join(rows)}</table></div>'
 
 

@@ -17,7 +17,7 @@ def number(value, digits: int = 2, dash: str = "–") -> str:
 
 def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tuple[str, ...]]:
     """One row per run of one benchmark's summary (bench.summarize_benchmark), in HEADER's columns:
-    the autoregressive baseline, each rule, then the peer (when there is one and `peer`)."""
+    the autoregressive baseline, each rule, then each peer (when there are any and `peer`)."""
     def f(value, digits: int = 2) -> str:
         return number(value, digits, dash)
 
@@ -36,9 +36,9 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
                      f(s["speedup_vs_ar"]) + "x", f(s.get("speedup_vs_lossless")) + "x", share, f(s["p"], 3),
                      f(s["accuracy"], 3), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
                      f(s["distinct2"], 3), f(s.get("overlap_with_lossless"), 3)))
-    if peer and "peer" in summary:
-        rows.append((summary["peer"]["name"], dash, dash, f(summary["peer"]["tokens_per_s"], 1), dash,
-                     f"ours/peer {f(summary['peer']['ours_over_peer'])}", dash, dash, dash, dash, dash, dash, dash))
+    for shown in (summary.get("peers", {}).values() if peer else ()):
+        rows.append((shown["name"], dash, dash, f(shown["tokens_per_s"], 1), dash,
+                     f"ours/peer {f(shown['ours_over_peer'])}", dash, dash, dash, dash, dash, dash, dash))
     return rows
 
 

@@ -210,7 +210,7 @@ def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs
     result = app.compare_api(studio, PROMPT, max_new_tokens=6)
     assert result["lossy"]["text"]
     views = list(app.run_comparison(studio, app.Downloads(), app.Settings(
-        PROMPT, DEFAULT_PRESET, "", "", 4, "dropmatch", 5, "auto", 0.0, 1.0, 6, 0, False, 0.0, "probs", 0.8)))
+        PROMPT, DEFAULT_PRESET, "", "", "4", "dropmatch", 5, "auto", 0.0, 1.0, 6, 0, False, 0.0, "probs", 0.8, "model")))
     assert views[-1]["status"].startswith("Done")
     assert inside["loaded_inside"] == [False]
     assert inside["generated_inside"] and all(inside["generated_inside"])

@@ -74,7 +74,8 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert rules["lossless"]["mc_overhead"] is None and rules["dropmatch"]["mc_overhead"] is not None
     gsm8k = document["benchmarks"]["gsm8k_test_100"]
     assert gsm8k["rules"]["lossless"]["accuracy"] is not None
-    assert gsm8k["peer"]["identical_to_lossless"] is True
+    assert set(gsm8k["peers"]) == {"assisted", "prompt_lookup"}
+    assert all(peer["identical_to_lossless"] is True for peer in gsm8k["peers"].values())
     assert "dropmatch@p=0.3" in gsm8k["rules"]
     assert len(document["prompts"]["mt_bench"]) == 2
     # MT-Bench is sorted by category: two prompts are its first writing and first roleplay question.
@@ -277,7 +278,8 @@ def test_text_html_and_markdown_tables_show_the_same_numbers_for_every_run():
     summary = {"kind": "gsm8k", "prompts": 2, "skipped": [],
                "autoregressive": dict(tokens_per_s=17.64, accuracy=0.5, target_nll=0.38, distinct2=0.6),
                "rules": {"lossless": {**rule, "mc_overhead": None, "p": None}, "dropmatch": rule},
-               "peer": dict(name="transformers assisted generation", tokens_per_s=19.4, ours_over_peer=1.17)}
+               "peers": {"assisted": dict(name="transformers assisted generation", tokens_per_s=19.4,
+                                          ours_over_peer=1.17)}}
     document = {"settings": {"command": "python -m dropmatch.bench ..."}, "benchmarks": {"gsm8k_test": summary}}
     text, page, markdown = format_table("gsm8k_test", summary), _table(document), markdown_table(document)
     rows = summary_rows(summary)

@@ -1,5 +1,5 @@
-"""The yardsticks the benchmark holds our engine to: the target's own greedy generate() and
-transformers' assisted generation on the same pair."""
+"""The yardsticks the benchmark holds our engine to: the target's own greedy generate(), and the
+peers on the same pair: transformers' assisted generation and its prompt-lookup decoding."""
 
 from __future__ import annotations
 
@@ -23,23 +23,40 @@ def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: in
 
 
 def assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], max_new_tokens: int,
-                      gamma: int, stop_ids) -> tuple[list[int], float]:
-    """transformers' own assisted generation on the same pair (greedy, constant gamma), timed.
-
-    The peer we compare our engine's speed with. Returns (new tokens, seconds).
-    """
-    input_ids = torch.tensor([prompt_ids], device=target.device)
+                      gamma: int | None, stop_ids) -> tuple[list[int], float]:
+    """transformers' own assisted generation on the same pair (greedy), timed: a constant gamma, or
+    with gamma None the library's own default schedule (its answer to gamma = auto).
+    Returns (new tokens, seconds)."""
     config = draft.model.generation_config
-    config.num_assistant_tokens = gamma
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+    saved = {name: getattr(config, name, None) for name in
+             ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    if gamma is not None:
+        config.num_assistant_tokens = gamma
+        config.num_assistant_tokens_schedule = "constant"
+        config.assistant_confidence_threshold = 0.0
+    try:
+        return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model)
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def prompt_lookup_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids,
+                           num_tokens: int = 10) -> tuple[list[int], float]:
+    """transformers' prompt-lookup decoding (`prompt_lookup_num_tokens`, the target alone), greedy,
+    timed. Returns (new tokens, seconds)."""
+    return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, prompt_lookup_num_tokens=num_tokens)
+
+
+def _timed_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids, **options):
+    input_ids = torch.tensor([prompt_ids], device=target.device)
     synchronize(target.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = target.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft.model,
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stop_ids),
-            pad_token_id=sorted(stop_ids)[0], temperature=None, top_p=None, top_k=None,
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], temperature=None, top_p=None,
+            top_k=None, **options,
         )
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start
