@@ -40,7 +40,7 @@ EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 RUN_FORMAT, RUN_VERSION = "dropmatch-run", 2  # the Downloads trace file: what "Open a recorded run" reads
-DEFAULTS = dict(gamma="auto", draft_source="model", rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
+DEFAULTS = dict(gamma="auto", draft_source="hybrid", rule="dropmatch", k=5, p="auto", temperature=0.0, top_p=1.0,
                 max_new_tokens=96, seed=0, run_autoregressive=True, draft_confidence=0.0,
                 centroid=RuleConfig.centroid, majority_fraction=RuleConfig.majority_fraction)
 RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
@@ -73,8 +73,10 @@ The output is exactly the target's.
 hidden state $h$ is perturbed $K$ times, $h^{(i)} = h \odot m^{(i)}/(1-p)$ with $m^{(i)}_j \sim \mathrm{Bernoulli}(1-p)$.
 Paths are run only where the rule reads them: at drafted tokens that are *not* the clean target's top token
 (the target's own choice is left to the lossless test), left to right, up to the first rejection — so the
-step view shows "not run" at exact matches. The masks draw from their own random stream (derived from the
-seed), so at $p = 0$ every path rule gives exactly lossless SD's output, greedy or sampled. Their logits are the clean logits minus the dropped entries' share,
+step view shows "not run" at exact matches. Each drafted position's masks come from a random stream keyed by
+the seed and the position alone (apart from sampling's), so at $p = 0$ every path rule gives exactly lossless
+SD's output, greedy or sampled, and the rule lab re-judges with the very paths the run drew. Their logits are
+the clean logits minus the dropped entries' share,
 $W h^{(i)} = (W h - W (h \odot (1-m^{(i)})))/(1-p)$, a sparse product whose cost grows with $p$; at large
 $p$, or on a GPU, one dense matmul (bf16 where the hardware has it). The clean rows stay fp32, so the
 lossless decisions are exact. Path distributions

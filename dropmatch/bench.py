@@ -494,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
     parser.add_argument("--max-new-tokens", default=128)
     parser.add_argument("--gamma", default="auto", help="draft length, or 'auto' (per round, from measured costs)")
-    parser.add_argument("--draft-source", default="model", choices=DRAFT_SOURCES,
+    parser.add_argument("--draft-source", default="hybrid", choices=DRAFT_SOURCES,
                         help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the model")
     parser.add_argument("--draft-confidence", default=0.0,
                         help="stop drafting a round once the draft's probability of its token is below this (0: off)")

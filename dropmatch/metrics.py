@@ -206,6 +206,10 @@ def pooled(traces: list[GenerationTrace]) -> dict:
         "verify_round_ms": _ms(_ratio(sum(r.t_round for t in traces for r in t.rounds), rounds)),
         "target_nll": _ratio(-sum(log_probs), len(log_probs)),
         "off_nucleus_rate": _ratio(sum(not f for f in in_nucleus), len(in_nucleus)),
+        # gamma = auto and prompt lookup: the mean length rounds asked for, the share drafted by lookup
+        "gamma_asked": _ratio(sum(r.gamma for t in traces for r in t.rounds if r.gamma is not None),
+                              sum(r.gamma is not None for t in traces for r in t.rounds)),
+        "lookup_share": _ratio(sum(r.draft_source == "ngram" for t in traces for r in t.rounds), rounds),
     }
 
 

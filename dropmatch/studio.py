@@ -152,6 +152,9 @@ class Studio:
             self.status = LoadStatus("loading", spec.label, time.monotonic())
             try:
                 self._engine = self._engine_factory(self._loader(spec))
+                measure = getattr(self._engine, "step_costs", None)
+                if measure is not None:  # gamma = auto's costs, timed at load rather than in the first run
+                    measure()
             except Exception as error:
                 self.status = LoadStatus("failed", spec.label, error=str(error))
                 raise

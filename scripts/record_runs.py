@@ -2,7 +2,7 @@
 
     python scripts/record_runs.py [--out assets/recorded]
 
-Embedded pair, the app's defaults (greedy, gamma 4, DropMatch at p = auto, 96 new tokens), a GSM8K,
+Embedded pair, the app's defaults (greedy, gamma = auto, hybrid drafts, DropMatch at p = auto, 96 new tokens), a GSM8K,
 a chat and a code prompt from the app's examples.
 """
 
@@ -31,7 +31,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     for index, (title, category) in enumerate(RUNS.items(), start=1):
         prompt = next(e["prompt"] for e in examples if e["category"] == category)
-        decode = DecodeConfig(gamma=app.DEFAULTS["gamma"], max_new_tokens=app.DEFAULTS["max_new_tokens"])
+        decode = DecodeConfig(**DecodeConfig.parse_gamma(app.DEFAULTS["gamma"]), draft_source=app.DEFAULTS["draft_source"],
+                              max_new_tokens=app.DEFAULTS["max_new_tokens"])
         *_, state = compare_stream(engine, prompt, decode, RuleConfig(app.DEFAULTS["rule"], p=None))
         path = out / f"{index}_{title}.json"
         path.write_text(json.dumps(app.record_of(state, engine).to_dict()) + "\n")

@@ -49,9 +49,9 @@ def test_compare_endpoint_needs_only_a_prompt(running_app):
 
 
 def test_compare_endpoint_takes_every_setting(running_app):
-    result = running_app.predict(prompt=PROMPT, gamma=3, rule="majority", k=7, p="0.2", temperature=0.0,
+    result = running_app.predict(prompt=PROMPT, gamma="3", rule="majority", k=7, p="0.2", temperature=0.0,
                                  top_p=0.9, max_new_tokens=5, seed=3, run_autoregressive=False,
-                                 api_name="/compare")
+                                 draft_source="ngram", api_name="/compare")
     assert result["rule"] == "majority"
     assert result["lossy"]["p"] == 0.2
     assert result["lossless"]["text"] == " ".join(PROMPT.split()[:5])
@@ -61,7 +61,9 @@ def test_compare_endpoint_takes_every_setting(running_app):
 
 @pytest.mark.parametrize("bad, message", [
     (dict(prompt="   "), "prompt is empty"),
-    (dict(prompt=PROMPT, gamma=0), "gamma"),
+    (dict(prompt=PROMPT, gamma="0"), "gamma"),
+    (dict(prompt=PROMPT, gamma="often"), "gamma"),
+    (dict(prompt=PROMPT, draft_source="oracle"), "draft source"),
     (dict(prompt=PROMPT, k=0), "K"),
     (dict(prompt=PROMPT, p="1.5"), "dropout rate"),
     (dict(prompt=PROMPT, p="lots"), "dropout rate"),
