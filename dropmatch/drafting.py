@@ -8,7 +8,8 @@ so lossless acceptance stays exact (accept with probability p(x) / 1; residual m
 gamma = auto drafts, each round, the number of tokens that maximises expected tokens per second:
 (1 + sum_k prod_{i<=k} a_i) / (g * draft_step + verify(g + 1)), where a_i is this generation's
 running acceptance at slot i (a prior until it has data) and the costs were measured on this
-machine for this pair (StepCosts).
+machine for this pair (StepCosts). Under hybrid drafting with gamma = auto, a lookup proposal is used
+only when its expected rate (its own slot acceptance, no draft cost) beats the draft model's.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def expected_tokens(acceptance: SlotAcceptance, gamma: int) -> float:
 def choose_gamma(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None) -> int:
     """The draft length in 1..cap with the most expected tokens per second (draft_step overrides
     the measured one: 0 for n-gram proposals, which cost no model call)."""
+    return best_length(acceptance, costs, cap, draft_step)[0]
+
+
+def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int,
+                draft_step: float | None = None) -> tuple[int, float]:
+    """(length in 1..cap, its expected tokens per second); the shorter one on a tie."""
     step = costs.draft_step if draft_step is None else draft_step
     rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)) for g in range(1, cap + 1)}
-    return max(rates, key=lambda g: (rates[g], -g))
+    gamma = max(rates, key=lambda g: (rates[g], -g))
+    return gamma, rates[gamma]

@@ -361,11 +361,20 @@ class Engine:
         if source != "model" and limit > 0:
             min_n = 1 if source == "ngram" else drafting.HYBRID_MIN_N
             proposal = drafting.lookup(run.seq.tokens, limit, min_n=min_n)
-            if proposal or source == "ngram":
+            if source == "ngram" or (proposal and self._lookup_pays(run, len(proposal), limit)):
                 gamma = self._length(run, "ngram", len(proposal))
                 return self._lookup_draft(proposal[:gamma], gamma)
         gamma = self._length(run, "model", limit)
         return self._model_draft(run, gamma)
+
+    def _lookup_pays(self, run: _RunState, proposed: int, limit: int) -> bool:
+        """Hybrid: take the lookup proposal, unless gamma = auto expects more tokens per second from
+        the draft model (each source judged by its own acceptance in this generation)."""
+        if not run.decode.gamma_auto:
+            return True
+        _, lookup_rate = drafting.best_length(run.acceptance["ngram"], run.costs, proposed, draft_step=0.0)
+        _, model_rate = drafting.best_length(run.acceptance["model"], run.costs, limit)
+        return lookup_rate >= model_rate
 
     def _length(self, run: _RunState, source: str, limit: int) -> int:
         if not run.decode.gamma_auto or limit <= 0:

@@ -96,3 +96,25 @@ def test_gamma_auto_shortens_rounds_for_a_poor_draft(far_engine, tiny_engine, mo
         return sum(asked) / len(asked)
 
     assert mean_gamma(far) < mean_gamma(close)
+
+
+def test_hybrid_takes_a_lookup_only_where_it_is_expected_to_pay(far_engine, monkeypatch):
+    """Under gamma = auto, hybrid compares the two sources' expected tokens per second: with the
+    lookup's own acceptance at zero and the model's perfect, every round goes to the model even where
+    the text repeats; with fixed gamma a matching lookup is always taken."""
+    engine = far_engine
+    costs = drafting.StepCosts(draft_step=0.004, verify_base=0.040, verify_per_position=0.003)
+    monkeypatch.setattr(engine, "_costs", costs)
+    ids = engine.encode("red green blue red green blue red green blue red green blue")
+    from dropmatch import engine as engine_module
+
+    state = engine_module._RunState(DecodeConfig(gamma=8, gamma_auto=True, draft_source="hybrid"), RuleConfig("lossless"),
+                                    None, engine_module._Sequence(ids, []), None, None, None, None, costs=costs)
+    state.acceptance["ngram"] = drafting.SlotAcceptance(accepts=[0.0] * 8, tries=[100.0] * 8)
+    state.acceptance["model"] = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
+    assert not engine._lookup_pays(state, proposed=4, limit=8)
+    state.acceptance["ngram"] = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
+    assert engine._lookup_pays(state, proposed=4, limit=8)
+    fixed = engine_module._RunState(DecodeConfig(gamma=4, draft_source="hybrid"), RuleConfig("lossless"), None,
+                                    engine_module._Sequence(ids, []), None, None, None, None)
+    assert engine._lookup_pays(fixed, proposed=4, limit=4)
