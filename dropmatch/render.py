@@ -185,8 +185,9 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
 
-    def top(pairs):
-        return "<br>".join(f"{html.escape(_q(token_text(t)))} {p:.2f}" for t, p in pairs)
+    def top(pairs):  # a one-hot (prompt lookup) shows its one token, not two zeros
+        shown = [(t, p) for i, (t, p) in enumerate(pairs) if i == 0 or p > 0]
+        return "<br>".join(f"{html.escape(_q(token_text(t)))} {p:.2f}" for t, p in shown)
 
     num_paths = max(len(d.path_tokens) for d in r.drafted)
     head = ("<tr><th>slot</th><th>draft (top)</th><th>clean target (top)</th>"
