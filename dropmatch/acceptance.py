@@ -277,9 +277,13 @@ def _dropmatch(s: Signals, cfg: "RuleConfig") -> Check:
     return _js(s, cfg) + _majority(s, cfg)
 
 
+def typical_floor(target_entropy: torch.Tensor, cfg: "RuleConfig") -> torch.Tensor:
+    """[g] the probability typical acceptance asks of a draft token: min(eps, delta * exp(-H(p_target)))."""
+    return torch.clamp(cfg.typical_delta * torch.exp(-target_entropy), max=cfg.typical_eps)
+
+
 def _typical(s: Signals, cfg: "RuleConfig") -> Check:
-    floor = torch.clamp(cfg.typical_delta * torch.exp(-s.target_entropy), max=cfg.typical_eps)
-    return [("typical", s.target_prob > floor)]
+    return [("typical", s.target_prob > typical_floor(s.target_entropy, cfg))]
 
 
 def _fixed_js(s: Signals, cfg: "RuleConfig") -> Check:

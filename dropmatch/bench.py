@@ -292,7 +292,7 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
         own_samples = [run_to_end(engine.autoregressive(ids, sample)) for sample in reference_decodes(decode, reference_samples)]
         peer_rows = {}
         if peer:
-            for name, generate in PEERS.items():
+            for name, (_, generate) in PEERS.items():
                 tokens, seconds = generate(engine, ids, decode)
                 peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "identical_to_lossless":
                                    "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
@@ -371,7 +371,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         out["peers"] = {}
         for name, rows in result.peers.items():
             theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
-            out["peers"][name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
+            out["peers"][name] = {"name": PEERS[name][0], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
                                   "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
     return out
 
@@ -678,9 +678,10 @@ def _prompt_lookup(engine, ids, decode: DecodeConfig):
     return prompt_lookup_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
 
 
-# The peers --peer times on the same prompts, in the same process, right after our runs of each prompt.
-PEERS = {"assisted": _assisted, "prompt_lookup": _prompt_lookup}
-PEER_NAMES = {"assisted": "transformers assisted generation", "prompt_lookup": "transformers prompt-lookup decoding"}
+# The peers --peer times on the same prompts, in the same process, right after our runs of each prompt:
+# key -> (the name reports show, the timed run).
+PEERS = {"assisted": ("transformers assisted generation", _assisted),
+         "prompt_lookup": ("transformers prompt-lookup decoding", _prompt_lookup)}
 
 
 def peer_runs(requested: bool, decode: DecodeConfig) -> bool:

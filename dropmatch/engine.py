@@ -286,8 +286,7 @@ class Engine:
         """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop.
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
         self.check_fits(prompt_ids, decode)
-        if decode.gamma_auto:
-            self.step_costs()  # measured once per pair, before the run's clock starts
+        costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
         start = clock.now()
@@ -302,8 +301,7 @@ class Engine:
         self.draft.hidden(self._ids(prompt_ids), draft_cache)
         t_prefill = clock.now() - start - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, draft_cache,
-                        generator, clock, states=[] if keep_states else None,
-                        costs=self.step_costs() if decode.gamma_auto else None)
+                        generator, clock, states=[] if keep_states else None, costs=costs)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)

@@ -157,7 +157,7 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
     if reason == "exact":
         lines.append("accepted by the lossless test")
     elif cfg.rule == "typical":
-        floor = min(cfg.typical_eps, cfg.typical_delta * float(torch.exp(-signals.target_entropy[i])))
+        floor = float(acceptance.typical_floor(signals.target_entropy[i], cfg))
         lines.append(f"typical: p(x) {target_prob:.3f} vs floor {floor:.3f}")
     elif cfg.rule == "fixed_js":
         lines.append(f"JS(draft, target) {float(signals.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}")
