@@ -1,7 +1,7 @@
 """DropMatch Studio: speculative decoding with MC-dropout acceptance, instrumented.
 
-Data flows one way: models -> engine -> traces -> metrics/plots -> UI.
-Nothing heavy is imported here.
+Data flows one way: models -> (drafting, judging) -> engine -> traces -> metrics/plots -> UI
+(docs/architecture.md walks a run through the modules). Nothing heavy is imported here.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"  # the same as pyproject.toml's (tests/test_house.py checks)

@@ -1,28 +1,37 @@
 """Acceptance rules as pure functions over tensors, and the one table of rules and reasons.
 
-One verification round has g drafted tokens. `position_signals` computes, for every drafted
-position at once, what any rule may look at; a rule is a function from those signals to an
-ordered list of (reason, accepted-mask); `decide` scans the positions left to right and stops
-at the first one that neither the exact (lossless) test nor the rule accepts.
+One verification round has g drafted tokens. The judge step (judging.py) computes, for every
+drafted position at once, what any rule may look at (`Signals`); a rule is a function from those
+signals to an ordered list of (reason, accepted-mask); `judge` / `decide` scan the positions left to
+right and stop at the first one that neither the exact (lossless) test nor the rule accepts.
 
 `RULES` and `REASONS` are the project's one vocabulary: config validation, metrics, plots, the
 HTML, the UI's choices and the legend all read them. A new rule is one `Rule` entry (with its
-check function) in `RULES`, plus a `Reason` for each new reason it gives.
+check function) in `RULES`, plus a `Reason` for each new reason it gives (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
-from .mc_head import PathStats
 from .sampling import draw
 
-if TYPE_CHECKING:
-    from .config import RuleConfig
+
+class RuleKnobs(Protocol):
+    """What the rules read of a run's settings (config.RuleConfig, which validates them). Named here
+    so that this module imports nothing of the package but sampling: config reads RULES from here."""
+
+    rule: str
+    num_paths: int
+    majority_fraction: float
+    typical_eps: float
+    typical_delta: float
+    fixed_js_threshold: float
+
 
 CORRECTION, BONUS = "correction", "bonus"
 
@@ -44,7 +53,7 @@ class Reason:
 
 @dataclass(frozen=True)
 class Rule:
-    """An acceptance rule. check: Signals, RuleConfig -> [(reason, accepted mask [g])].
+    """An acceptance rule. check: Signals, RuleKnobs -> [(reason, accepted mask [g])].
     uses_paths: reads the K Monte-Carlo dropout paths (and so the dropout rate p).
     knob: the RuleConfig field the benchmark's frontier sweeps (None: not swept)."""
 
@@ -53,7 +62,7 @@ class Rule:
     lossy: bool
     uses_paths: bool
     colour: str
-    check: Callable[["Signals", "RuleConfig"], list[tuple[str, torch.Tensor]]]
+    check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
     knob: str | None = None
 
 
@@ -92,25 +101,6 @@ for _reason in (
     register_reason(_reason)
 
 
-def _log(probs: torch.Tensor) -> torch.Tensor:
-    """log with 0 -> log(tiny): finite, and 0 * log stays 0. (torch.xlogy is ~10x slower on CPU.)"""
-    return torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))
-
-
-def js_divergence(p_a: torch.Tensor, p_b: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence (natural log) over the last axis; broadcasts; >= 0, <= ln 2.
-
-    As H(m) - (H(a) + H(b)) / 2 with m = (a + b) / 2: three logs and three dot products, several
-    times faster on a CPU than summing two KL terms. Exactly 0 when a == b (m == a bit for bit).
-    """
-    mixture = (p_a + p_b).mul_(0.5)
-    return (entropy(mixture) - 0.5 * (entropy(p_a) + entropy(p_b))).clamp_min(0.0)
-
-
-def entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -torch.linalg.vecdot(probs, _log(probs))
-
-
 @dataclass(frozen=True)
 class Signals:
     """Per drafted position (g of them); path fields are None when the rule uses no paths.
@@ -137,92 +127,6 @@ class Signals:
     draft_votes: torch.Tensor | None = None
 
 
-def position_signals(
-    draft_tokens: torch.Tensor,
-    q_draft: torch.Tensor,
-    p_target: torch.Tensor,
-    paths: PathStats | None = None,
-) -> Signals:
-    """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V]."""
-    index = draft_tokens.unsqueeze(-1)
-    target_tokens = p_target.argmax(-1)
-    signals = dict(
-        draft_tokens=draft_tokens,
-        target_tokens=target_tokens,
-        draft_prob=q_draft.gather(-1, index).squeeze(-1),
-        target_prob=p_target.gather(-1, index).squeeze(-1),
-        target_token_prob=p_target.gather(-1, target_tokens.unsqueeze(-1)).squeeze(-1),
-        js_draft_target=js_divergence(q_draft, p_target),
-        target_entropy=entropy(p_target),
-    )
-    if paths is not None:
-        signals.update(path_signals(draft_tokens, q_draft, paths))
-    return Signals(**signals)
-
-
-PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
-
-
-def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """path_tokens [K, m], draft_tokens [m] -> majority_tokens [m] (the token most paths chose; -1
-    when two tokens tie at the top: a tie never picks by token id), majority_votes [m], draft_votes [m]."""
-    per_path = (path_tokens.unsqueeze(0) == path_tokens.unsqueeze(1)).sum(1)  # [K, m]: votes of path k's token
-    top_votes = per_path.max(0).values
-    at_top = per_path == top_votes
-    lowest = torch.where(at_top, path_tokens, torch.iinfo(torch.long).max).min(0).values
-    highest = torch.where(at_top, path_tokens, -1).max(0).values
-    return dict(
-        majority_tokens=torch.where(lowest == highest, lowest, -1),
-        majority_votes=top_votes,
-        draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
-    )
-
-
-def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: PathStats) -> dict[str, torch.Tensor]:
-    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]."""
-    return dict(
-        path_tokens=paths.tokens,
-        js_draft_centroid=js_divergence(q_draft, paths.centroid),
-        js_threshold=paths.threshold,
-        **votes(paths.tokens, draft_tokens),
-    )
-
-
-def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
-    """The signals of some positions only (index [m] into the g drafted positions)."""
-    fields = {}
-    for name, value in vars(signals).items():
-        if value is None:
-            fields[name] = None
-        else:
-            fields[name] = value[:, positions] if name == "path_tokens" else value[positions]
-    return Signals(**fields)
-
-
-def with_path_parts(
-    signals: Signals, parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]], num_paths: int
-) -> Signals:
-    """Signals whose path fields are filled at the positions of each (positions [m], path fields)
-    part; elsewhere path tokens are -1, JS values NaN and votes 0, which no rule accepts."""
-    g = signals.draft_tokens.shape[0]
-    like = signals.draft_tokens
-    full = {
-        "path_tokens": like.new_full((num_paths, g), -1),
-        "js_draft_centroid": signals.js_draft_target.new_full((g,), float("nan")),
-        "js_threshold": signals.js_draft_target.new_full((g,), float("nan")),
-        "majority_tokens": like.new_full((g,), -1),
-        "majority_votes": like.new_zeros(g),
-        "draft_votes": like.new_zeros(g),
-    }
-    for positions, part in parts:
-        for name in PATH_FIELDS:
-            if name == "path_tokens":
-                full[name][:, positions] = part[name].to(full[name].dtype)
-            else:
-                full[name][positions] = part[name].to(full[name].dtype)
-    return Signals(**{**vars(signals), **full})
-
-
 def judged_by_paths(signals: Signals) -> torch.Tensor:
     """[g] bool: the positions a path rule judges, where the draft is not the clean target's top
     token. Where it is, the lossless test decides alone (under greedy it has accepted it already;
@@ -231,7 +135,7 @@ def judged_by_paths(signals: Signals) -> torch.Tensor:
     return signals.draft_tokens != signals.target_tokens
 
 
-def rule_checks(cfg: "RuleConfig", signals: Signals) -> list[tuple[str, torch.Tensor]]:
+def rule_checks(cfg: RuleKnobs, signals: Signals) -> list[tuple[str, torch.Tensor]]:
     """The rule's ordered (reason, accepted mask [g]) list, the exact test aside."""
     rule = RULES[cfg.rule]
     checks = rule.check(signals, cfg)
@@ -241,7 +145,7 @@ def rule_checks(cfg: "RuleConfig", signals: Signals) -> list[tuple[str, torch.Te
     return checks
 
 
-def rule_accepts(cfg: "RuleConfig", signals: Signals) -> torch.Tensor:
+def rule_accepts(cfg: RuleKnobs, signals: Signals) -> torch.Tensor:
     """[g] bool: does any of the rule's checks accept each position (the exact test aside)."""
     accepted = torch.zeros_like(signals.draft_tokens, dtype=torch.bool)
     for _, mask in rule_checks(cfg, signals):
@@ -260,33 +164,33 @@ def votes_needed(num_paths: int, fraction: float) -> int:
     return max(math.ceil(fraction * num_paths - 1e-9), num_paths // 2 + 1)
 
 
-def _naive(s: Signals, cfg: "RuleConfig") -> Check:
+def _naive(s: Signals, cfg: RuleKnobs) -> Check:
     return [("naive", s.draft_votes > 0)]
 
 
-def _js(s: Signals, cfg: "RuleConfig") -> Check:
+def _js(s: Signals, cfg: RuleKnobs) -> Check:
     return [("js", s.js_draft_centroid <= s.js_threshold)]
 
 
-def _majority(s: Signals, cfg: "RuleConfig") -> Check:
+def _majority(s: Signals, cfg: RuleKnobs) -> Check:
     needed = votes_needed(s.path_tokens.shape[0], cfg.majority_fraction)
     return [("majority", (s.draft_tokens == s.majority_tokens) & (s.draft_votes >= needed))]
 
 
-def _dropmatch(s: Signals, cfg: "RuleConfig") -> Check:
+def _dropmatch(s: Signals, cfg: RuleKnobs) -> Check:
     return _js(s, cfg) + _majority(s, cfg)
 
 
-def typical_floor(target_entropy: torch.Tensor, cfg: "RuleConfig") -> torch.Tensor:
+def typical_floor(target_entropy: torch.Tensor, cfg: RuleKnobs) -> torch.Tensor:
     """[g] the probability typical acceptance asks of a draft token: min(eps, delta * exp(-H(p_target)))."""
     return torch.clamp(cfg.typical_delta * torch.exp(-target_entropy), max=cfg.typical_eps)
 
 
-def _typical(s: Signals, cfg: "RuleConfig") -> Check:
+def _typical(s: Signals, cfg: RuleKnobs) -> Check:
     return [("typical", s.target_prob > typical_floor(s.target_entropy, cfg))]
 
 
-def _fixed_js(s: Signals, cfg: "RuleConfig") -> Check:
+def _fixed_js(s: Signals, cfg: RuleKnobs) -> Check:
     return [("fixed_js", s.js_draft_target <= cfg.fixed_js_threshold)]
 
 
@@ -350,7 +254,7 @@ def correction_token(
 
 
 def decide(
-    cfg: "RuleConfig",
+    cfg: RuleKnobs,
     greedy: bool,
     signals: Signals,
     q_sample: torch.Tensor,
@@ -374,7 +278,7 @@ def decide(
     return Verdict(num_accepted, reasons, token, BONUS)
 
 
-def judge(cfg: "RuleConfig", signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
+def judge(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
     """The reason of each drafted position [g], scanning left to right: exact, else the rule's
     first accepting check, else rejected; every position after a rejection is unchecked."""
     num_drafted = int(signals.draft_tokens.shape[0])

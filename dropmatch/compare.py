@@ -13,7 +13,6 @@ from typing import Iterator
 
 from .config import DecodeConfig, RuleConfig
 from .engine import run_to_end
-from .metrics import RunMetrics, summarize
 from .trace import GenerationTrace, RoundTrace
 
 
@@ -46,14 +45,6 @@ class Comparison:
     lossy: Column
     ar: GenerationTrace | None = None
     phase: str = "running"  # running | baseline | done | stopped
-
-    def metrics(self) -> tuple[RunMetrics | None, RunMetrics | None]:
-        """(lossless, lossy) metrics once both runs are done."""
-        if not (self.lossless.done and self.lossy.done):
-            return None, None
-        lossless = self.lossless.trace
-        return (summarize(lossless, ar=self.ar),
-                summarize(self.lossy.trace, ar=self.ar, lossless=lossless))
 
 
 def compare_stream(

@@ -1,11 +1,20 @@
-"""Frozen settings of a run. Every value is checked here, once, with a one-line message."""
+"""Frozen settings of a run. Every value is checked here, once, with a one-line message.
+
+`Settings` is a comparison as a user sets it (the UI's controls, the /compare API, record_runs);
+its field defaults are the project's one table of defaults (`DEFAULTS`), read by the app, the API,
+the benchmark's parser and the rule lab's controls. `DecodeConfig` and `RuleConfig` are what the
+engine reads; `Settings.parse` turns the one into the others.
+"""
 
 from __future__ import annotations
 
 import math
+import dataclasses
+import typing
 from dataclasses import dataclass
 
-CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
+from .acceptance import RULES
+from .mc_head import CENTROIDS
 
 EMBEDDED = "embedded"
 MAX_GAMMA = 16
@@ -16,6 +25,64 @@ MAX_PATHS = 64
 
 class ConfigError(ValueError):
     """A setting a user gave is out of range; the message is meant to be shown as is."""
+
+
+# ---------------------------------------------------------------- the one table of defaults
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One comparison as a user sets it: text where a value may be "auto" (gamma, p). The field
+    defaults are the shipped defaults, the one table every entry point reads (DEFAULTS)."""
+
+    prompt: str = ""
+    pair: str = "Embedded CPU pair: SmolLM2-135M-Instruct + shipped draft"  # a name of PRESETS
+    gamma: str = "auto"
+    rule: str = "dropmatch"
+    k: int = 5
+    p: str = "auto"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    seed: int = 0
+    run_autoregressive: bool = True
+    target_id: str = ""  # the custom pair's hub ids
+    draft_id: str = ""
+    draft_confidence: float = 0.0
+    centroid: str = "probs"
+    majority_fraction: float = 0.8
+    draft_source: str = "hybrid"
+    fixed_js_threshold: float = 0.1
+    typical_eps: float = 0.3
+
+    def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
+        """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise ConfigError("the prompt is empty; type a question or pick an example")
+        decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
+                              temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                              draft_confidence=self.draft_confidence, draft_source=self.draft_source)
+        rule = RuleConfig(rule=self.rule, num_paths=self.k, p=parse_p(self.p), centroid=self.centroid,
+                          majority_fraction=self.majority_fraction, fixed_js_threshold=self.fixed_js_threshold,
+                          typical_eps=self.typical_eps)
+        return decode, rule
+
+    def pair_spec(self) -> "PairSpec":
+        return pair_from_choice(self.pair, self.target_id, self.draft_id)
+
+    @staticmethod
+    def types() -> dict[str, type]:
+        """Each field's type (what an API built from these fields declares)."""
+        return typing.get_type_hints(Settings)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(Settings))
+
+
+DEFAULTS = Settings()
+LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a number, not "auto")
+AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results.md)
 
 
 def _number(name: str, value) -> float:
@@ -41,19 +108,23 @@ def _integer(name: str, value, low: int, high: int) -> int:
 class DecodeConfig:
     """How tokens are drafted and sampled. temperature 0 means greedy.
 
+    The field defaults are the bare loop (a fixed gamma of 4 from the draft model), which the
+    engine's tests and golden traces are built on; a user's defaults are DEFAULTS (gamma = auto,
+    hybrid drafts), which Settings.parse turns into a DecodeConfig.
+
     gamma_auto: each round drafts the length with the most expected tokens per second (drafting.py),
     at most `gamma`. draft_source: the draft model, prompt lookup (n-grams of the text so far), or
     hybrid (lookup where it matches, the model otherwise)."""
 
     gamma: int = 4
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float = DEFAULTS.temperature
+    top_p: float = DEFAULTS.top_p
+    seed: int = DEFAULTS.seed
     # Stop drafting a round early once the draft's own probability of its next token falls below
     # this (0: always draft gamma). The target still verifies every drafted token, so greedy
     # lossless output is unchanged; what changes is how many unlikely drafts are paid for.
-    draft_confidence: float = 0.0
+    draft_confidence: float = DEFAULTS.draft_confidence
     gamma_auto: bool = False
     draft_source: str = "model"
 
@@ -98,20 +169,20 @@ class RuleConfig:
     p is the dropout rate on the LM-head input; None means "auto" (calibrated per prompt).
     """
 
-    rule: str = "dropmatch"
-    num_paths: int = 5
-    p: float | None = 0.3
+    rule: str = DEFAULTS.rule
+    num_paths: int = DEFAULTS.k
+    p: float | None = 0.3  # the bare default; a user's default is DEFAULTS.p ("auto")
     # The majority rule needs ceil(fraction * K) votes (never fewer than a strict majority):
     # 0.8 is the method's "nearly all paths choose the same token", 4 of 5.
-    majority_fraction: float = 0.8
-    centroid: str = "probs"
-    typical_eps: float = 0.3
+    majority_fraction: float = DEFAULTS.majority_fraction
+    centroid: str = DEFAULTS.centroid
+    typical_eps: float = DEFAULTS.typical_eps
     typical_delta: float = 0.09
-    fixed_js_threshold: float = 0.1
+    fixed_js_threshold: float = DEFAULTS.fixed_js_threshold
     # p = auto: the largest p whose paths keep the clean argmax at this share of the prompt's positions.
     # 0.5 chosen on the dev set (GSM8K train + written prompts, docs/results.md): the largest tau gain whose
     # answers stayed well inside the target's own variation there.
-    auto_agreement: float = 0.5
+    auto_agreement: float = AUTO_AGREEMENT
 
     def __post_init__(self):
         names = rule_names()
@@ -141,15 +212,11 @@ class RuleConfig:
 
     @property
     def uses_paths(self) -> bool:
-        from .acceptance import RULES
-
         return RULES[self.rule].uses_paths
 
 
 def rule_names() -> tuple[str, ...]:
     """Every rule of the one table (acceptance.RULES), lossless first."""
-    from .acceptance import RULES
-
     return tuple(RULES)
 
 
@@ -182,3 +249,23 @@ class PairSpec:
         if self.target == EMBEDDED:
             return "embedded: SmolLM2-135M-Instruct + shipped draft (CPU)"
         return f"{self.target} + {self.draft}"
+
+
+PRESETS: dict[str, PairSpec | None] = {
+    DEFAULTS.pair: PairSpec(),
+    "SmolLM2-1.7B-Instruct / SmolLM2-135M-Instruct (GPU)": PairSpec(
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "Qwen3-8B / Qwen3-0.6B (GPU)": PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    "Custom hub ids": None,
+}
+DEFAULT_PRESET = DEFAULTS.pair
+
+
+def pair_from_choice(preset: str, target: str = "", draft: str = "") -> PairSpec:
+    """The PairSpec for a preset name, or for the custom hub ids typed by the user."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown model pair {preset!r}")
+    spec = PRESETS[preset]
+    if spec is not None:
+        return spec
+    return PairSpec(target=(target or "").strip(), draft=(draft or "").strip())

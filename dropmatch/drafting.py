@@ -1,4 +1,10 @@
-"""What a round drafts, as pure functions: n-gram proposals (prompt lookup) and the draft length.
+"""What a round drafts: drafters behind one small interface, n-gram proposals and the draft length.
+
+A `Drafter` (in the spirit of transformers' CandidateGenerator) proposes a round's tokens with
+their draft distributions (`propose`) and learns from the round's outcome (`learn`): the engine's
+round calls nothing else. Three of them, one per DecodeConfig.draft_source (DRAFTERS):
+`ModelDrafter` (the draft model), `LookupDrafter` (prompt lookup) and `HybridDrafter` (lookup where
+it matches and pays, the model elsewhere).
 
 Prompt lookup proposes the tokens that followed the latest earlier occurrence of the text's last n
 tokens (prompt and output so far): free to compute, and often right where an answer repeats its
@@ -15,6 +21,15 @@ only when its expected rate (its own slot acceptance, no draft cost) beats the d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from .sampling import draw, sampling_probs, signal_probs
+
+if TYPE_CHECKING:  # annotations only: drafting never imports transformers
+    from .config import DecodeConfig
+    from .models import CausalLM
 
 NGRAM_MAX = 3  # the longest suffix looked up
 HYBRID_MIN_N = 2  # hybrid trusts a lookup of at least this many tokens (a 1-gram match is mostly chance)
@@ -92,3 +107,199 @@ def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int,
     rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)) for g in range(1, cap + 1)}
     gamma = max(rates, key=lambda g: (rates[g], -g))
     return gamma, rates[gamma]
+
+
+# ---------------------------------------------------------------- drafters
+
+
+@dataclass
+class Draft:
+    """One round's proposal. tokens [g] (g <= the round's limit, on the device); q_sample [g, V] the
+    distributions they were drawn from; q_signal [g, V] the smooth distributions the divergence rules
+    compare; hidden [g, H_d] the draft's final hidden states they came from ([0, H_d] for prompt
+    lookup, whose distributions are one-hot); source "model" or "ngram"; requested: the length the
+    round asked for."""
+
+    tokens: torch.Tensor
+    q_sample: torch.Tensor
+    q_signal: torch.Tensor
+    hidden: torch.Tensor
+    source: str
+    requested: int
+
+    @property
+    def num_drafted(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(Protocol):
+    def start(self, prompt_ids: list[int]) -> None:
+        """Read the prompt (before the first round; the prefill's time)."""
+
+    def propose(self, tokens: list[int], limit: int) -> Draft:
+        """At most `limit` tokens to follow `tokens` (prompt + output so far)."""
+
+    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
+        """The round's outcome: num_accepted of the draft's tokens kept; the sequence is now
+        kept_length tokens long before the extra token (what the target's cache keeps)."""
+
+
+@dataclass
+class DraftSpace:
+    """What every drafter of a run shares: its settings, the run's seed stream (sampled drafts draw
+    from it), gamma = auto's measured costs (None for a fixed gamma), the target's vocabulary size,
+    the device and the draft model's hidden size (for empty hidden states)."""
+
+    decode: "DecodeConfig"
+    generator: torch.Generator
+    costs: StepCosts | None
+    vocab_size: int
+    device: torch.device
+    hidden_size: int
+
+    def ids(self, tokens: list[int]) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+    def empty(self, source: str, requested: int) -> Draft:
+        none = torch.empty(0, self.vocab_size, device=self.device)
+        return Draft(self.ids([]), none, none, torch.empty(0, self.hidden_size, device=self.device), source,
+                     requested)
+
+
+class _Learning:
+    """A source's running slot acceptance and gamma = auto's length choice from it."""
+
+    draft_step: float | None = None  # None: the measured draft step; 0 for a proposal that costs no call
+
+    def __init__(self, space: DraftSpace):
+        self.space = space
+        self.acceptance = SlotAcceptance()
+
+    def length(self, limit: int) -> int:
+        if not self.space.decode.gamma_auto or limit <= 0:
+            return limit
+        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step)
+
+    def expected_rate(self, limit: int) -> float:
+        """Expected tokens per second of this source's best length up to limit (gamma = auto only)."""
+        return best_length(self.acceptance, self.space.costs, limit, self.draft_step)[1]
+
+
+class ModelDrafter(_Learning):
+    """The draft model, one token per call, with its own cache."""
+
+    source = "model"
+
+    def __init__(self, space: DraftSpace, model: "CausalLM"):
+        super().__init__(space)
+        self.model = model
+        self.cache = model.new_cache()
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.model.hidden(self.space.ids(prompt_ids), self.cache)
+
+    def propose(self, tokens: list[int], limit: int) -> Draft:
+        """Up to length(limit) tokens. They stay on the device (no host sync per token) unless
+        decode.draft_confidence asks to stop early: then the draft's probability of each drafted token
+        is read, and drafting stops before a token below it (at least one token is always drafted)."""
+        decode, gamma = self.space.decode, self.length(limit)
+        drafted, q_sample, q_signal, states = [], [], [], []
+        feed = self.space.ids(tokens[self.model.cached_length(self.cache):])  # committed since last time
+        for _ in range(gamma):
+            state = self.model.hidden(feed, self.cache)[-1]
+            logits = self.model.logits(state)
+            probs = sampling_probs(logits, decode.temperature, decode.top_p)
+            signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
+            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, self.space.generator).view(1)
+            if drafted and decode.draft_confidence > 0 and float(signal[feed]) < decode.draft_confidence:
+                break
+            drafted.append(feed)
+            q_sample.append(probs)
+            q_signal.append(signal)
+            states.append(state)
+        if not drafted:
+            return self.space.empty(self.source, gamma)
+        return Draft(torch.cat(drafted), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states),
+                     self.source, gamma)
+
+    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
+        if draft.source == self.source:
+            self.acceptance.record(draft.num_drafted, num_accepted)
+        self.model.crop(self.cache, min(kept_length, self.model.cached_length(self.cache)))
+
+
+class LookupDrafter(_Learning):
+    """Prompt lookup: the tokens after the latest earlier occurrence of the text's last n tokens, with
+    one-hot distributions (so lossless acceptance stays exact). min_n: the shortest suffix trusted."""
+
+    source = "ngram"
+    draft_step = 0.0
+
+    def __init__(self, space: DraftSpace, min_n: int = 1):
+        super().__init__(space)
+        self.min_n = min_n
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def proposal(self, tokens: list[int], limit: int) -> list[int]:
+        return lookup(tokens, limit, min_n=self.min_n)
+
+    def propose(self, tokens: list[int], limit: int) -> Draft:
+        return self.of(self.proposal(tokens, limit))
+
+    def of(self, proposal: list[int]) -> Draft:
+        """The draft of a proposal, cut to gamma = auto's length."""
+        gamma = self.length(len(proposal))
+        if gamma <= 0:
+            return self.space.empty(self.source, gamma)
+        ids = self.space.ids(proposal[:gamma])
+        one_hot = torch.nn.functional.one_hot(ids, self.space.vocab_size).float()
+        hidden = torch.empty(0, self.space.hidden_size, device=self.space.device)
+        return Draft(ids, one_hot, one_hot, hidden, self.source, gamma)
+
+    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
+        if draft.source == self.source:
+            self.acceptance.record(draft.num_drafted, num_accepted)
+
+
+class HybridDrafter:
+    """A lookup of at least HYBRID_MIN_N tokens where one exists and, under gamma = auto, where its
+    expected tokens per second (its own slot acceptance, no draft cost) beat the draft model's; the
+    draft model elsewhere. Each source learns from its own rounds."""
+
+    def __init__(self, space: DraftSpace, model: "CausalLM"):
+        self.space = space
+        self.model = ModelDrafter(space, model)
+        self.lookup = LookupDrafter(space, min_n=HYBRID_MIN_N)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.model.start(prompt_ids)
+
+    def propose(self, tokens: list[int], limit: int) -> Draft:
+        proposal = self.lookup.proposal(tokens, limit) if limit > 0 else []
+        if proposal and self.lookup_pays(len(proposal), limit):
+            return self.lookup.of(proposal)
+        return self.model.propose(tokens, limit)
+
+    def lookup_pays(self, proposed: int, limit: int) -> bool:
+        if not self.space.decode.gamma_auto:
+            return True
+        return self.lookup.expected_rate(proposed) >= self.model.expected_rate(limit)
+
+    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
+        self.lookup.learn(draft, num_accepted, kept_length)
+        self.model.learn(draft, num_accepted, kept_length)
+
+
+# One drafter per DecodeConfig.draft_source (config.DRAFT_SOURCES names the same keys).
+DRAFTERS = {
+    "model": ModelDrafter,
+    "ngram": lambda space, model: LookupDrafter(space),
+    "hybrid": HybridDrafter,
+}
+
+
+def make_drafter(space: DraftSpace, model: "CausalLM") -> Drafter:
+    """The drafter of space.decode.draft_source over this draft model."""
+    return DRAFTERS[space.decode.draft_source](space, model)

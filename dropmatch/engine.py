@@ -19,10 +19,10 @@ from typing import Generator
 
 import torch
 
-from . import acceptance, drafting, mc_head
+from . import acceptance, drafting, judging, lab, mc_head
 from .config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
-from .sampling import draw, sampling_probs, signal_probs, target_view
+from .sampling import draw, sampling_probs, target_view
 from .trace import DraftedToken, GenerationTrace, RoundStates, RoundTrace
 
 TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
@@ -73,29 +73,11 @@ class _RunState:
     p: float | None  # the dropout rate in use (None when the rule reads no paths)
     seq: _Sequence
     target_cache: object
-    draft_cache: object
+    drafter: drafting.Drafter
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
     clock: _Clock
     rounds: list[RoundTrace] = field(default_factory=list)
     states: list[RoundStates] | None = None  # kept for the rule lab when asked
-    costs: drafting.StepCosts | None = None  # gamma = auto's cost model (measured for this pair here)
-    acceptance: dict[str, drafting.SlotAcceptance] = field(
-        default_factory=lambda: {"model": drafting.SlotAcceptance(), "ngram": drafting.SlotAcceptance()})
-
-
-@dataclass
-class _Draft:
-    """tokens [g] (g <= gamma, on the device); q_sample [g, V] the distributions they were drawn
-    from; q_signal [g, V] the smooth distributions the divergence rules compare; hidden [g, H_d]
-    the draft's final hidden states they came from ([0, H_d] for prompt lookup, whose distributions
-    are one-hot); source "model" or "ngram"; requested: the length the round asked for."""
-
-    tokens: torch.Tensor
-    q_sample: torch.Tensor
-    q_signal: torch.Tensor
-    hidden: torch.Tensor
-    source: str = "model"
-    requested: int = 0
 
 
 @dataclass
@@ -106,95 +88,6 @@ class _Judgement:
     host: dict
     path_rows: int
     t_mc: float
-
-
-@dataclass
-class JudgedPositions:
-    """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
-    were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
-    [(positions [m], path probs [K, m, V])], and the Monte-Carlo time."""
-
-    signals: acceptance.Signals
-    p_signal: torch.Tensor
-    path_rows: int
-    path_probs: list
-    t_mc: float
-
-
-def judge_positions(target: CausalLM, rule: RuleConfig, p: float | None, decode: DecodeConfig,
-                    first_position: int, draft_tokens: torch.Tensor, q_signal: torch.Tensor,
-                    hidden: torch.Tensor, clean_logits: torch.Tensor, exact: torch.Tensor,
-                    clock: "_Clock | None" = None, memo: dict | None = None) -> JudgedPositions:
-    """Everything a rule reads at one round's drafted positions, the rule's paths included: what the
-    engine judges with, and what the rule lab (lab.py) re-judges with, so the two never differ.
-
-    draft_tokens [g] at sequence positions first_position + i; q_signal [g, V]; hidden [g + 1, H] and
-    clean_logits [g + 1, V] the target's at the verified positions; exact [g] the lossless test.
-    memo: what was computed already for these positions (the signals; the paths by K, p and centroid):
-    the lab judges several rules on the same positions and computes each once."""
-    gamma = int(draft_tokens.shape[0])
-    key = ("signals", first_position, gamma)
-    if memo is not None and key in memo:
-        p_signal, signals = memo[key]
-    else:
-        p_signal = signal_probs(clean_logits[:gamma], decode.temperature)
-        signals = acceptance.position_signals(draft_tokens, q_signal, p_signal)
-        if memo is not None:
-            memo[key] = p_signal, signals
-    start = clock.now() if clock else 0.0
-    path_rows, path_probs = 0, []
-    if rule.uses_paths and gamma > 0:
-        signals, path_rows, path_probs = _checked_paths(target, hidden, clean_logits, q_signal, signals, exact, rule,
-                                                        p, decode, first_position, memo)
-    t_mc = clock.now() - start if clock else 0.0
-    return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
-
-
-def _checked_paths(target, hidden, clean_logits, q_signal, signals, exact, rule, p, decode, first_position, memo):
-    """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
-    exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
-    left to right, until the rule rejects one (the positions after it are discarded anyway).
-
-    Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
-    runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
-    At p = 0 every path is the clean row: its statistics come from that one row, no path work.
-    Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
-    """
-    judged = (~exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
-    stages = [judged[:1], judged[1:]]
-    parts, probs, rows = [], [], 0
-    for stage in stages:
-        if stage.numel() == 0:
-            break
-        positions = [first_position + i for i in stage.tolist()]
-        # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
-        key = ("paths", first_position, tuple(positions), rule.num_paths, p, rule.centroid)
-        if memo is not None and key in memo:
-            stats, part = memo[key]
-        else:
-            stats = _path_stats(target, hidden[stage], clean_logits[stage], rule, p, decode, positions)
-            part = acceptance.path_signals(signals.draft_tokens[stage], q_signal[stage], stats)
-            if memo is not None:
-                memo[key] = stats, part
-        parts.append((stage, part))
-        probs.append((stage, stats.probs))
-        rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
-        checked = acceptance.Signals(**{**vars(acceptance.at_positions(signals, stage)), **part})
-        if not bool(acceptance.rule_accepts(rule, checked).all()):
-            break
-    return acceptance.with_path_parts(signals, parts, rule.num_paths), rows, probs
-
-
-def _path_stats(target, hidden, clean_logits, rule, p, decode, positions) -> mc_head.PathStats:
-    """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V], their sequence
-    positions [n], which key their dropout masks)."""
-    if p == 0.0:  # every path is the clean row
-        return mc_head.path_stats(clean_logits.unsqueeze(0), decode.temperature, rule.centroid).expanded(
-            rule.num_paths)
-    keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], decode.seed, hidden.device,
-                                  hidden.dtype)
-    path_logits = target.path_logits(hidden, keep, p, clean_logits)
-    return mc_head.path_stats(path_logits, decode.temperature, rule.centroid)
 
 
 class Engine:
@@ -240,6 +133,16 @@ class Engine:
 
     def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
         return tuple(self.token_text(i) for i in ids)
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """(target name, draft name): what a trace records as its pair."""
+        return self.target.name, self.draft.name
+
+    def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
+        """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads."""
+        prepared = lab.prepare(trace, self.target, self.draft)
+        return lab.rejudge(prepared, self.target, lab.decode_of(trace), settings, self.token_text)
 
     # ------------------------------------------------------------ runs
 
@@ -289,8 +192,10 @@ class Engine:
         costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        drafter = drafting.make_drafter(drafting.DraftSpace(decode, generator, costs, self.target.vocab_size,
+                                                            self.device, self.draft.hidden_size), self.draft)
         start = clock.now()
-        target_cache, draft_cache = self.target.new_cache(), self.draft.new_cache()
+        target_cache = self.target.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         first_logits = self.target.logits(prompt_hidden[-1:])
         calibration_start = clock.now()
@@ -298,10 +203,10 @@ class Engine:
         t_calibration = clock.now() - calibration_start
         p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
-        self.draft.hidden(self._ids(prompt_ids), draft_cache)
+        drafter.start(list(prompt_ids))
         t_prefill = clock.now() - start - t_calibration
-        run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, draft_cache,
-                        generator, clock, states=[] if keep_states else None, costs=costs)
+        run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
+                        clock, states=[] if keep_states else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
@@ -318,8 +223,8 @@ class Engine:
     def _round(self, run: _RunState, limit: int) -> RoundTrace:
         clock = run.clock
         t_start = clock.now()
-        # 1. Draft: at most `limit` tokens, from prompt lookup or the draft model (one call each).
-        draft = self._draft(run, limit)
+        # 1. Draft: at most `limit` tokens, from the run's drafter (prompt lookup or the draft model).
+        draft = run.drafter.propose(run.seq.tokens, limit)
         t_drafted = clock.now()
         # 2. Verify: one target call over [last emitted token] + drafts, then the clean head rows.
         committed = len(run.seq.tokens)
@@ -335,10 +240,9 @@ class Engine:
         drafted_ids = judgement.host["draft_tokens"].tolist()
         emitted = self._commit(run.seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], run.decode)
         keep = committed + verdict.num_accepted
-        for model, cache in ((self.target, run.target_cache), (self.draft, run.draft_cache)):
-            model.crop(cache, min(keep, model.cached_length(cache)))
+        self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
+        run.drafter.learn(draft, verdict.num_accepted, keep)
         records = _records(judgement.host, verdict.reasons)
-        run.acceptance[draft.source].record(len(drafted_ids), verdict.num_accepted)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
             run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"]))
@@ -351,77 +255,17 @@ class Engine:
             **_emitted_view(clean_logits[: len(emitted)], emitted), gamma=draft.requested, draft_source=draft.source,
         )
 
-    def _draft(self, run: _RunState, limit: int) -> _Draft:
-        """At most `limit` draft tokens: prompt lookup's proposal where the source allows it (hybrid:
-        where a suffix of at least HYBRID_MIN_N tokens recurs), else the draft model's; gamma = auto
-        picks the length from this generation's acceptance and the measured costs."""
-        source = run.decode.draft_source
-        if source != "model" and limit > 0:
-            min_n = 1 if source == "ngram" else drafting.HYBRID_MIN_N
-            proposal = drafting.lookup(run.seq.tokens, limit, min_n=min_n)
-            if source == "ngram" or (proposal and self._lookup_pays(run, len(proposal), limit)):
-                gamma = self._length(run, "ngram", len(proposal))
-                return self._lookup_draft(proposal[:gamma], gamma)
-        gamma = self._length(run, "model", limit)
-        return self._model_draft(run, gamma)
-
-    def _lookup_pays(self, run: _RunState, proposed: int, limit: int) -> bool:
-        """Hybrid: take the lookup proposal, unless gamma = auto expects more tokens per second from
-        the draft model (each source judged by its own acceptance in this generation)."""
-        if not run.decode.gamma_auto:
-            return True
-        _, lookup_rate = drafting.best_length(run.acceptance["ngram"], run.costs, proposed, draft_step=0.0)
-        _, model_rate = drafting.best_length(run.acceptance["model"], run.costs, limit)
-        return lookup_rate >= model_rate
-
-    def _length(self, run: _RunState, source: str, limit: int) -> int:
-        if not run.decode.gamma_auto or limit <= 0:
-            return limit
-        return drafting.choose_gamma(run.acceptance[source], run.costs, limit,
-                                     draft_step=0.0 if source == "ngram" else None)
-
-    def _lookup_draft(self, tokens: list[int], requested: int) -> _Draft:
-        """Prompt lookup's tokens with one-hot distributions (so lossless acceptance stays exact)."""
-        ids = self._ids(tokens)
-        one_hot = torch.nn.functional.one_hot(ids, self.target.vocab_size).float()
-        return _Draft(ids, one_hot, one_hot, torch.empty(0, self.draft.hidden_size, device=self.device), "ngram",
-                      requested)
-
-    def _model_draft(self, run: _RunState, gamma: int) -> _Draft:
-        """Up to gamma draft tokens from the draft model. They stay on the device (no host sync per token) unless
-        decode.draft_confidence asks to stop early: then the draft's probability of each drafted token
-        is read, and drafting stops before a token below it (at least one token is always drafted)."""
-        decode = run.decode
-        tokens, q_sample, q_signal, states = [], [], [], []
-        feed = self._ids(run.seq.pending(self.draft.cached_length(run.draft_cache)))  # committed since last time
-        for _ in range(gamma):
-            state = self.draft.hidden(feed, run.draft_cache)[-1]
-            logits = self.draft.logits(state)
-            probs = sampling_probs(logits, decode.temperature, decode.top_p)
-            signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
-            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, run.generator).view(1)
-            if tokens and decode.draft_confidence > 0 and float(signal[feed]) < decode.draft_confidence:
-                break
-            tokens.append(feed)
-            q_sample.append(probs)
-            q_signal.append(signal)
-            states.append(state)
-        if not tokens:
-            empty = torch.empty(0, self.target.vocab_size, device=self.device)
-            return _Draft(torch.empty(0, dtype=torch.long, device=self.device), empty, empty,
-                          torch.empty(0, self.draft.hidden_size, device=self.device), "model", gamma)
-        return _Draft(torch.cat(tokens), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states), "model",
-                      gamma)
-
-    def _judge(self, run: _RunState, draft: _Draft, hidden: torch.Tensor, clean_logits: torch.Tensor) -> _Judgement:
+    def _judge(self, run: _RunState, draft: drafting.Draft, hidden: torch.Tensor,
+               clean_logits: torch.Tensor) -> _Judgement:
         """The lossless test at every drafted position, the rule's paths where it reads them, and
         the verdict; one device -> host copy for everything the decision and the records read."""
         decode, rule = run.decode, run.rule
-        gamma = int(draft.tokens.shape[0])
+        gamma = draft.num_drafted
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
         exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
-        judged = judge_positions(self.target, rule, run.p, decode, len(run.seq.tokens), draft.tokens, draft.q_signal,
-                                 hidden, clean_logits, exact, run.clock)
+        inputs = judging.JudgeInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
+                                     decode.temperature, decode.seed)
+        judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now)
         host = _to_host({**vars(judged.signals), "exact": exact,
                          **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
         signals = acceptance.Signals(**{name: host[name] for name in vars(judged.signals)})

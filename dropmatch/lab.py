@@ -3,7 +3,7 @@
 The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
 result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
 and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
-under every rule with the engine's own function (engine.judge_positions, then acceptance.judge): the
+under every rule with the engine's own judge step (judging.judge_positions, then acceptance.judge): the
 same drafts and the same clean target for every rule, in well under a second, without running a
 transformer block. A replay with the run's own settings decides exactly as the run did.
 
@@ -22,7 +22,7 @@ import torch
 
 from . import acceptance
 from .config import ConfigError, DecodeConfig, RuleConfig
-from .engine import judge_positions
+from .judging import JudgeInputs, judge_positions
 from .models import CausalLM
 from .sampling import signal_probs
 from .trace import GenerationTrace
@@ -105,8 +105,9 @@ def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfi
         p = cfg.p if cfg.uses_paths else None
         column = []
         for rnd in prepared:
-            judged = judge_positions(target, cfg, p, decode, rnd.first_position, rnd.draft_tokens, rnd.q_signal,
-                                     rnd.hidden, rnd.clean_logits, rnd.exact, memo=memo)
+            inputs = JudgeInputs(rnd.first_position, rnd.draft_tokens, rnd.q_signal, rnd.hidden, rnd.clean_logits,
+                                 rnd.exact, decode.temperature, decode.seed)
+            judged = judge_positions(target, cfg, p, inputs, memo=memo)
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
             column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
         columns.append((cfg, column))

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-CENTROIDS = ("probs", "logits")
+from .sampling import js_divergence
+
+CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
 
 
 def mc_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -84,8 +86,6 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
 
     centroid "probs": the mean of the K path distributions (the method's centroid); "logits": the
     softmax of the mean logits (sharper; a labelled option)."""
-    from .acceptance import js_divergence
-
     if centroid not in CENTROIDS:
         raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
     scale = temperature if temperature > 0 else 1.0

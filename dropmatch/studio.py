@@ -22,16 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from .config import EMBEDDED, ConfigError, PairSpec
+from .config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pair_from_choice
 
-PRESETS: dict[str, PairSpec | None] = {
-    "Embedded CPU pair: SmolLM2-135M-Instruct + shipped draft": PairSpec(),
-    "SmolLM2-1.7B-Instruct / SmolLM2-135M-Instruct (GPU)": PairSpec(
-        "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-    "Qwen3-8B / Qwen3-0.6B (GPU)": PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
-    "Custom hub ids": None,
-}
-DEFAULT_PRESET = next(iter(PRESETS))
+__all__ = ["DEFAULT_PRESET", "PRESETS", "LoadStatus", "Policy", "Studio", "is_hub_id", "pair_from_choice"]
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
 
 
@@ -67,16 +61,6 @@ def is_hub_id(name: str) -> bool:
     """namespace/name, and not a folder on this machine (transformers would read a local folder of
     that name before asking the hub)."""
     return bool(HUB_ID.match(name)) and ".." not in name and not os.path.exists(name)
-
-
-def pair_from_choice(preset: str, target: str = "", draft: str = "") -> PairSpec:
-    """The PairSpec for a preset name, or for the custom hub ids typed by the user."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown model pair {preset!r}")
-    spec = PRESETS[preset]
-    if spec is not None:
-        return spec
-    return PairSpec(target=(target or "").strip(), draft=(draft or "").strip())
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from dropmatch.acceptance import decide, js_divergence, position_signals, rule_accepts, votes, votes_needed
+from dropmatch.acceptance import decide, rule_accepts, votes_needed
+from dropmatch.judging import position_signals, votes
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import dropout_paths, path_stats
-from dropmatch.sampling import draw, sampling_probs, target_view
+from dropmatch.sampling import draw, js_divergence, sampling_probs, target_view
 
 V = 6
 NEG = float("-inf")

@@ -117,15 +117,15 @@ def test_downloads_stay_in_one_folder_that_keeps_only_the_newest_runs(tmp_path):
 
     from fake_engine import FakeEngine
 
-    import app
     from dropmatch.compare import compare_stream
     from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.record import Downloads, record_of
 
     engine = FakeEngine()
-    downloads = app.Downloads(tmp_path / "downloads", keep=3)
+    downloads = Downloads(tmp_path / "downloads", keep=3)
     for i in range(5):
         *_, state = compare_stream(engine, f"{PROMPT} {i}", DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
-        trace_path, metrics_path = downloads.write(app.record_of(state, engine))
+        trace_path, metrics_path = downloads.write(record_of(state, engine))
     runs = [p for p in (tmp_path / "downloads").iterdir()]
     assert len(runs) == 3 and all(p.is_dir() for p in runs)
     saved = json_module.loads(open(trace_path).read())
@@ -143,14 +143,14 @@ def test_the_run_state_holds_data_only_so_switching_pairs_frees_the_old_engine()
 
     from fake_engine import FakeEngine
 
-    import app
     from dropmatch.compare import compare_stream
     from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.record import record_of
 
     studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
     first = studio.engine(PairSpec("org/a", "org/b"))
     *_, state = compare_stream(first, PROMPT, DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
-    record = app.record_of(state, first)
+    record = record_of(state, first)
     assert record.token_text(state.lossless.trace.output_ids[0]) == first.token_text(state.lossless.trace.output_ids[0])
     gone = weakref.ref(first)
     del first, state
@@ -183,7 +183,9 @@ def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs
 
     from fake_engine import FakeEngine
 
-    import app
+    from dropmatch.config import Settings
+    from dropmatch.record import Downloads
+    from dropmatch.ui.callbacks import compare_api, run_comparison
 
     inside = {"now": False, "generated_inside": [], "loaded_inside": []}
 
@@ -209,10 +211,10 @@ def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs
 
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=gpu))
     studio = Studio(loader=loader, engine_factory=lambda pair: RecordingEngine())
-    result = app.compare_api(studio, PROMPT, max_new_tokens=6)
+    result = compare_api(studio, Settings(PROMPT, max_new_tokens=6))
     assert result["lossy"]["text"]
-    views = list(app.run_comparison(studio, app.Downloads(), app.Settings(
-        PROMPT, DEFAULT_PRESET, "", "", "4", "dropmatch", 5, "auto", 0.0, 1.0, 6, 0, False, 0.0, "probs", 0.8, "model")))
+    views = list(run_comparison(studio, Downloads(), Settings(
+        PROMPT, DEFAULT_PRESET, gamma="4", max_new_tokens=6, run_autoregressive=False, draft_source="model")))
     assert views[-1]["status"].startswith("Done")
     assert inside["loaded_inside"] == [False]
     assert inside["generated_inside"] and all(inside["generated_inside"])
@@ -225,16 +227,17 @@ def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(
 
     from fake_engine import FakeEngine
 
-    import app
     from dropmatch.compare import compare_stream
     from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.record import Downloads, record_of
+    from dropmatch.ui.callbacks import open_recorded
 
     engine = FakeEngine()
     *_, state = compare_stream(engine, PROMPT, DecodeConfig(max_new_tokens=8), RuleConfig("dropmatch"))
-    downloads = app.Downloads(tmp_path / "downloads")
-    trace_path, _ = downloads.write(app.record_of(state, engine))
+    downloads = Downloads(tmp_path / "downloads")
+    trace_path, _ = downloads.write(record_of(state, engine))
 
-    view = app.open_recorded(downloads, trace_path, "a run")
+    view = open_recorded(downloads, trace_path, "a run")
     assert view["status"].startswith("Recorded run *a run*")
     assert "alpha" in view["lossless_out"] and "alpha" in view["lossy_out"] and "tau" in view["lossy_stats"]
     assert view["plot_agreement"].data and "Round 0" in view["step_out"]
@@ -248,7 +251,7 @@ def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(
         ("damaged.json", json_module.dumps({**old, "lossy": {}}), "damaged"),
     ):
         (tmp_path / name).write_text(content)
-        shown = app.open_recorded(downloads, tmp_path / name)
+        shown = open_recorded(downloads, tmp_path / name)
         assert set(shown) == {"status"} and message in shown["status"] and "\n" not in shown["status"]
 
 
@@ -256,19 +259,20 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     """Every run in assets/recorded opens with no model (the Studio's loader would raise): columns,
     charts and the rule lab's matrix at the run's own settings; moving a lab control then says which
     pair's heads it needs instead of failing."""
-    import app
+    from dropmatch.record import Downloads, recorded_runs
+    from dropmatch.ui.callbacks import open_recorded, rejudge_view
 
     def no_model(spec):
         raise RuntimeError("no model may load in this test")
 
     studio = Studio(loader=no_model, engine_factory=lambda pair: pair)
-    shipped = app.recorded_runs()
+    shipped = recorded_runs()
     assert len(shipped) >= 3
     for title, path in shipped.items():
-        view = app.open_recorded(app.Downloads(), path, title)
+        view = open_recorded(Downloads(), path, title)
         assert view["status"].startswith("Recorded run") and view["lossless_out"] and view["plot_js"] is not None
         assert "<table>" in view["lab_out"] and "tau on these drafts" in view["lab_summary"]
         assert view["lab_p"] == view["last_run"].lossy.p  # the controls start at the run's own settings
-        moved = app.rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
+        moved = rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
         assert "not in memory" in moved["lab_status"] and "lab_out" not in moved
     assert not studio.is_loaded(PairSpec())

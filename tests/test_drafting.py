@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import PROMPTS
 
 from dropmatch import drafting
@@ -98,23 +99,30 @@ def test_gamma_auto_shortens_rounds_for_a_poor_draft(far_engine, tiny_engine, mo
     assert mean_gamma(far) < mean_gamma(close)
 
 
-def test_hybrid_takes_a_lookup_only_where_it_is_expected_to_pay(far_engine, monkeypatch):
+def test_hybrid_takes_a_lookup_only_where_it_is_expected_to_pay(far_engine):
     """Under gamma = auto, hybrid compares the two sources' expected tokens per second: with the
     lookup's own acceptance at zero and the model's perfect, every round goes to the model even where
     the text repeats; with fixed gamma a matching lookup is always taken."""
     engine = far_engine
     costs = drafting.StepCosts(draft_step=0.004, verify_base=0.040, verify_per_position=0.003)
-    monkeypatch.setattr(engine, "_costs", costs)
     ids = engine.encode("red green blue red green blue red green blue red green blue")
-    from dropmatch import engine as engine_module
 
-    state = engine_module._RunState(DecodeConfig(gamma=8, gamma_auto=True, draft_source="hybrid"), RuleConfig("lossless"),
-                                    None, engine_module._Sequence(ids, []), None, None, None, None, costs=costs)
-    state.acceptance["ngram"] = drafting.SlotAcceptance(accepts=[0.0] * 8, tries=[100.0] * 8)
-    state.acceptance["model"] = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
-    assert not engine._lookup_pays(state, proposed=4, limit=8)
-    state.acceptance["ngram"] = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
-    assert engine._lookup_pays(state, proposed=4, limit=8)
-    fixed = engine_module._RunState(DecodeConfig(gamma=4, draft_source="hybrid"), RuleConfig("lossless"), None,
-                                    engine_module._Sequence(ids, []), None, None, None, None)
-    assert engine._lookup_pays(fixed, proposed=4, limit=4)
+    def hybrid(decode):
+        space = drafting.DraftSpace(decode, torch.Generator(), costs if decode.gamma_auto else None,
+                                    engine.target.vocab_size, engine.device, engine.draft.hidden_size)
+        drafter = drafting.make_drafter(space, engine.draft)
+        drafter.start(ids)
+        return drafter
+
+    text = ids + ids[:1]  # the prompt and a first token, as a round sees them
+    auto = hybrid(DecodeConfig(gamma=8, gamma_auto=True, draft_source="hybrid"))
+    auto.lookup.acceptance = drafting.SlotAcceptance(accepts=[0.0] * 8, tries=[100.0] * 8)
+    auto.model.acceptance = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
+    assert not auto.lookup_pays(proposed=4, limit=8)
+    assert auto.propose(text, 8).source == "model"
+    auto.lookup.acceptance = drafting.SlotAcceptance(accepts=[100.0] * 8, tries=[100.0] * 8)
+    assert auto.lookup_pays(proposed=4, limit=8)
+    assert auto.propose(text, 8).source == "ngram"
+    fixed = hybrid(DecodeConfig(gamma=4, draft_source="hybrid"))
+    assert fixed.lookup_pays(proposed=4, limit=4)
+    assert fixed.propose(text, 4).source == "ngram"

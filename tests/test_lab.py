@@ -116,17 +116,17 @@ def test_the_lab_reproduces_runs_drafted_by_prompt_lookup(far_engine, source):
 def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     """/compare's JSON carries the lab's matrix for its run (the same JSON the tab draws), at the lossy
     run's own settings, over the lossless column's drafts."""
-    import app
-    from dropmatch.config import PairSpec
+    from dropmatch.config import PairSpec, Settings
     from dropmatch.engine import Engine
+    from dropmatch.ui.callbacks import compare_api
     from dropmatch.models import load_hub_pair
     from dropmatch.studio import Policy, Studio
 
     target, draft = tiny_dirs
     studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
-    result = app.compare_api(studio, PROMPTS[0], pair="Custom hub ids", target_id=str(target), draft_id=str(draft),
-                             gamma="4", p="0.3", max_new_tokens=20, run_autoregressive=False)
+    result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target), draft_id=str(draft),
+                                          gamma="4", p="0.3", max_new_tokens=20, run_autoregressive=False))
     matrix = result["lab"]
     assert matrix["version"] == lab.LAB_VERSION and matrix["settings"]["p"] == pytest.approx(0.3)
     assert [rule["name"] for rule in matrix["rules"]][0] == "lossless" and len(matrix["rows"]) >= 5

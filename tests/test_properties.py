@@ -6,10 +6,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dropmatch.acceptance import REASONS, RULES, decide, js_divergence, position_signals
+from dropmatch.acceptance import REASONS, RULES, decide
+from dropmatch.judging import position_signals
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import calibrate_p, dropout_paths, path_stats
-from dropmatch.sampling import sampling_probs, signal_probs
+from dropmatch.sampling import js_divergence, sampling_probs, signal_probs
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fake_engine import FakeEngine
 
-from dropmatch import acceptance
+from dropmatch import acceptance, judging
 from dropmatch.acceptance import REASONS, RULES, Reason, Rule
 from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
 
@@ -28,15 +28,14 @@ def coin_rule():
 def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_rule):
     """Config accepts it, the fake engine's run reports its reason, the lossy share counts it, the
     legend, stylesheet and tooltips name it, the JS chart colours it, the UI offers it."""
-    import app
     from dropmatch import metrics, plots, render
+    from dropmatch.ui.views import lossy_rule_choices
     from dropmatch.compare import compare_stream
 
     assert coin_rule in rule_names() and RuleConfig(coin_rule).rule == coin_rule
     with pytest.raises(ConfigError, match="unknown rule"):
         RuleConfig("dice")
-    signals = acceptance.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25),
-                                          torch.eye(4)[[0, 0, 0]])
+    signals = judging.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25), torch.eye(4)[[0, 0, 0]])
     verdict = acceptance.decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
                                 torch.eye(4)[[0, 0, 0, 0]], torch.Generator())
     assert verdict.reasons == ("rejected", "unchecked", "unchecked")  # position 0 is tails
@@ -51,4 +50,4 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     assert any(kind == "heads" and "accepted by the coin" in tip for _, kind, tip in spans)
     heads = [t for t in plots.js_scatter(lossy, engine.token_text).data if t.name == "heads"]
     assert heads and heads[0].marker.color == "#123456"
-    assert (RULES[coin_rule].label, coin_rule) in app.lossy_rule_choices()
+    assert (RULES[coin_rule].label, coin_rule) in lossy_rule_choices()

@@ -1,0 +1,35 @@
+"""Where the files shipped with the project live (prompts, results, recorded runs, How it works)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
+FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
+RECORDED_DIR = ROOT / "assets" / "recorded"
+HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
+
+
+def load_examples() -> list[dict]:
+    """The example prompts (prompt, category) the app offers; [] where the file is missing."""
+    if not EXAMPLES_FILE.exists():
+        return []
+    return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))
+
+
+def load_frontier(path: Path = FRONTIER_FILE) -> dict | None:
+    """The shipped benchmark document with a frontier (bench --frontier), or None."""
+    if not path.exists():
+        return None
+    document = json.loads(path.read_text(encoding="utf-8"))
+    return document if document.get("frontier") else None
+
+
+def how_it_works() -> str:
+    """The method, the rules and the metrics in Markdown with $...$ formulas (docs/how_it_works.md)."""
+    if not HOW_IT_WORKS_FILE.exists():
+        return "docs/how_it_works.md is missing from this installation."
+    text = HOW_IT_WORKS_FILE.read_text(encoding="utf-8")
+    return text.split("\n", 1)[1].lstrip() if text.startswith("# ") else text  # the tab names it already

@@ -1,0 +1,232 @@
+"""The judge step in one place: what every rule reads at a round's drafted positions, the
+Monte-Carlo dropout paths where a rule reads them, and the signals they give.
+
+    inputs = JudgeInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
+    judged = judge_positions(target, rule, p, inputs)
+    reasons = acceptance.judge(rule, judged.signals, exact)
+
+The engine judges each round with `judge_positions` (then `acceptance.decide` draws the extra
+token); the rule lab (lab.py) re-judges a run's stored drafts with the very same function, so the
+two never differ. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
+(models.CausalLM): the head is the only part of the model a path runs through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from . import acceptance, mc_head
+from .acceptance import Signals
+from .sampling import entropy, js_divergence, signal_probs
+
+PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
+
+
+class Head(Protocol):
+    def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float,
+                    clean_logits: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class JudgeInputs:
+    """One round's drafted positions as the judge step reads them.
+
+    draft_tokens [g] at sequence positions first_position + i; q_signal [g, V] the draft's smooth
+    distributions; hidden [g + 1, H] and clean_logits [g + 1, V] the target's at the verified
+    positions; exact [g] bool the lossless test; temperature of the run (0: greedy); mask_seed keys
+    the dropout masks (with each position)."""
+
+    first_position: int
+    draft_tokens: torch.Tensor
+    q_signal: torch.Tensor
+    hidden: torch.Tensor
+    clean_logits: torch.Tensor
+    exact: torch.Tensor
+    temperature: float
+    mask_seed: int
+
+    @property
+    def num_drafted(self) -> int:
+        return int(self.draft_tokens.shape[0])
+
+
+@dataclass
+class JudgedPositions:
+    """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
+    were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
+    [(positions [m], path probs [K, m, V])], and the Monte-Carlo time."""
+
+    signals: Signals
+    p_signal: torch.Tensor
+    path_rows: int
+    path_probs: list
+    t_mc: float
+
+
+# ---------------------------------------------------------------- signals (pure)
+
+
+def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
+                     paths: mc_head.PathStats | None = None) -> Signals:
+    """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V]."""
+    index = draft_tokens.unsqueeze(-1)
+    target_tokens = p_target.argmax(-1)
+    signals = dict(
+        draft_tokens=draft_tokens,
+        target_tokens=target_tokens,
+        draft_prob=q_draft.gather(-1, index).squeeze(-1),
+        target_prob=p_target.gather(-1, index).squeeze(-1),
+        target_token_prob=p_target.gather(-1, target_tokens.unsqueeze(-1)).squeeze(-1),
+        js_draft_target=js_divergence(q_draft, p_target),
+        target_entropy=entropy(p_target),
+    )
+    if paths is not None:
+        signals.update(path_signals(draft_tokens, q_draft, paths))
+    return Signals(**signals)
+
+
+def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """path_tokens [K, m], draft_tokens [m] -> majority_tokens [m] (the token most paths chose; -1
+    when two tokens tie at the top: a tie never picks by token id), majority_votes [m], draft_votes [m]."""
+    per_path = (path_tokens.unsqueeze(0) == path_tokens.unsqueeze(1)).sum(1)  # [K, m]: votes of path k's token
+    top_votes = per_path.max(0).values
+    at_top = per_path == top_votes
+    lowest = torch.where(at_top, path_tokens, torch.iinfo(torch.long).max).min(0).values
+    highest = torch.where(at_top, path_tokens, -1).max(0).values
+    return dict(
+        majority_tokens=torch.where(lowest == highest, lowest, -1),
+        majority_votes=top_votes,
+        draft_votes=(path_tokens == draft_tokens.unsqueeze(0)).sum(0),
+    )
+
+
+def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats) -> dict[str, torch.Tensor]:
+    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]."""
+    return dict(
+        path_tokens=paths.tokens,
+        js_draft_centroid=js_divergence(q_draft, paths.centroid),
+        js_threshold=paths.threshold,
+        **votes(paths.tokens, draft_tokens),
+    )
+
+
+def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
+    """The signals of some positions only (index [m] into the g drafted positions)."""
+    fields = {}
+    for name, value in vars(signals).items():
+        if value is None:
+            fields[name] = None
+        else:
+            fields[name] = value[:, positions] if name == "path_tokens" else value[positions]
+    return Signals(**fields)
+
+
+def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]],
+                    num_paths: int) -> Signals:
+    """Signals whose path fields are filled at the positions of each (positions [m], path fields)
+    part; elsewhere path tokens are -1, JS values NaN and votes 0, which no rule accepts."""
+    g = signals.draft_tokens.shape[0]
+    like = signals.draft_tokens
+    full = {
+        "path_tokens": like.new_full((num_paths, g), -1),
+        "js_draft_centroid": signals.js_draft_target.new_full((g,), float("nan")),
+        "js_threshold": signals.js_draft_target.new_full((g,), float("nan")),
+        "majority_tokens": like.new_full((g,), -1),
+        "majority_votes": like.new_zeros(g),
+        "draft_votes": like.new_zeros(g),
+    }
+    for positions, part in parts:
+        for name in PATH_FIELDS:
+            if name == "path_tokens":
+                full[name][:, positions] = part[name].to(full[name].dtype)
+            else:
+                full[name][positions] = part[name].to(full[name].dtype)
+    return Signals(**{**vars(signals), **full})
+
+
+# ---------------------------------------------------------------- the judge step
+
+
+def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
+                    clock: Callable[[], float] | None = None, memo: dict | None = None) -> JudgedPositions:
+    """Everything `rule` (a config.RuleConfig) reads at one round's drafted positions, its paths
+    included, at dropout rate p (None when the rule reads no paths).
+
+    clock: a function giving seconds (synchronised with the device) that times the Monte-Carlo work.
+    memo: what was computed already for these positions (the signals; the paths by K, p and
+    centroid): the lab judges several rules on the same positions and computes each once."""
+    p_signal, signals = _signals(inputs, memo)
+    start = clock() if clock else 0.0
+    path_rows, path_probs = 0, []
+    if rule.uses_paths and inputs.num_drafted > 0:
+        signals, path_rows, path_probs = _checked_paths(target, inputs, signals, rule, p, memo)
+    t_mc = clock() - start if clock else 0.0
+    return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
+
+
+def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
+    """(p_signal [g, V], the signals every rule reads), memoised per round."""
+    key = ("signals", inputs.first_position, inputs.num_drafted)
+    if memo is not None and key in memo:
+        return memo[key]
+    p_signal = signal_probs(inputs.clean_logits[: inputs.num_drafted], inputs.temperature)
+    found = p_signal, position_signals(inputs.draft_tokens, inputs.q_signal, p_signal)
+    if memo is not None:
+        memo[key] = found
+    return found
+
+
+def _checked_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, memo: dict | None):
+    """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
+    exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
+    left to right, until the rule rejects one (the positions after it are discarded anyway).
+
+    Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
+    runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
+    At p = 0 every path is the clean row: its statistics come from that one row, no path work.
+    Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
+    """
+    judged = (~inputs.exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
+    parts, probs, rows = [], [], 0
+    for stage in (judged[:1], judged[1:]):
+        if stage.numel() == 0:
+            break
+        stats, part = _stage_paths(target, inputs, signals, rule, p, stage, memo)
+        parts.append((stage, part))
+        probs.append((stage, stats.probs))
+        rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
+        checked = Signals(**{**vars(at_positions(signals, stage)), **part})
+        if not bool(acceptance.rule_accepts(rule, checked).all()):
+            break
+    return with_path_parts(signals, parts, rule.num_paths), rows, probs
+
+
+def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, stage: torch.Tensor,
+                 memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
+    """The paths' stats and path signals at the drafted positions `stage` [m], memoised."""
+    positions = [inputs.first_position + i for i in stage.tolist()]
+    # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
+    key = ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid)
+    if memo is not None and key in memo:
+        return memo[key]
+    stats = path_stats_at(target, inputs.hidden[stage], inputs.clean_logits[stage], rule, p, inputs.temperature,
+                          inputs.mask_seed, positions)
+    found = stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats)
+    if memo is not None:
+        memo[key] = found
+    return found
+
+
+def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
+                  temperature: float, mask_seed: int, positions: list[int]) -> mc_head.PathStats:
+    """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V], their sequence
+    positions [n], which key their dropout masks with mask_seed)."""
+    if p == 0.0:  # every path is the clean row
+        return mc_head.path_stats(clean_logits.unsqueeze(0), temperature, rule.centroid).expanded(rule.num_paths)
+    keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], mask_seed, hidden.device,
+                                  hidden.dtype)
+    path_logits = target.path_logits(hidden, keep, p, clean_logits)
+    return mc_head.path_stats(path_logits, temperature, rule.centroid)

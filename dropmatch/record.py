@@ -1,0 +1,153 @@
+"""The run file: a finished comparison as plain data (`RunRecord`), its JSON format and version,
+reading it back with one clear error for a bad file, and the server's one downloads folder.
+
+A RunRecord holds the three traces, the text of every token id they mention and the rule lab's
+matrix at the run's own settings, so that every view (columns, stats, charts, step view, rule lab)
+is drawn without a model. The Downloads tab writes it; "Recorded runs" and scripts/record_runs.py
+read and write the same file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import lab
+from .assets import RECORDED_DIR
+from .config import ConfigError
+from .metrics import summarize
+from .trace import GenerationTrace
+
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 2
+KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished comparison: prompt, lossy rule, whether p was auto, the lossless / lossy /
+    autoregressive traces, token id -> text, and the rule lab's matrix (None without states)."""
+
+    prompt: str
+    rule: str
+    p_auto: bool
+    lossless: GenerationTrace
+    lossy: GenerationTrace
+    ar: GenerationTrace | None
+    tokens: dict[int, str]
+    lab: dict | None = None
+
+    def token_text(self, token: int) -> str:
+        return self.tokens.get(token, f"<{token}>")
+
+    def metrics(self):
+        """(lossless, lossy) RunMetrics."""
+        return summarize(self.lossless, ar=self.ar), summarize(self.lossy, ar=self.ar, lossless=self.lossless)
+
+    def to_dict(self) -> dict:
+        return {"format": RUN_FORMAT, "version": RUN_VERSION, "prompt": self.prompt, "rule": self.rule,
+                "p_auto": self.p_auto, "lossless": self.lossless.to_dict(), "lossy": self.lossy.to_dict(),
+                "autoregressive": self.ar.to_dict() if self.ar else None,
+                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab}
+
+    @staticmethod
+    def from_dict(data) -> "RunRecord":
+        """A recorded run from its JSON; ConfigError with one line for an old or foreign file."""
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+            raise ConfigError("this file is not a DropMatch Studio run (its trace JSON from Downloads)")
+        if data.get("version") != RUN_VERSION:
+            raise ConfigError(f"this run was written in format version {data.get('version')!r}; this app reads "
+                              f"version {RUN_VERSION}: record it again")
+        try:
+            ar = data["autoregressive"]
+            return RunRecord(data["prompt"], data["rule"], bool(data["p_auto"]),
+                             GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
+                             None if ar is None else GenerationTrace.from_dict(ar),
+                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"this run file is damaged ({type(error).__name__}: {error})") from None
+
+
+def read_recorded_run(path) -> RunRecord:
+    """A RunRecord from a trace JSON file; ConfigError with one line for anything else."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ConfigError("this file is not a DropMatch Studio run (not readable JSON)") from None
+    return RunRecord.from_dict(data)
+
+
+def recorded_runs(folder: Path = RECORDED_DIR) -> dict[str, Path]:
+    """The runs shipped in assets/recorded, by their title (the file name, spaced)."""
+    if not folder.exists():
+        return {}
+    return {p.stem.replace("_", " "): p for p in sorted(folder.glob("*.json"))}
+
+
+def mentioned_tokens(*traces: GenerationTrace | None) -> set[int]:
+    """Every token id a trace's views may show: outputs, drafts, targets, paths, top lists."""
+    ids: set[int] = set()
+    for trace in traces:
+        if trace is None:
+            continue
+        ids.update(trace.output_ids)
+        ids.add(trace.first_token)
+        for r in trace.rounds:
+            ids.add(r.context_token)
+            ids.update(r.emitted)
+            for d in r.drafted:
+                ids.update((d.token, d.target_token, *d.path_tokens))
+                if d.majority_token is not None:
+                    ids.add(d.majority_token)
+                ids.update(t for t, _ in (*d.draft_top, *d.target_top))
+                ids.update(t for top in d.path_top for t, _ in top)
+    ids.discard(-1)
+    return ids
+
+
+def record_of(state, engine) -> RunRecord:
+    """The RunRecord of a finished Comparison (compare.py): the engine names the tokens and gives
+    the rule lab's matrix at the run's own settings."""
+    lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
+    tokens = {token: engine.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
+    matrix = engine.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
+    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix)
+
+
+class Downloads:
+    """The server's one folder for the Downloads tab: each run's trace JSON and metrics CSV, the newest
+    KEEP_DOWNLOADS runs kept, the rest removed; the folder goes when the server ends."""
+
+    def __init__(self, folder: Path | None = None, keep: int = KEEP_DOWNLOADS):
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="dropmatch-downloads-"))
+        self.keep = keep
+        self._lock = threading.Lock()
+
+    def write(self, record: RunRecord) -> tuple[str, str]:
+        """(trace JSON path, metrics CSV path) of a new run folder; the oldest folders beyond `keep` go."""
+        with self._lock:
+            run = self.folder / uuid.uuid4().hex[:12]
+            run.mkdir(parents=True)
+            trace_path = run / "dropmatch_trace.json"
+            trace_path.write_text(json.dumps(record.to_dict()))
+            metrics_path = run / "dropmatch_metrics.csv"
+            _write_metrics(metrics_path, [m.to_dict() for m in record.metrics()])
+            runs = sorted((p for p in self.folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+            for old in runs[: max(0, len(runs) - self.keep)]:
+                shutil.rmtree(old, ignore_errors=True)
+            return str(trace_path), str(metrics_path)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _write_metrics(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,12 @@
+"""The Gradio app as a small package: the only part of the project that imports gradio.
+
+    layout.py     the components, one builder per tab (Ui: every component by name)
+    views.py      data -> what the components show (a RunRecord, a running Comparison)
+    callbacks.py  settings in, views out; the model work through the Studio (and ZeroGPU's GPU call)
+    listeners.py  every event in one place; create_demo(studio) -> gr.Blocks
+"""
+
+from ..render import css
+from .listeners import create_demo
+
+__all__ = ["create_demo", "css"]

@@ -1,0 +1,144 @@
+"""The app's callbacks: settings in, views (by Ui field name) out. The model work goes through the
+Studio (studio.py), which owns the one loaded pair and its model thread; on a ZeroGPU Space only
+the generation itself runs inside a GPU call (`on_gpu`)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from .. import lab
+from ..compare import compare_stream
+from ..config import ConfigError, DecodeConfig, RuleConfig, Settings
+from ..record import Downloads, RunRecord, read_recorded_run, record_of
+from ..studio import Studio
+from . import views
+
+# Errors a user's input or the hub can cause: shown as one line, never as a traceback.
+USER_ERRORS = (ConfigError, RuntimeError, ValueError, OSError)
+
+
+def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool):
+    """The generation itself (what runs inside a ZeroGPU call): partial views while both columns
+    grow, then the RunRecord (plain data, nothing on the device)."""
+    state = None
+    for state in compare_stream(engine, prompt, decode, rule, run_ar):
+        update = {"lossless_out": views.column_html(state.lossless, engine),
+                  "lossy_out": views.column_html(state.lossy, engine)}
+        if state.phase == "baseline":
+            update["status"] = "Both runs done; measuring the autoregressive baseline for the speedup …"
+        yield update
+    yield record_of(state, engine)
+
+
+def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
+    """Yields partial views (by Ui field name) while both columns grow, then the finished view.
+    The pair loads outside the GPU call (on_gpu wraps the generation only)."""
+    try:
+        decode, rule = settings.parse()
+        spec = settings.pair_spec()
+        if not studio.is_loaded(spec):
+            yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
+                             "GGUF once, about 20 s)"}
+        engine = studio.engine(spec)
+        yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
+               "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": ""}
+        record = None
+        generation = on_gpu(stream_comparison)(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive))
+        for item in studio.iterate(generation):
+            if isinstance(item, RunRecord):
+                record = item
+            else:
+                yield item
+    except USER_ERRORS as error:
+        gr.Warning(str(error))
+        yield {"status": f"⚠️ {error}"}
+        return
+    except Exception as error:  # a bug of ours: say so plainly, keep the traceback in the server log
+        logging.exception("run failed")
+        yield {"status": f"⚠️ internal error ({type(error).__name__}); the server log has the details"}
+        return
+    yield views.finished_view(record, downloads)
+
+
+def compare_api(studio: Studio, settings: Settings) -> dict:
+    """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures, the rule lab."""
+    try:
+        decode, rule = settings.parse()
+        engine = studio.engine(settings.pair_spec())  # outside the GPU call
+        *_, record = studio.iterate(on_gpu(stream_comparison)(engine, settings.prompt, decode, rule,
+                                                              bool(settings.run_autoregressive)))
+    except USER_ERRORS as error:
+        raise gr.Error(str(error)) from None
+    return views.api_result(record, rule)
+
+
+def settings_endpoint(call):
+    """A function taking the fields of Settings as keyword parameters (prompt required, the rest
+    defaulting to the one table), which calls `call(Settings(...))`: the /compare API's signature is
+    built from Settings, never written out a second time."""
+    types = Settings.types()
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=types[name],
+                                    default=inspect.Parameter.empty if name == "prompt" else getattr(Settings, name))
+                  for name in Settings.names()]
+    signature = inspect.Signature(parameters, return_annotation=dict)
+
+    def endpoint(*args, **kwargs) -> dict:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return call(Settings(**bound.arguments))
+
+    endpoint.__signature__ = signature
+    endpoint.__annotations__ = {**types, "return": dict}
+    endpoint.__doc__ = compare_api.__doc__
+    endpoint.__name__ = "compare"
+    return endpoint
+
+
+def open_recorded(downloads: Downloads, path, title: str | None = None) -> dict:
+    """The views of a recorded run (an uploaded file or a shipped one); one clear message otherwise."""
+    if not path:
+        return {}
+    try:
+        record = read_recorded_run(path)
+    except ConfigError as error:
+        return {"status": f"⚠️ {error}"}
+    return views.finished_view(record, downloads, recorded_from=title or Path(str(path)).name)
+
+
+def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
+                 disagreements_only: bool = False) -> dict:
+    """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
+    if record is None:
+        return {"lab_status": "Run a comparison (or open a recorded run) first."}
+    if not lab.has_states(record.lossless):
+        return {"lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+    try:
+        settings = lab.lab_settings(None, num_paths=k, p=p, majority_fraction=fraction, centroid=centroid,
+                                    fixed_js_threshold=fixed_js, typical_eps=typical_eps)
+    except ConfigError as error:
+        return {"lab_status": f"⚠️ {error}"}
+    engine = studio.loaded_engine()
+    names = (record.lossless.target_name, record.lossless.draft_name)
+    if engine is None or engine.names != names:
+        return {"lab_status": f"Re-judging reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
+                              f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
+                              "Run that pair once (or wait for it to load), then move a control again."}
+    start = time.perf_counter()
+    matrix = studio.call(engine.rule_lab, record.lossless, settings)
+    return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)
+
+
+def on_gpu(fn):
+    """On a ZeroGPU Space (package `spaces` importable) a GPU is attached for the call; else as is.
+    Hugging Face's pattern: weights load outside the call (the Studio, at launch or on first use),
+    only the generation runs inside, and what it returns holds nothing on the device."""
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=180)(fn)

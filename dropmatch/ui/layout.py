@@ -1,0 +1,246 @@
+"""The app's components, top to bottom, one builder per part; no event is wired here (listeners.py).
+Every control starts at the one table of defaults (config.DEFAULTS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import gradio as gr
+
+from ..assets import how_it_works
+from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
+from ..record import recorded_runs
+from ..render import legend_html
+from . import views
+
+# The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
+SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
+                    "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
+                    "majority_fraction", "draft_source")
+LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps")
+
+
+@dataclass
+class Ui:
+    """Every component the callbacks read or write, by name."""
+
+    prompt: gr.Textbox
+    pair: gr.Dropdown
+    target_id: gr.Textbox
+    draft_id: gr.Textbox
+    gamma: gr.Dropdown
+    draft_source: gr.Radio
+    rule: gr.Dropdown
+    k: gr.Slider
+    p: gr.Textbox
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new_tokens: gr.Slider
+    seed: gr.Number
+    run_autoregressive: gr.Checkbox
+    draft_confidence: gr.Slider
+    centroid: gr.Radio
+    majority_fraction: gr.Slider
+    run_button: gr.Button
+    stop_button: gr.Button
+    status: gr.Markdown
+    lossy_header: gr.Markdown
+    lossless_out: gr.HTML
+    lossy_out: gr.HTML
+    lossless_stats: gr.HTML
+    lossy_stats: gr.HTML
+    plot_agreement: gr.Plot
+    plot_js: gr.Plot
+    plot_acceptance: gr.Plot
+    plot_calls: gr.Plot
+    plot_tradeoff: gr.Plot
+    step_column: gr.Radio
+    step_round: gr.Slider
+    step_out: gr.HTML
+    download_trace: gr.File
+    download_metrics: gr.File
+    recorded_choice: gr.Dropdown
+    recorded_upload: gr.File
+    lab_k: gr.Slider
+    lab_p: gr.Slider
+    lab_fraction: gr.Slider
+    lab_centroid: gr.Radio
+    lab_fixed_js: gr.Slider
+    lab_typical_eps: gr.Slider
+    lab_status: gr.Markdown
+    lab_out: gr.HTML
+    lab_summary: gr.HTML
+    lab_disagreements: gr.Checkbox
+    lab_matrix: gr.State
+    last_run: gr.State
+    load_timer: gr.Timer
+
+    def setting_components(self) -> list:
+        return [getattr(self, name) for name in SETTING_CONTROLS]
+
+    def lab_controls(self) -> list:
+        return [getattr(self, name) for name in LAB_CONTROLS]
+
+    def view_components(self) -> list:
+        """Every component a finished or recorded run writes."""
+        names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
+                 "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
+                 "step_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
+                 "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
+        return [getattr(self, name) for name in names]
+
+    def bind(self, view: dict) -> dict:
+        """A view by field name -> a Gradio update by component."""
+        return {getattr(self, name): value for name, value in view.items()}
+
+
+def build_layout() -> Ui:
+    """The components, top to bottom; no event is wired here."""
+    parts: dict = {}
+    gr.Markdown("# DropMatch Studio\nLossless speculative decoding and **DropMatch** side by side, on the same "
+                "prompt, seed and model pair — and, token by token, why each draft token was accepted.")
+    _prompt_and_pair(parts)
+    _settings(parts)
+    parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
+    parts["load_timer"] = gr.Timer(1.0)
+    gr.HTML(legend_html())
+    _columns(parts)
+    with gr.Tabs():
+        for tab in (_charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
+            tab(parts)
+    parts["last_run"] = gr.State(None)
+    parts["lab_matrix"] = gr.State(None)
+    assert {f.name for f in fields(Ui)} == set(parts), "every Ui field is built exactly once"
+    return Ui(**parts)
+
+
+def _prompt_and_pair(parts: dict) -> None:
+    with gr.Row():
+        with gr.Column(scale=3):
+            parts["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
+            examples = views.example_prompts()
+            if examples:
+                gr.Examples(examples=examples, inputs=[parts["prompt"]],
+                            label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
+        with gr.Column(scale=2):
+            parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair")
+            parts["target_id"] = gr.Textbox(label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
+            parts["draft_id"] = gr.Textbox(label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
+            with gr.Row():
+                parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button")
+                parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")
+
+
+def _settings(parts: dict) -> None:
+    with gr.Accordion("Settings", open=True):
+        with gr.Row():
+            parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS.gamma, label="draft length γ",
+                                         info="auto: each round drafts the length with the most expected tokens "
+                                              "per second (costs measured here)")
+            parts["draft_source"] = gr.Radio(list(DRAFT_SOURCES), value=DEFAULTS.draft_source, label="drafts from",
+                                             info="model: the draft model; ngram: prompt lookup (free); hybrid: "
+                                                  "lookup where the text repeats, the model elsewhere")
+            parts["rule"] = gr.Dropdown(views.lossy_rule_choices(), value=DEFAULTS.rule, label="rule (right column)")
+            parts["k"] = gr.Slider(1, 16, value=DEFAULTS.k, step=1, label="K paths")
+            parts["p"] = gr.Textbox(value=DEFAULTS.p, label="dropout rate p (or auto)")
+        with gr.Row():
+            parts["temperature"] = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                                             label="temperature (0 = greedy)")
+            parts["top_p"] = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="top-p")
+            parts["max_new_tokens"] = gr.Slider(1, 512, value=DEFAULTS.max_new_tokens, step=1, label="max new tokens")
+            parts["seed"] = gr.Number(value=DEFAULTS.seed, precision=0, label="seed")
+            parts["run_autoregressive"] = gr.Checkbox(value=DEFAULTS.run_autoregressive,
+                                                      label="measure autoregressive baseline")
+            parts["draft_confidence"] = gr.Slider(0.0, 0.95, value=DEFAULTS.draft_confidence, step=0.05,
+                                                  label="draft confidence: end a round's draft below it (0 = off)")
+        with gr.Row():
+            parts["centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid of the paths",
+                                         info="probs: mean of the path distributions (the method's); "
+                                              "logits: softmax of the mean logits")
+            parts["majority_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS.majority_fraction, step=0.05,
+                                                   label="majority: share of paths that must agree",
+                                                   info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
+
+
+def _columns(parts: dict) -> None:
+    with gr.Row(equal_height=False):
+        with gr.Column(elem_id="lossless-column"):
+            gr.Markdown("### Lossless SD")
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text")
+            parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
+        with gr.Column(elem_id="lossy-column"):
+            parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text")
+            parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
+
+
+def _charts_tab(parts: dict) -> None:
+    with gr.Tab("Charts"):
+        with gr.Row():
+            parts["plot_agreement"] = gr.Plot(label="MC-path agreement", elem_id="plot-agreement")
+            parts["plot_js"] = gr.Plot(label="JS vs threshold", elem_id="plot-js")
+        with gr.Row():
+            parts["plot_acceptance"] = gr.Plot(label="Acceptance length", elem_id="plot-acceptance")
+            parts["plot_calls"] = gr.Plot(label="Tokens vs target calls", elem_id="plot-calls")
+
+
+def _step_tab(parts: dict) -> None:
+    with gr.Tab("Step through", elem_id="step-tab"):
+        with gr.Row():
+            parts["step_column"] = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
+            parts["step_round"] = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
+        parts["step_out"] = gr.HTML("Run a comparison first.", elem_id="step-view")
+
+
+def _lab_tab(parts: dict) -> None:
+    with gr.Tab("Rule lab", elem_id="lab-tab"):
+        gr.Markdown("The lossless column's drafted tokens (the same drafts, the same clean target) judged by every "
+                    "rule at once, re-judged through the models' heads when you move a control. The totals under "
+                    "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
+                    "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
+        with gr.Row():
+            parts["lab_k"] = gr.Slider(1, 16, value=DEFAULTS.k, step=1, label="K paths", elem_id="lab-k")
+            parts["lab_p"] = gr.Slider(0.0, 0.5, value=LAB_P, step=0.01, label="dropout rate p", elem_id="lab-p")
+            parts["lab_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS.majority_fraction, step=0.05,
+                                              label="majority: share of paths")
+            parts["lab_centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid")
+            parts["lab_fixed_js"] = gr.Slider(0.0, 0.69, value=DEFAULTS.fixed_js_threshold, step=0.01,
+                                              label="fixed-JS threshold T")
+            parts["lab_typical_eps"] = gr.Slider(0.0, 0.5, value=DEFAULTS.typical_eps, step=0.01, label="typical ε")
+        with gr.Row():
+            parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
+            parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",
+                                                     elem_id="lab-disagreements")
+        parts["lab_summary"] = gr.HTML(elem_id="lab-summary")
+        parts["lab_out"] = gr.HTML(elem_id="lab-matrix")
+
+
+def _tradeoff_tab(parts: dict) -> None:
+    with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
+        gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
+                    "embedded pair): how many more tokens a round keeps (tau gain over lossless SD) against "
+                    "the quality the target itself sees. Shaded: where the target's own samples (temperature "
+                    "0.7, top-p 0.95) lie. The star is your last run.")
+        parts["plot_tradeoff"] = gr.Plot(label="Trade-off frontier", elem_id="plot-tradeoff")
+
+
+def _how_tab(parts: dict) -> None:
+    with gr.Tab("How it works"):
+        gr.Markdown(how_it_works(), latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+
+
+def _downloads_tab(parts: dict) -> None:
+    with gr.Tab("Downloads"):
+        parts["download_trace"] = gr.File(label="trace (JSON)")
+        parts["download_metrics"] = gr.File(label="metrics (CSV)")
+
+
+def _recorded_tab(parts: dict) -> None:
+    with gr.Tab("Recorded runs", elem_id="recorded-tab"):
+        gr.Markdown("Open a run recorded earlier (a trace JSON from *Downloads*, or one shipped with the app): "
+                    "both columns, the stats, every chart and the step view, without loading a model.")
+        with gr.Row():
+            parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
+                                                   elem_id="recorded-choice")
+            parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
+                                               elem_id="recorded-upload")

@@ -1,0 +1,82 @@
+"""Every event of the app, in one place, over the components (layout.py) and the callbacks."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..config import PRESETS, Settings
+from ..record import Downloads, recorded_runs
+from ..render import lab_html
+from ..assets import load_frontier
+from ..studio import Studio
+from . import callbacks, views
+from .layout import SETTING_CONTROLS, Ui, build_layout
+
+RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
+
+
+def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
+    """Every event of the app, in one place."""
+
+    def on_run(*values):
+        for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(SETTING_CONTROLS, values)))):
+            yield ui.bind(view)
+
+    def on_first_visit():
+        """A shipped run at once, while the pair loads in the background; else the frontier alone."""
+        shipped = recorded_runs()
+        if shipped:
+            title = next(iter(shipped))
+            return ui.bind(callbacks.open_recorded(downloads, shipped[title], title))
+        return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
+
+    ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
+                   [ui.target_id, ui.draft_id], api_visibility="private")
+    # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
+    first_visit = demo.load(on_first_visit, None, ui.view_components(), api_visibility="private")
+    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
+                                    api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+    ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
+    for trigger in (ui.step_round, ui.step_column):
+        trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
+                       api_visibility="private")
+    ui.load_timer.tick(lambda: views.load_status_view(studio.status), None, [ui.status, ui.load_timer],
+                       api_visibility="private")
+    _lab_listeners(ui, studio)
+    _recorded_listeners(ui, downloads)
+    gr.api(callbacks.settings_endpoint(lambda settings: callbacks.compare_api(studio, settings)), api_name="compare",
+           concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+
+
+def _lab_listeners(ui: Ui, studio: Studio) -> None:
+    def on_lab(record, *controls):
+        return ui.bind(callbacks.rejudge_view(studio, record, *controls))
+
+    lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
+    # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.
+    for control in ui.lab_controls():
+        control.input(on_lab, [ui.last_run, *ui.lab_controls(), ui.lab_disagreements], lab_outputs,
+                      api_visibility="private", concurrency_id="engine", trigger_mode="always_last")
+    ui.lab_disagreements.input(lambda matrix, only: lab_html(matrix, only) if matrix else gr.update(),
+                               [ui.lab_matrix, ui.lab_disagreements], ui.lab_out, api_visibility="private")
+
+
+def _recorded_listeners(ui: Ui, downloads: Downloads) -> None:
+    def on_recorded_choice(title):
+        return ui.bind(callbacks.open_recorded(downloads, recorded_runs().get(title), title) if title else {})
+
+    def on_recorded_upload(file):
+        return ui.bind(callbacks.open_recorded(downloads, file))
+
+    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
+    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+
+
+def create_demo(studio: Studio, downloads: Downloads | None = None) -> gr.Blocks:
+    """The whole UI over one Studio: layout, then the listeners."""
+    downloads = downloads or Downloads()
+    with gr.Blocks(title="DropMatch Studio", delete_cache=(3600, 3600)) as demo:
+        ui = build_layout()
+        register_listeners(demo, ui, studio, downloads)
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    return demo

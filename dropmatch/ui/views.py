@@ -1,0 +1,158 @@
+"""What the app shows, as functions of data: a run's record (or a running Comparison) -> the
+values of the app's components, by Ui field name. No model runs here."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+
+from ..acceptance import RULES
+from ..assets import load_examples, load_frontier
+from ..plots import all_figures, frontier_figure
+from ..record import Downloads, RunRecord
+from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
+from ..trace import GenerationTrace
+
+FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
+
+
+def example_prompts() -> list[list[str]]:
+    return [[e["prompt"]] for e in load_examples()]
+
+
+def lossy_rule_choices() -> list[tuple[str, str]]:
+    """(label, name) of every lossy rule of the one table, for the right column's dropdown."""
+    return [(rule.label, name) for name, rule in RULES.items() if rule.lossy]
+
+
+def lossy_title(rule: str) -> str:
+    return "### DropMatch" if rule == "dropmatch" else f"### Lossy rule: {rule}"
+
+
+def column_html(column, engine) -> str:
+    """A column of a running comparison (compare.Column), with a cursor until it is done."""
+    spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids)
+    return text_html(spans, cursor=not column.done)
+
+
+def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
+    stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
+    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids))
+
+
+def figures_of(record: RunRecord) -> dict:
+    return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
+
+
+def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
+    """The shipped frontier (all prompts) with this run's point on it."""
+    if frontier is None:
+        return frontier_figure([], None, None)
+    points = [p for p in frontier["frontier"] if p["benchmark"] == "all"]
+    current = None
+    if record is not None:
+        lossless, lossy = record.metrics()
+        if lossless.tau and lossy.tau:
+            current = {"tau_gain": lossy.tau / lossless.tau - 1, "target_nll": lossy.target_nll,
+                       "off_nucleus_rate": lossy.off_nucleus_rate, "label": f"this run ({record.rule})"}
+    reference = (frontier.get("reference") or {}).get("target_sampled")
+    return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
+                           title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
+
+
+def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | None = None) -> dict:
+    """Every output of a finished run (or of a recorded one, `recorded_from` naming it), by Ui field name."""
+    lossless_metrics, lossy_metrics = record.metrics()
+    figs = figures_of(record)
+    trace_file, metrics_file = downloads.write(record)
+    rounds = len(record.lossy.rounds)
+    return {
+        "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover a "
+                  "token for its numbers; open *Step through* to see one round in detail.",
+        "lossy_header": lossy_title(record.rule),
+        "lossless_out": trace_html(record.lossless, record),
+        "lossy_out": trace_html(record.lossy, record),
+        "lossless_stats": stats_html(lossless_metrics),
+        "lossy_stats": stats_html(lossy_metrics, p_auto=record.p_auto, p_auto_reached=record.lossy.p_auto_reached),
+        "plot_agreement": figs["agreement"], "plot_js": figs["js"],
+        "plot_acceptance": figs["acceptance"], "plot_calls": figs["tokens_vs_calls"],
+        "plot_tradeoff": tradeoff_figure(record, load_frontier()),
+        "step_round": gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
+        "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction)
+        if rounds else "No rounds ran.",
+        "last_run": record,
+        "download_trace": trace_file, "download_metrics": metrics_file,
+        **lab_view(record),
+    }
+
+
+def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
+    if recorded_from is None:
+        return "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
+    prompt = record.prompt if len(record.prompt) <= 120 else record.prompt[:117] + "…"
+    return (f"Recorded run *{recorded_from}* ({record.lossless.target_name} + {record.lossless.draft_name}), "
+            f"prompt: “{prompt}”; no model ran.")
+
+
+def lab_view(record: RunRecord) -> dict:
+    """The rule lab at the run's own settings (the matrix the run recorded), controls set to them."""
+    if record.lab is None:
+        return {"lab_out": "", "lab_summary": "", "lab_matrix": None,
+                "lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+    settings = record.lab["settings"]
+    return {"lab_out": lab_html(record.lab), "lab_summary": lab_summary_html(record.lab), "lab_matrix": record.lab,
+            "lab_disagreements": False,
+            "lab_status": f"The lossless column's {len(record.lab['rows'])} drafted tokens under every rule, at the "
+                          "run's own settings. Move a control to re-judge them.",
+            "lab_k": settings["num_paths"], "lab_p": settings["p"], "lab_fraction": settings["majority_fraction"],
+            "lab_centroid": settings["centroid"], "lab_fixed_js": settings["fixed_js_threshold"],
+            "lab_typical_eps": settings["typical_eps"]}
+
+
+def matrix_view(matrix: dict, seconds: float, disagreements_only: bool) -> dict:
+    """The rule lab after a re-judge at the controls' settings."""
+    return {"lab_out": lab_html(matrix, disagreements_only), "lab_summary": lab_summary_html(matrix),
+            "lab_matrix": matrix,
+            "lab_status": f"Re-judged {len(matrix['rows'])} drafted tokens under {len(matrix['rules'])} rules in "
+                          f"{seconds:.2f} s through the heads only (no transformer block ran)."}
+
+
+def step_view(record: RunRecord | None, which: str, index) -> str:
+    """One round of a column in detail."""
+    if record is None:
+        return "Run a comparison first."
+    trace = record.lossy if which == "lossy rule" else record.lossless
+    if not trace.rounds:
+        return "No rounds ran."
+    index = max(0, min(int(index or 0), len(trace.rounds) - 1))
+    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction)
+
+
+def api_result(record: RunRecord, rule) -> dict:
+    """What /compare returns: both texts, both metric sets, the figures as JSON, the rule lab."""
+    lossless_metrics, lossy_metrics = record.metrics()
+    figs = figures_of(record)
+    return {
+        "prompt": record.prompt,
+        "rule": rule.rule,
+        "lossless": {"text": record.lossless.text, "metrics": lossless_metrics.to_dict()},
+        "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
+                  "p_auto_reached": record.lossy.p_auto_reached, "centroid": rule.centroid,
+                  "majority_fraction": rule.majority_fraction},
+        "autoregressive": None if record.ar is None else {"text": record.ar.text},
+        "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
+        "lab": record.lab,
+    }
+
+
+def load_status_view(status) -> tuple:
+    """(status line, timer) while the pair loads in the background (studio.LoadStatus): the seconds
+    so far, then the outcome once, and the timer stops."""
+    if status.state == "loading":
+        return status.line(), gr.Timer(active=True)
+    if status.state == "ready":
+        return status.line() + " Pick an example or type a prompt, then **Run**.", gr.Timer(active=False)
+    if status.state == "failed":
+        return status.line(), gr.Timer(active=False)
+    return gr.update(), gr.Timer(active=False)
