@@ -438,20 +438,41 @@ def time_to_evaluate(step: int, args, started: float) -> bool:
     return step % args.eval_every == 0 or step == args.steps or time.time() - started >= args.minutes * 60
 
 
+def batched(records: list, size: int) -> list[list]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def split_held_out(records: list, count: int) -> tuple[list, list]:
+    """(the first `count` records, held out; the rest, trained on)."""
+    return records[:count], records[count:]
+
+
+@torch.no_grad()
+def held_out_agreement(draft, target_model, head_weight, head_rows, held_batches, max_len, device, autocast) -> float:
+    """The draft's greedy agreement with the target on the held-out answers (the model stays in train mode after)."""
+    draft.eval()
+    agree, total = 0.0, 0
+    for group in held_batches:
+        batch = right_padded(group, max_len, device)
+        _, batch_agree = online_loss(draft, target_model, head_weight, head_rows, batch, autocast)
+        agree += float(batch_agree) * len(batch[3])
+        total += len(batch[3])
+    draft.train()
+    return agree / max(total, 1)
+
+
 def train(args) -> None:
     """Distil the draft against the target's live distributions on WORK/generated.npz."""
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     autocast = device.type == "cuda"
-    if autocast:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = autocast
     work = Path(args.work)
     target_model, tokenizer, _ = load_embedded_target(device, torch.float32)
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
     records, generation_runs = load_generated(work / "generated.npz")
-    records = shuffled_answers(records, rng)
-    held_out, own = records[: args.held_out], records[args.held_out :]
+    held_out, own = split_held_out(shuffled_answers(records, rng), args.held_out)
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     head_rows = frequent_tokens(own, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model))).to(device)
     answer_tokens = sum(len(r["ids"]) - r["prompt_len"] for r in own)
@@ -464,9 +485,7 @@ def train(args) -> None:
     params = [p for n, p in draft.named_parameters() if p.requires_grad and "embed" not in n and "lm_head" not in n]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     own.sort(key=lambda r: len(r["ids"]))
-    batches = [own[i : i + args.batch] for i in range(0, len(own), args.batch)]
-    held_batches = [held_out[i : i + args.batch] for i in range(0, len(held_out), args.batch)]
-    config = draft_config(target_model.config.to_dict(), len(layers_from))
+    batches, held_batches = batched(own, args.batch), batched(held_out, args.batch)
     sanity = target_agreement(target_model, head_weight, head_rows, right_padded(held_out, args.max_len, device), autocast)
     print(f"sanity: the target's own restricted argmax matches {sanity:.3f} of held-out labels", flush=True)
     started = time.time()
@@ -475,20 +494,7 @@ def train(args) -> None:
         progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
         return min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    @torch.no_grad()
-    def held_out_agreement() -> float:
-        draft.eval()
-        agree, total = 0.0, 0
-        for group in held_batches:
-            batch = right_padded(group, args.max_len, device)
-            _, batch_agree = online_loss(draft, target_model, head_weight, head_rows, batch, autocast)
-            agree += float(batch_agree) * len(batch[3])
-            total += len(batch[3])
-        draft.train()
-        return agree / max(total, 1)
-
-    best, step = -1.0, 0
-    history = []
+    best, step, history = -1.0, 0, []
     bar = tqdm(total=args.steps, desc="distil (online)", mininterval=5)
     draft.train()
     while step < args.steps and time.time() - started < args.minutes * 60:
@@ -500,7 +506,8 @@ def train(args) -> None:
         step += 1
         bar.update(1)
         if time_to_evaluate(step, args, started):
-            held = held_out_agreement()
+            held = held_out_agreement(draft, target_model, head_weight, head_rows, held_batches, args.max_len,
+                                      device, autocast)
             history.append((step, round(time.time() - started, 1), round(loss.item(), 4), round(held, 4)))
             print(f"\nstep {step}: loss {loss.item():.3f}, train-batch agreement {agree.item():.3f}, "
                   f"held-out greedy agreement {held:.3f}, {time.time() - started:.0f} s", flush=True)
@@ -508,11 +515,11 @@ def train(args) -> None:
                 best = held
                 torch.save({"draft": {k: v.detach().cpu() for k, v in draft.state_dict().items()
                                       if "embed" not in k and "lm_head" not in k},
-                            "step": step, "head_rows": head_rows.cpu(), "layers_from": layers_from, "config": config,
+                            "step": step, "head_rows": head_rows.cpu(), "layers_from": layers_from,
+                            "config": draft_config(target_model.config.to_dict(), len(layers_from)),
                             "held_out_agreement": held, "train_seconds": time.time() - started,
                             "answer_tokens": answer_tokens, "answers": len(own), "history": history,
-                            "generation": generation_runs,
-                            "recipe": vars(args)}, work / "draft_best.pt")
+                            "generation": generation_runs, "recipe": vars(args)}, work / "draft_best.pt")
     bar.close()
 
 

@@ -24,64 +24,78 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
         page.goto(url)
-        found = {"recorded_lab_rows": 0}
-        try:  # the shipped run shown on first visit, before the user's own run (a Run cancels it if it is late)
-            page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
-                                   timeout=15_000)
-            page.get_by_role("tab", name="Rule lab").click()
-            page.wait_for_selector("#lab-matrix table", timeout=15_000)
-            found["recorded_lab_rows"] = page.locator("#lab-matrix tr").count() - 1
-            page.get_by_role("tab", name="Charts").click()
-        except Exception:  # noqa: BLE001 - no shipped runs: nothing to wait for
-            pass
-        page.get_by_text(example_prefix).first.click()
-        tokens_box = page.get_by_label("max new tokens", exact=False).first
-        tokens_box.fill(str(max_new_tokens))
-        tokens_box.press("Enter")
-        page.click("#run-button")
-        page.wait_for_function(
-            "() => { const s = document.querySelector('#status'); return s && /Done|⚠️/.test(s.innerText); }",
-            timeout=timeout_s * 1000,
-        )
-        page.wait_for_timeout(1500)  # let Plotly finish drawing
-        found.update({
-            "status": page.inner_text("#status"),
-            "lossless_tokens": page.locator("#lossless-text .dm-tok").count(),
-            "lossy_tokens": page.locator("#lossy-text .dm-tok").count(),
-            "charts": page.locator(".js-plotly-plot").count(),
-            "lossless_stats": page.inner_text("#lossless-stats"),
-            "lossy_stats": page.inner_text("#lossy-stats"),
-        })
-        main_png = out_dir / "main.png"
-        page.screenshot(path=str(main_png), full_page=True)
+        found = {"recorded_lab_rows": _first_visit_lab_rows(page)}
+        found.update(_run_example(page, example_prefix, max_new_tokens, timeout_s))
+        shots = {name: out_dir / f"{name}.png" for name in ("main", "step", "tradeoffs", "lab")}
+        page.screenshot(path=str(shots["main"]), full_page=True)
         page.get_by_role("tab", name="Step through").click()
         page.wait_for_selector("#step-view .dm-step", timeout=30_000)
         found["step_text"] = page.inner_text("#step-view")
-        step_png = out_dir / "step.png"
-        page.locator("#step-view").screenshot(path=str(step_png))
+        page.locator("#step-view").screenshot(path=str(shots["step"]))
         page.get_by_role("tab", name="Trade-offs").click()
         page.wait_for_selector("#plot-tradeoff .js-plotly-plot", timeout=30_000)
         page.wait_for_timeout(1000)
         found["tradeoff_text"] = page.inner_text("#plot-tradeoff")
-        tradeoff_png = out_dir / "tradeoffs.png"
-        page.locator("#plot-tradeoff").screenshot(path=str(tradeoff_png))
-        page.get_by_role("tab", name="Rule lab").click()
-        page.wait_for_selector("#lab-matrix table", timeout=30_000)
-        found["lab_rows"] = page.locator("#lab-matrix tr").count() - 1
-        p_box = page.locator("#lab-p input[type=number]")
-        p_box.fill("0.25")
-        p_box.press("Enter")
-        page.wait_for_function("() => /Re-judged/.test(document.querySelector('#lab-status')?.innerText || '')",
-                               timeout=60_000)
-        found["lab_status"] = page.inner_text("#lab-status")
-        found["lab_summary"] = page.inner_text("#lab-summary")
-        page.locator("#lab-disagreements input").check()
-        page.wait_for_timeout(1000)
-        found["lab_disagreement_rows"] = page.locator("#lab-matrix tr").count() - 1
-        lab_png = out_dir / "lab.png"
-        page.locator("#lab-tab").screenshot(path=str(lab_png))
+        page.locator("#plot-tradeoff").screenshot(path=str(shots["tradeoffs"]))
+        found.update(_rule_lab(page))
+        page.locator("#lab-tab").screenshot(path=str(shots["lab"]))
         browser.close()
-    found["screenshots"] = [str(main_png), str(step_png), str(tradeoff_png), str(lab_png)]
+    found["screenshots"] = [str(path) for path in shots.values()]
+    return found
+
+
+def _first_visit_lab_rows(page) -> int:
+    """Rows of the rule lab of the shipped run shown on first visit, before the user's own run (a Run
+    cancels it if it is late); 0 when there is none."""
+    try:
+        page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
+                               timeout=15_000)
+        page.get_by_role("tab", name="Rule lab").click()
+        page.wait_for_selector("#lab-matrix table", timeout=15_000)
+        rows = page.locator("#lab-matrix tr").count() - 1
+        page.get_by_role("tab", name="Charts").click()
+        return rows
+    except Exception:  # noqa: BLE001 - no shipped runs: nothing to wait for
+        return 0
+
+
+def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: float) -> dict:
+    """Click the example, set max new tokens, Run, and read both columns once the status says done."""
+    page.get_by_text(example_prefix).first.click()
+    tokens_box = page.get_by_label("max new tokens", exact=False).first
+    tokens_box.fill(str(max_new_tokens))
+    tokens_box.press("Enter")
+    page.click("#run-button")
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#status'); return s && /Done|⚠️/.test(s.innerText); }",
+        timeout=timeout_s * 1000,
+    )
+    page.wait_for_timeout(1500)  # let Plotly finish drawing
+    return {
+        "status": page.inner_text("#status"),
+        "lossless_tokens": page.locator("#lossless-text .dm-tok").count(),
+        "lossy_tokens": page.locator("#lossy-text .dm-tok").count(),
+        "charts": page.locator(".js-plotly-plot").count(),
+        "lossless_stats": page.inner_text("#lossless-stats"),
+        "lossy_stats": page.inner_text("#lossy-stats"),
+    }
+
+
+def _rule_lab(page) -> dict:
+    """The run's rule lab: its rows, a re-judge at p = 0.25, and the disagreements filter."""
+    page.get_by_role("tab", name="Rule lab").click()
+    page.wait_for_selector("#lab-matrix table", timeout=30_000)
+    found = {"lab_rows": page.locator("#lab-matrix tr").count() - 1}
+    p_box = page.locator("#lab-p input[type=number]")
+    p_box.fill("0.25")
+    p_box.press("Enter")
+    page.wait_for_function("() => /Re-judged/.test(document.querySelector('#lab-status')?.innerText || '')",
+                           timeout=60_000)
+    found["lab_status"] = page.inner_text("#lab-status")
+    found["lab_summary"] = page.inner_text("#lab-summary")
+    page.locator("#lab-disagreements input").check()
+    page.wait_for_timeout(1000)
+    found["lab_disagreement_rows"] = page.locator("#lab-matrix tr").count() - 1
     return found
 
 

@@ -1,0 +1,15 @@
+"""The benchmark (python -m dropmatch.bench, console script dropmatch-bench), split by job:
+
+    prompts.py   benchmark files of each kind, categories, scoring, input errors
+    running.py   the variants and running them prompt by prompt (with the reference samples, peers)
+    summary.py   pooled numbers, the reference band, frontier points, text tables
+    cli.py       arguments, the run, the JSON / HTML / Markdown outputs
+"""
+
+from .cli import build_parser, main
+from .prompts import BenchError, parse_file, read_prompts
+from .running import FRONTIER_KNOBS, PEERS, variants
+from .summary import format_table, summarize_benchmark, within_reference
+
+__all__ = ["BenchError", "FRONTIER_KNOBS", "PEERS", "build_parser", "format_table", "main", "parse_file",
+           "read_prompts", "summarize_benchmark", "variants", "within_reference"]

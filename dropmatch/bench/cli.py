@@ -1,0 +1,224 @@
+"""Command-line benchmark: autoregressive + each rule on every prompt; a table, JSON, HTML report.
+
+    python -m dropmatch.bench --prompts assets/prompts/mt_bench.jsonl --limit 10 \\
+        --max-new-tokens 128 --gamma 4 --rules lossless,dropmatch --json out.json
+
+Several prompt files may be given, comma-separated; each is a benchmark of its own kind, known
+from its fields: GSM8K (question + answer), HumanEval (entry_point), IFEval (instruction_id_list),
+MT-Bench (turns, first turn used) or plain (prompt). Every generation gets quality figures as the
+target sees them (target NLL and the off-nucleus rate, see dropmatch.metrics), distinct-2, overlap
+with the lossless answer and, where the kind allows, an accuracy.
+
+The yardstick: --reference-samples N samples of the target alone per prompt (temperature 0.7,
+top-p 0.95) give a reference band; a lossy run "stays within the target's own variation" when its
+target NLL is at or below the reference's and its off-nucleus rate is at most 1%.
+--frontier sweeps every lossy rule over its knob on the same prompts and seed (JSON key
+"frontier"). --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
+generation and prompt-lookup decoding; --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
+                      RuleConfig, parse_p, rule_names)
+from ..engine import Engine
+from ..models import ModelLoadError, load_pair
+from ..quality import SandboxUnavailable, sandbox_command
+from ..report import markdown_table, write_report
+from .prompts import BenchError, _count, _positive, parse_file, read_prompts
+from .running import peer_runs, run_benchmark, variants, warm_up
+from .summary import format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
+
+
+def parse_rules(text: str) -> list[str]:
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    if not rules:
+        raise BenchError("--rules is empty")
+    for rule in rules:
+        if rule not in rule_names():
+            raise BenchError(f"unknown rule {rule!r}; choose from {', '.join(rule_names())}")
+    return rules
+
+
+def parse_sweep(text: str | None) -> list[float]:
+    if not text:
+        return []
+    values = []
+    for part in text.split(","):
+        value = parse_p(part.strip())
+        if value is None:
+            raise BenchError("--p-sweep takes numbers, e.g. 0,0.1,0.2")
+        RuleConfig(p=value)  # range check
+        values.append(value)
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="python -m dropmatch.bench", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", required=True, help="JSONL file(s), comma-separated; FILE:N takes N prompts")
+    parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
+    parser.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens)
+    parser.add_argument("--gamma", default=DEFAULTS.gamma, help="draft length, or 'auto' (per round, from measured costs)")
+    parser.add_argument("--draft-source", default=DEFAULTS.draft_source, choices=DRAFT_SOURCES,
+                        help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the model")
+    parser.add_argument("--draft-confidence", default=DEFAULTS.draft_confidence,
+                        help="stop drafting a round once the draft's probability of its token is below this (0: off)")
+    parser.add_argument("--rules", default="lossless,dropmatch")
+    parser.add_argument("--target", default="embedded")
+    parser.add_argument("--draft", default="embedded")
+    parser.add_argument("--k", default=DEFAULTS.k, help="Monte-Carlo paths")
+    parser.add_argument("--p", default=DEFAULTS.p, help="dropout rate, or 'auto'")
+    parser.add_argument("--auto-agreement", default=AUTO_AGREEMENT, help="path agreement that p=auto aims for")
+    parser.add_argument("--centroid", default=DEFAULTS.centroid, choices=CENTROIDS,
+                        help="the paths' centroid: mean of their distributions (the method's), or softmax of the mean logits")
+    parser.add_argument("--majority-fraction", default=DEFAULTS.majority_fraction,
+                        help="majority needs ceil(f * K) path votes (0.5: a strict majority; default 0.8, 4 of 5)")
+    parser.add_argument("--reference-samples", default=3,
+                        help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
+    parser.add_argument("--frontier", action="store_true",
+                        help="sweep every lossy rule over its knob on the same prompts (JSON key 'frontier')")
+    parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
+    parser.add_argument("--auto-sweep", default=None,
+                        help="extra DropMatch runs at p = auto aiming at these agreements, e.g. 0.8,0.9,0.95")
+    parser.add_argument("--sweep-limit", default=None, help="run the sweep on the first N prompts of each file")
+    parser.add_argument("--temperature", default=DEFAULTS.temperature)
+    parser.add_argument("--top-p", default=DEFAULTS.top_p)
+    parser.add_argument("--seed", default=DEFAULTS.seed)
+    parser.add_argument("--peer", action="store_true",
+                        help="also time transformers' assisted generation and its prompt-lookup decoding")
+    parser.add_argument("--json", default=None, help="write every number and text here")
+    parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")
+    parser.add_argument("--no-identity-check", action="store_true",
+                        help="skip comparing lossless greedy output with the target's generate()")
+    return parser
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def check_sandbox() -> None:
+    """HumanEval runs model-written code: refuse before any model loads when the sandbox is missing."""
+    try:
+        sandbox_command(Path("/"))
+    except SandboxUnavailable as error:
+        raise BenchError(str(error)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                              draft_confidence=args.draft_confidence, draft_source=args.draft_source)
+        template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
+                              centroid=args.centroid, majority_fraction=args.majority_fraction)
+        rules = parse_rules(args.rules)
+        if args.frontier and "lossless" not in rules:
+            rules.insert(0, "lossless")  # the frontier's origin
+        auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep)
+        args.reference_samples = _count("--reference-samples", args.reference_samples)
+        limit = _positive("--limit", args.limit)
+        sweep_limit = _positive("--sweep-limit", args.sweep_limit)
+        files = [parse_file(f.strip(), limit) for f in args.prompts.split(",") if f.strip()]
+        if not files:
+            raise BenchError("--prompts is empty")
+        benchmarks = [(Path(f).stem, *read_prompts(f, n)) for f, n in files]
+        if any(kind == "humaneval" for _, kind, _ in benchmarks):
+            check_sandbox()
+        spec = PairSpec(target=args.target, draft=args.draft)
+        return _run(args, decode, runs, benchmarks, spec, sweep_limit)
+    except (ConfigError, BenchError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
+    try:
+        engine = Engine(load_pair(spec))
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    started = time.time()
+    warm_up(engine, decode, runs)
+    results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
+    results = [r for r in results if r.items]
+    if not results:
+        print("error: no prompt finished", file=sys.stderr)
+        return 1
+    document = _document(args, results, runs, interrupted, time.time() - started)
+    for name, numbers in document["benchmarks"].items():
+        print(format_table(name, numbers))
+    _write_outputs(args, document)
+    return 130 if interrupted else 0
+
+
+def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):
+    """(results, interrupted): every benchmark in turn, under one progress bar; Ctrl-C keeps what finished."""
+    peer = peer_runs(args.peer, decode)
+    bar = tqdm(total=sum(len(items) for _, _, items in benchmarks), desc="prompts", unit="prompt")
+    results, interrupted = [], False
+    for name, kind, items in benchmarks:
+        result = run_benchmark(engine, name, kind, items, runs, decode,
+                               check_identity=decode.greedy and not args.no_identity_check,
+                               peer=peer, sweep_limit=sweep_limit,
+                               progress=lambda: bar.update(1), reference_samples=args.reference_samples)
+        results.append(result)
+        if result.interrupted:
+            interrupted = True
+            print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
+            break
+    bar.close()
+    return results, interrupted
+
+
+def _document(args, results, runs, interrupted: bool, wall_s: float) -> dict:
+    """The JSON document: settings, pooled rules, each benchmark, per-prompt rows, reference, frontier."""
+    summaries = {r.name: summarize_benchmark(r) for r in results}
+    overall = pooled_over_benchmarks(results)
+    document = {
+        "settings": {**vars(args), "command": "python -m dropmatch.bench " + " ".join(sys.argv[1:]),
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "wall_s": wall_s},
+        "interrupted": interrupted,
+        "rules": overall["rules"],
+        "benchmarks": summaries,
+        "prompts": {r.name: per_prompt(r) for r in results},
+    }
+    if "reference" in overall:
+        document["reference"] = overall["reference"]
+    if args.frontier:
+        document["frontier"] = [{"benchmark": name, **point} for name, numbers in {"all": overall, **summaries}.items()
+                                for point in frontier_points(numbers, runs)]
+    return document
+
+
+def _write_outputs(args, document: dict) -> None:
+    if args.json:
+        Path(args.json).write_text(json.dumps(document, indent=2))
+        print(f"wrote {args.json}")
+    if args.report:
+        write_report(document, Path(args.report))
+        print(f"wrote {args.report}")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(document) + "\n")
+        print(f"wrote {args.markdown}")
+
+
+def machine() -> str:
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"

@@ -1,0 +1,187 @@
+"""Running a benchmark: the variants (rules, sweeps, the frontier), each prompt through the
+autoregressive target, every variant, the reference samples and the peers, prompt by prompt, so
+that machine noise hits all alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .. import metrics, quality
+from ..acceptance import RULES
+from ..config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig
+from ..engine import run_to_end
+from ..models import assisted_generate, greedy_reference, prompt_lookup_generate
+from .prompts import Item, score
+
+
+REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95  # the target's own samples: the reference band
+FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path rules
+    "p": FRONTIER_P,
+    "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
+    "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One speculative run per prompt: its label, its settings, and the knob it sets (frontier points)."""
+    label: str
+    rule: RuleConfig
+    knob: str | None = None
+    value: float | None = None
+
+
+def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
+             auto_sweep: tuple[float, ...] = ()) -> list[Variant]:
+    """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
+    the auto sweep, then the frontier's points."""
+    runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
+    runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
+    runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
+                     "auto_agreement", a) for a in auto_sweep]
+    if frontier:
+        runs += frontier_variants(template)
+    labels = [run.label for run in runs]
+    return [run for i, run in enumerate(runs) if run.label not in labels[:i]]  # one run per label
+
+
+def frontier_variants(template: RuleConfig) -> list[Variant]:
+    """Each lossy rule over its knob (FRONTIER_KNOBS); DropMatch with both centroids."""
+    runs = []
+    for name, rule in RULES.items():
+        if not rule.lossy or rule.knob is None:
+            continue
+        centroids = CENTROIDS if name == "dropmatch" else (template.centroid,)
+        for centroid in centroids:
+            prefix = name if centroid == template.centroid else f"{name}/{centroid}"
+            for value in FRONTIER_KNOBS[rule.knob]:
+                config = replace(template, rule=name, centroid=centroid, **{rule.knob: value})
+                runs.append(Variant(f"{prefix}@{rule.knob}={value:g}", config, rule.knob, value))
+    return runs
+
+
+@dataclass
+class Generation:
+    """One run's trace plus its quality numbers."""
+    trace: object
+    target_nll: float | None
+    off_nucleus_rate: float | None
+    distinct2: float
+    correct: float | None = None  # 1/0 (or a share for IFEval); None where the kind has no score
+    overlap_with_lossless: float | None = None
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    kind: str
+    items: list[Item] = field(default_factory=list)
+    ar: list[Generation] = field(default_factory=list)
+    runs: dict[str, list[Generation | None]] = field(default_factory=dict)
+    identical: list[bool] = field(default_factory=list)
+    peers: dict[str, list[dict]] = field(default_factory=dict)  # peer name -> one row per prompt
+    reference: list[list[Generation]] = field(default_factory=list)  # per prompt, the target's own samples
+    skipped: list[str] = field(default_factory=list)  # why prompts that do not fit were left out
+    interrupted: bool = False
+
+
+def generation(kind, item, trace, lossless=None) -> Generation:
+    return Generation(
+        trace=trace,
+        target_nll=metrics.target_nll(trace),
+        off_nucleus_rate=metrics.off_nucleus_rate(trace),
+        distinct2=quality.distinct2(trace.output_ids),
+        correct=score(kind, item, trace.text),
+        overlap_with_lossless=None if lossless is None else quality.token_overlap(trace.output_ids, lossless.output_ids),
+    )
+
+
+def run_benchmark(engine, name, kind, items, runs, decode, check_identity, peer, sweep_limit, progress,
+                  reference_samples: int = 0) -> BenchmarkResult:
+    """AR, then every variant, then the peer, prompt by prompt, so machine noise hits all alike.
+    Ctrl-C ends it early; the prompts that finished are kept (result.interrupted is set)."""
+    result = BenchmarkResult(name, kind, runs={run.label: [] for run in runs})
+    try:
+        _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
+                   reference_samples)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    return result
+
+
+def reference_decodes(decode: DecodeConfig, samples: int) -> list[DecodeConfig]:
+    """The target's own samples that make the reference band: temperature 0.7, top-p 0.95, one seed each."""
+    return [replace(decode, temperature=REFERENCE_TEMPERATURE, top_p=REFERENCE_TOP_P, seed=decode.seed + i)
+            for i in range(samples)]
+
+
+def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
+               reference_samples=0) -> None:
+
+    for index, item in enumerate(items):
+        ids = engine.encode(item.prompt)
+        try:
+            engine.check_fits(ids, decode)
+        except ConfigError as error:
+            result.skipped.append(str(error))
+            progress()
+            continue
+        ar = run_to_end(engine.autoregressive(ids, decode))
+        traces = {}
+        for run in runs:
+            if run.knob is not None and sweep_limit is not None and index >= sweep_limit:
+                continue
+            traces[run.label] = run_to_end(engine.speculative(ids, decode, run.rule))
+        own_samples = [run_to_end(engine.autoregressive(ids, sample)) for sample in reference_decodes(decode, reference_samples)]
+        peer_rows = {}
+        if peer:
+            for name, (_, generate) in PEERS.items():
+                tokens, seconds = generate(engine, ids, decode)
+                peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "identical_to_lossless":
+                                   "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
+        identical = None
+        if check_identity and "lossless" in traces:
+            reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
+            identical = list(traces["lossless"].output_ids) == reference
+        lossless = traces.get("lossless")
+        result.items.append(item)
+        result.ar.append(generation(kind, item, ar))
+        result.reference.append([generation(kind, item, trace) for trace in own_samples])
+        for label in result.runs:
+            trace = traces.get(label)
+            result.runs[label].append(None if trace is None else generation(kind, item, trace, lossless))
+        if identical is not None:
+            result.identical.append(identical)
+        for name, row in peer_rows.items():
+            result.peers.setdefault(name, []).append(row)
+        progress()
+
+
+def _assisted(engine, ids, decode: DecodeConfig):
+    return assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                             None if decode.gamma_auto else decode.gamma, engine.stop_ids)
+
+
+def _prompt_lookup(engine, ids, decode: DecodeConfig):
+    return prompt_lookup_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
+
+
+# The peers --peer times on the same prompts, in the same process, right after our runs of each prompt:
+# key -> (the name reports show, the timed run).
+PEERS = {"assisted": ("transformers assisted generation", _assisted),
+         "prompt_lookup": ("transformers prompt-lookup decoding", _prompt_lookup)}
+
+
+def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
+    """Whether to time the peers: asked for, and greedy (their only mode here)."""
+    return requested and decode.greedy
+
+
+def warm_up(engine, decode: DecodeConfig, runs) -> None:
+    """One short run of each kind first, so that one-time allocations are not timed."""
+    ids = engine.encode("Hello!")
+    short = replace(decode, max_new_tokens=min(8, decode.max_new_tokens))
+    run_to_end(engine.autoregressive(ids, short))
+    for run in runs:
+        run_to_end(engine.speculative(ids, short, run.rule))

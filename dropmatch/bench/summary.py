@@ -1,0 +1,172 @@
+"""Benchmark summaries: pooled numbers per run label (ratios of sums over prompts), the reference
+band, frontier points, per-category splits, text tables and per-prompt rows."""
+
+from __future__ import annotations
+
+from .. import tables
+from ..metrics import MAX_OFF_NUCLEUS, mc_overhead, per_position_acceptance, pooled
+from .prompts import category_of
+from .running import PEERS, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def summarize_benchmark(result: BenchmarkResult) -> dict:
+    """Pooled numbers per run label (ratios of sums over prompts)."""
+    ar = pooled([g.trace for g in result.ar])
+    ar.update(distinct2=_mean([g.distinct2 for g in result.ar]), accuracy=_mean([g.correct for g in result.ar]))
+    rules = {}
+    lossless_runs = result.runs.get("lossless")
+    for label, generations in result.runs.items():
+        pairs = [(i, g) for i, g in enumerate(generations) if g is not None]
+        if not pairs:
+            continue
+        traces = [g.trace for _, g in pairs]
+        stats = pooled(traces)
+        ar_subset = pooled([result.ar[i].trace for i, _ in pairs])
+        stats["speedup_vs_ar"] = _div(stats["tokens_per_s"], ar_subset["tokens_per_s"])
+        if lossless_runs:
+            lossless_subset = pooled([lossless_runs[i].trace for i, _ in pairs])
+            stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
+        shares = [mc_overhead(g.trace) for _, g in pairs]
+        stats["mc_overhead"] = _mean(shares)
+        stats["p"] = _mean([t.p for t in traces])
+        stats["accuracy"] = _mean([g.correct for _, g in pairs])
+        stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
+        stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
+        stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
+        if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
+            stats["identical_to_target_greedy"] = all(result.identical)
+            stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
+        rules[label] = stats
+    out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
+           "autoregressive": ar, "rules": rules}
+    reference = reference_summary(result)
+    if reference is not None:
+        out["reference"] = {"target_sampled": reference}
+        for stats in rules.values():
+            stats["within_reference"] = within_reference(stats, reference)
+    categories = by_category(result)
+    if categories:
+        out["categories"] = categories
+    if result.peers:
+        ours = rules.get("lossless", {}).get("tokens_per_s")
+        out["peers"] = {}
+        for name, rows in result.peers.items():
+            theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
+            out["peers"][name] = {"name": PEERS[name][0], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
+                                  "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
+    return out
+
+
+def reference_summary(result: BenchmarkResult) -> dict | None:
+    """The reference band: the target's own samples pooled (token-weighted), or None without samples."""
+    samples = [g for per_prompt in result.reference for g in per_prompt]
+    if not samples:
+        return None
+    numbers = pooled([g.trace for g in samples])
+    return {"temperature": REFERENCE_TEMPERATURE, "top_p": REFERENCE_TOP_P,
+            "samples": len(samples) // max(len(result.reference), 1), "target_nll": numbers["target_nll"],
+            "off_nucleus_rate": numbers["off_nucleus_rate"], "accuracy": _mean([g.correct for g in samples])}
+
+
+def within_reference(stats: dict, reference: dict) -> bool | None:
+    """Does a run stay within the target's own variation: target NLL at or below the reference's and
+    off-nucleus rate at most MAX_OFF_NUCLEUS."""
+    if stats.get("target_nll") is None or reference.get("target_nll") is None:
+        return None
+    return stats["target_nll"] <= reference["target_nll"] and (stats.get("off_nucleus_rate") or 0.0) <= MAX_OFF_NUCLEUS
+
+
+def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
+    """One point per frontier run (a run with a knob) of a benchmark summary, against its lossless run."""
+    lossless = summary["rules"].get("lossless")
+    points = []
+    for run in runs:
+        stats = summary["rules"].get(run.label)
+        if run.knob is None or stats is None:
+            continue
+        tau_gain = _div(stats["tau"], lossless["tau"]) - 1 if lossless and _div(stats["tau"], lossless["tau"]) else None
+        points.append({"label": run.label, "rule": run.rule.rule, "centroid": run.rule.centroid, "knob": run.knob,
+                       "value": run.value, "p": stats.get("p"), "tau": stats["tau"], "tau_gain": tau_gain,
+                       "speed_vs_lossless": stats.get("speedup_vs_lossless"), "target_nll": stats["target_nll"],
+                       "off_nucleus_rate": stats["off_nucleus_rate"], "accuracy": stats["accuracy"],
+                       "within_reference": stats.get("within_reference")})
+    return points
+
+
+def by_category(result: BenchmarkResult) -> dict[str, dict]:
+    """{category: summarize_benchmark of its prompts} when the prompts come from two categories or
+    more (MT-Bench), else {}: a pooled number can hide that a rule helps on one kind of prompt only."""
+    categories = [category_of(item) for item in result.items]
+    if None in categories or len(set(categories)) < 2:
+        return {}
+    out = {}
+    for category in dict.fromkeys(categories):
+        chosen = [i for i, c in enumerate(categories) if c == category]
+        part = BenchmarkResult(result.name, result.kind, items=[result.items[i] for i in chosen],
+                               ar=[result.ar[i] for i in chosen],
+                               runs={label: [runs[i] for i in chosen] for label, runs in result.runs.items()},
+                               identical=[result.identical[i] for i in chosen] if result.identical else [],
+                               reference=[result.reference[i] for i in chosen] if result.reference else [])
+        out[category] = summarize_benchmark(part)
+    return out
+
+
+def format_table(name: str, numbers: dict) -> str:
+    rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
+    skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
+    lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})", *_aligned(rows)]
+    for peer in numbers.get("peers", {}).values():
+        lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
+    by_kind = tables.category_rows(numbers, dash="-")
+    if by_kind:
+        lines += ["by category:", *_aligned([tables.CATEGORY_HEADER, *by_kind])]
+    return "\n".join(lines)
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Text lines of a table, each column padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+
+
+def _f(value, digits: int = 2) -> str:
+    return tables.number(value, digits, dash="-")
+
+
+def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
+    """Every prompt of every benchmark together: the engine issue's per-rule fields."""
+    merged = BenchmarkResult("all", "mixed", runs={label: [] for label in results[0].runs})
+    for result in results:
+        merged.items += result.items
+        merged.ar += result.ar
+        merged.identical += result.identical
+        merged.reference += result.reference
+        for label in merged.runs:
+            merged.runs[label] += result.runs[label]
+    return summarize_benchmark(merged)
+
+
+def per_prompt(result: BenchmarkResult) -> list[dict]:
+    rows = []
+    for i, item in enumerate(result.items):
+        row = {"prompt": item.prompt, "autoregressive": result.ar[i].trace.text}
+        if category_of(item):
+            row["category"] = category_of(item)
+        for label, generations in result.runs.items():
+            g = generations[i]
+            if g is not None:
+                row[label] = {"text": g.trace.text, "correct": g.correct, "target_nll": g.target_nll,
+                              "off_nucleus_rate": g.off_nucleus_rate, "distinct2": g.distinct2, "p": g.trace.p}
+        if result.identical:
+            row["lossless_identical_to_target_greedy"] = result.identical[i]
+        rows.append(row)
+    return rows
