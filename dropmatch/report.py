@@ -1,4 +1,6 @@
-"""One self-contained HTML page (Plotly inlined) from a benchmark JSON document."""
+"""One HTML page from a benchmark JSON document. Plotly.js is written once beside the pages (one file
+per plotly.js version, shared by every report in the folder) instead of inlined in each: a report
+still opens offline, from its folder."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import html
 from pathlib import Path
 
 import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
 from .plots import frontier_figure
@@ -165,6 +168,19 @@ def frontier_section(document: dict) -> tuple[list[go.Figure], str]:
     return figures, table
 
 
+def plotlyjs_name() -> str:
+    return f"plotly-{get_plotlyjs_version()}.min.js"
+
+
+def write_plotlyjs(folder: Path) -> str:
+    """The shared plotly.js beside the reports in `folder` (written when missing); its file name."""
+    name = plotlyjs_name()
+    target = folder / name
+    if not target.exists():
+        target.write_text(get_plotlyjs(), encoding="utf-8")
+    return name
+
+
 def write_report(document: dict, path: Path) -> None:
     figures = [
         _bars(document, "tau", "Mean acceptance length tau (tokens per target call)", "tau"),
@@ -178,12 +194,12 @@ def write_report(document: dict, path: Path) -> None:
     ]
     frontier_figures, frontier_table = frontier_section(document)
     figures = frontier_figures + figures
-    parts = []
-    for i, fig in enumerate(f for f in figures if f is not None):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False))
+    parts = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in figures if fig is not None]
+    script = write_plotlyjs(path.parent)
     settings = document["settings"]
     command = html.escape(" ".join(str(settings.get(k)) for k in ("command",) if settings.get("command")))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>DropMatch benchmark report</title>
+<script src="{script}"></script>
 <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}} table{{border-collapse:collapse;font-size:14px}}
 td,th{{border:1px solid #cfd8dc;padding:4px 8px;text-align:right}} td:nth-child(-n+2){{text-align:left}}</style></head><body>
 <h1>DropMatch benchmark report</h1>

@@ -86,6 +86,12 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert "categories" not in gsm8k
     page = out_html.read_text()
     assert "<html" in page and "plotly" in page.lower() and "Sweep over p" in page
+    from dropmatch.report import plotlyjs_name
+
+    # plotly.js once beside the report, referenced, not inlined: the page still opens offline from its folder
+    assert f'<script src="{plotlyjs_name()}"></script>' in page, "the report does not load the shared plotly.js"
+    assert len(page) < 1_000_000, f"the report inlines plotly.js ({len(page)} bytes)"
+    assert (out_html.parent / plotlyjs_name()).stat().st_size > 1_000_000, "plotly.js was not written beside the report"
 
 
 def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path):
