@@ -1,20 +1,8 @@
-"""Metrics as pure functions of traces (the README's Metrics).
+"""Metrics as pure functions of traces: rounds, tau, acceptance (per position too), tokens/s and the
+time split, the MC-head share (pooled: MC time / round time), target NLL and the off-nucleus rate.
 
-- rounds: target verification calls (the prefill call is counted apart).
-- tau: tokens emitted by the rounds / rounds, correction or bonus token included (vLLM, SGLang);
-  autoregressive decoding has tau = 1.
-- acceptance rate: accepted drafted tokens / drafted tokens.
-- per-position acceptance: at draft position j, accepted / reached (positions after a rejection
-  are never looked at, so they do not count against j).
-- tokens/s: new tokens / wall time of the whole generation, prefill included.
-- MC-head share: the Monte-Carlo work / (round time + calibration). That work (timed as t_mc) is
-  the dropout masks, the path rows through the head (K per position the rule judges), path
-  softmaxes, JS and votes, plus p = auto's calibration on the prompt. The clean head rows are the
-  same in every rule (lossless SD needs them too).
-- target NLL: mean negative log-likelihood (nats/token) of the emitted tokens under the clean
-  target at temperature 1, read from the logits the run computed at each emitted position.
-- off-nucleus rate: share of emitted tokens outside the clean target's top-p 0.95 nucleus at
-  their position (temperature 1). 0 for lossless greedy by construction.
+The definitions, with their formulas, are in docs/how_it_works.md (the app's How it works tab);
+each function's docstring says what it reads from the trace.
 """
 
 from __future__ import annotations
@@ -95,7 +83,7 @@ def tokens_per_s(trace: GenerationTrace) -> float:
 
 
 def mc_overhead(trace: GenerationTrace) -> float | None:
-    """MC work / (round time + calibration); None for rules without paths. See the module docstring."""
+    """MC work / (round time + calibration) of one run; None for rules without paths."""
     if trace.p is None or not trace.rounds:
         return None
     return _ratio(mc_seconds(trace), sum(r.t_round for r in trace.rounds) + trace.t_calibration)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from dropmatch.acceptance import REASONS, RULES, decide
 from dropmatch.judging import position_signals
 from dropmatch.config import RuleConfig
-from dropmatch.mc_head import calibrate_p, dropout_paths, path_stats
+from dropmatch.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats
 from dropmatch.sampling import js_divergence, sampling_probs, signal_probs
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -56,15 +56,18 @@ def test_no_nan_or_inf_and_decisions_stay_in_the_allowed_set(case, rule, greedy)
     verdict, signals, stats, clean = verdict_for(case, rule, greedy)
     for tensor in (stats.centroid, stats.path_js, stats.threshold, signals.js_draft_centroid,
                    signals.js_draft_target, signals.target_entropy, signals.draft_prob, signals.target_prob):
-        assert torch.isfinite(tensor).all()
-    assert (stats.path_js >= 0).all() and (stats.path_js <= 0.6932).all()
-    assert set(verdict.reasons) <= set(REASONS)
-    assert len(verdict.reasons) == case["gamma"]
-    assert 0 <= verdict.num_accepted <= case["gamma"]
-    assert all(r not in ("rejected", "unchecked") for r in verdict.reasons[: verdict.num_accepted])
-    assert all(r == "unchecked" for r in verdict.reasons[verdict.num_accepted + 1:])
-    assert 0 <= verdict.next_token < case["vocab"]
-    assert verdict.next_kind == ("bonus" if verdict.num_accepted == case["gamma"] else "correction")
+        assert torch.isfinite(tensor).all(), f"a signal is NaN or infinite under {rule} (greedy={greedy})"
+    assert (stats.path_js >= 0).all() and (stats.path_js <= 0.6932).all(), f"path JS outside [0, ln 2]: {stats.path_js}"
+    assert set(verdict.reasons) <= set(REASONS), f"{rule} gave a reason outside the vocabulary: {verdict.reasons}"
+    assert len(verdict.reasons) == case["gamma"], f"{len(verdict.reasons)} reasons for {case['gamma']} drafted tokens"
+    assert 0 <= verdict.num_accepted <= case["gamma"], f"{verdict.num_accepted} accepted of {case['gamma']}"
+    assert all(r not in ("rejected", "unchecked") for r in verdict.reasons[: verdict.num_accepted]), \
+        f"a rejected token inside the accepted prefix: {verdict.reasons}"
+    assert all(r == "unchecked" for r in verdict.reasons[verdict.num_accepted + 1:]), \
+        f"a token after the first rejection was judged: {verdict.reasons}"
+    assert 0 <= verdict.next_token < case["vocab"], f"extra token {verdict.next_token} outside the vocabulary"
+    assert verdict.next_kind == ("bonus" if verdict.num_accepted == case["gamma"] else "correction"), \
+        f"{verdict.next_kind} after {verdict.num_accepted} of {case['gamma']} accepted"
 
 
 @SETTINGS
@@ -73,10 +76,11 @@ def test_every_rule_keeps_the_lossless_greedy_prefix(case, rule):
     """Whatever the rule, the drafted tokens lossless greedy accepts are accepted too (exact wins)."""
     lossless, *_ = verdict_for(case, "lossless")
     lossy, *_ = verdict_for(case, rule)
-    assert lossy.num_accepted >= lossless.num_accepted
-    assert lossy.reasons[: lossless.num_accepted] == ("exact",) * lossless.num_accepted
+    assert lossy.num_accepted >= lossless.num_accepted, f"{rule} accepted {lossy.num_accepted} < lossless {lossless.num_accepted}"
+    assert lossy.reasons[: lossless.num_accepted] == ("exact",) * lossless.num_accepted, \
+        f"{rule} changed the lossless prefix's reasons: {lossy.reasons}"
     if lossy.num_accepted == lossless.num_accepted and lossless.num_accepted < case["gamma"]:
-        assert lossy.next_token == lossless.next_token  # the correction is the clean argmax
+        assert lossy.next_token == lossless.next_token, "the correction is not the clean argmax"
 
 
 @SETTINGS
@@ -87,7 +91,7 @@ def test_with_p_zero_every_path_rule_decides_like_lossless_greedy_or_sampled(cas
     case = {**case, "p": 0.0}
     lossless, *_ = verdict_for(case, "lossless", greedy)
     lossy, *_ = verdict_for(case, rule, greedy, centroid=centroid)
-    assert lossy == lossless
+    assert lossy == lossless, f"{rule} at p = 0 (greedy={greedy}, {centroid}) differs from lossless: {lossy} vs {lossless}"
 
 
 @SETTINGS
@@ -95,9 +99,10 @@ def test_with_p_zero_every_path_rule_decides_like_lossless_greedy_or_sampled(cas
 def test_dropout_paths_are_finite_and_equal_the_clean_rows_at_p_zero(case):
     generator = torch.Generator().manual_seed(case["seed"])
     paths = dropout_paths(case["hidden"], case["num_paths"], case["p"], generator)
-    assert paths.shape == (case["num_paths"], case["gamma"] + 1, 8) and torch.isfinite(paths).all()
+    assert paths.shape == (case["num_paths"], case["gamma"] + 1, 8), f"paths of shape {tuple(paths.shape)}"
+    assert torch.isfinite(paths).all(), "a dropout path is NaN or infinite"
     if case["p"] == 0.0:
-        assert torch.equal(paths, case["hidden"].expand_as(paths))
+        assert torch.equal(paths, case["hidden"].expand_as(paths)), "at p = 0 a path differs from the clean row"
 
 
 @SETTINGS
@@ -107,7 +112,8 @@ def test_js_divergence_is_symmetric_and_bounded(seed, vocab):
     a = torch.rand(vocab, generator=generator).softmax(-1)
     b = torch.rand(vocab, generator=generator).pow(8).softmax(-1)
     ab, ba = js_divergence(a, b), js_divergence(b, a)
-    assert torch.allclose(ab, ba, atol=1e-6) and 0.0 <= float(ab) <= 0.6932
+    assert torch.allclose(ab, ba, atol=1e-6), f"JS not symmetric: {float(ab)} vs {float(ba)}"
+    assert 0.0 <= float(ab) <= 0.6932, f"JS {float(ab)} outside [0, ln 2]"
 
 
 @SETTINGS
@@ -118,9 +124,16 @@ def test_calibrated_p_is_on_the_grid_and_meets_its_agreement(seed, target_agreem
     head = torch.randn(50, 16, generator=generator)
     calibration = calibrate_p(hidden, hidden @ head.T, head, 5, target_agreement, generator)
     p, tried = calibration.p, calibration.tried
-    assert p in tried or p == min(tried)
-    assert calibration.reached == (tried[min(tried)] >= target_agreement)
-    assert all(0.0 <= a <= 1.0 for a in tried.values())
-    if tried[p] >= target_agreement:
-        smaller = [q for q in tried if q < p]
-        assert all(tried[q] >= target_agreement for q in smaller)
+    grid = sorted(tried)
+    assert all(0.0 <= a <= 1.0 for a in tried.values()), f"an agreement outside [0, 1]: {tried}"
+    assert grid == list(P_GRID[: len(grid)]), f"the scan skipped grid values: {grid}"
+    meeting = [q for q in grid if tried[q] >= target_agreement]
+    assert calibration.reached == bool(meeting), f"reached={calibration.reached} with agreements {tried}"
+    if meeting:
+        # the largest tried p that meets the agreement, every smaller one meets it too, and the scan
+        # went on until the next grid value missed it (or the grid ended)
+        assert p == max(meeting) and meeting == grid[: len(meeting)], f"p {p} is not the largest meeting p: {tried}"
+        assert len(meeting) == len(P_GRID) or tried[grid[len(meeting)]] < target_agreement, \
+            f"the scan stopped at p {p} although the next grid value was not tried: {tried}"
+    else:
+        assert p == P_GRID[0] and grid == [P_GRID[0]], f"no p met the agreement, yet p = {p} (tried {grid})"

@@ -124,8 +124,8 @@ def _prompt_and_pair(parts: dict) -> None:
                             label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
         with gr.Column(scale=2):
             parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair")
-            parts["target_id"] = gr.Textbox(label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
-            parts["draft_id"] = gr.Textbox(label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
+            parts["target_id"] = gr.Textbox(DEFAULTS.target_id, label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
+            parts["draft_id"] = gr.Textbox(DEFAULTS.draft_id, label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
             with gr.Row():
                 parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button")
                 parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")

@@ -1,0 +1,130 @@
+"""The shape of the code: no import cycles, short functions, one table of defaults, one version."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import gradio as gr
+
+from dropmatch.config import AUTO_AGREEMENT, DEFAULTS, LAB_P, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dropmatch"
+MAX_FUNCTION_LINES = 60
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that `path` imports anywhere (top level, inside functions, TYPE_CHECKING)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {module for module in found if module in modules and module != name}
+
+
+def test_the_package_has_no_import_cycle():
+    """Every import among dropmatch's modules, wherever it is written, points one way."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imported_modules(path, set(paths)) for name, path in paths.items()}
+    # A package's __init__ re-exporting its own modules is not a cycle of the code's layers.
+    graph = {name: {m for m in deps if not (paths[m].name == "__init__.py" and name.startswith(m + "."))}
+             for name, deps in graph.items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for dependency in sorted(graph[module]):
+            if state.get(dependency) == "open":
+                cycle = trail[trail.index(dependency):] + [dependency] if dependency in trail else [module, dependency]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if dependency not in state:
+                visit(dependency, trail + [dependency])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_function_in_the_package_the_app_or_the_scripts_is_over_sixty_lines():
+    sources = [ROOT / "app.py", *PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    long = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 60 lines: " + "; ".join(long)
+
+
+def test_app_py_is_only_the_top_level_a_space_needs():
+    lines = (ROOT / "app.py").read_text().count("\n")
+    assert lines < 150, f"app.py is {lines} lines; the UI belongs in dropmatch/ui/"
+
+
+def test_the_package_version_is_the_project_version():
+    import dropmatch
+
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert dropmatch.__version__ == declared, f"dropmatch.__version__ {dropmatch.__version__} != pyproject {declared}"
+
+
+def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults():
+    """/compare's signature, the benchmark's parser and the app's controls (run and rule lab) all
+    start at config.DEFAULTS."""
+    from dropmatch.bench import build_parser
+    from dropmatch.ui.callbacks import settings_endpoint
+    from dropmatch.ui.layout import SETTING_CONTROLS, build_layout
+
+    api = inspect.signature(settings_endpoint(lambda settings: settings))
+    for name, parameter in api.parameters.items():
+        expected = inspect.Parameter.empty if name == "prompt" else getattr(DEFAULTS, name)
+        assert parameter.default == expected, f"/compare's {name} defaults to {parameter.default!r}, not {expected!r}"
+    assert set(api.parameters) == set(Settings.names()), "the API's parameters are not Settings' fields"
+
+    args = build_parser().parse_args(["--prompts", "x.jsonl"])
+    for flag, name in (("max_new_tokens", "max_new_tokens"), ("gamma", "gamma"), ("draft_source", "draft_source"),
+                       ("k", "k"), ("p", "p"), ("centroid", "centroid"), ("majority_fraction", "majority_fraction"),
+                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
+                       ("draft_confidence", "draft_confidence")):
+        assert getattr(args, flag) == getattr(DEFAULTS, name), f"bench --{flag} defaults to {getattr(args, flag)!r}"
+    assert args.auto_agreement == AUTO_AGREEMENT
+
+    with gr.Blocks():
+        ui = build_layout()
+    for name in SETTING_CONTROLS:
+        if name == "prompt":
+            continue
+        value = getattr(ui, name).value
+        assert value == getattr(DEFAULTS, name), f"the {name} control starts at {value!r}, not {getattr(DEFAULTS, name)!r}"
+    lab = {"lab_k": DEFAULTS.k, "lab_p": LAB_P, "lab_fraction": DEFAULTS.majority_fraction,
+           "lab_centroid": DEFAULTS.centroid, "lab_fixed_js": DEFAULTS.fixed_js_threshold,
+           "lab_typical_eps": DEFAULTS.typical_eps}
+    for name, expected in lab.items():
+        assert getattr(ui, name).value == expected, f"the rule lab's {name} starts at {getattr(ui, name).value!r}"
+
+
+def test_scripts_and_tests_write_run_files_through_the_record_module_not_the_app():
+    for path in [*(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        if path.name == Path(__file__).name:
+            continue
+        text = path.read_text()
+        assert "app.record_of" not in text and "app.RunRecord" not in text, f"{path.name} reaches into app.py"
