@@ -80,3 +80,44 @@ def save_pair(root: Path, noise: float = 0.3, seed: int = 0) -> tuple[Path, Path
         tokenizer.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def make_bigram_llama(tokenizer_size: int, table: dict[int, dict[int, float]], floor: float = -40.0):
+    """A real LlamaForCausalLM whose next-token logits depend on the last token only, as `table` says
+    ({previous: {next: logit}}; every other next token gets `floor`, every other previous token the
+    row of the table's first key). The blocks add nothing (their output projections are zero), the
+    embedding is one-hot and the final norm undoes its scale, so the head reads the previous token:
+    the exact distribution of any continuation is a product of table rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    size = tokenizer_size
+    config = LlamaConfig(
+        vocab_size=size, hidden_size=size, intermediate_size=8, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-12,
+        eos_token_id=2, bos_token_id=1, pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config)
+    default = table[next(iter(table))]
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(size))
+        model.model.norm.weight.fill_(size ** -0.5)  # RMSNorm of a one-hot row is sqrt(H) times it
+        head = torch.full((size, size), floor)
+        for previous in range(size):
+            for following, logit in table.get(previous, default).items():
+                head[following, previous] = logit
+        model.lm_head.weight.copy_(head)
+    return model.eval()
+
+
+def save_bigram_pair(root: Path, target_table: dict, draft_table: dict) -> tuple[Path, Path]:
+    """Target and draft folders (bigram Llamas, make_bigram_llama) sharing the tiny tokenizer."""
+    tokenizer = save_tokenizer(root / "tokenizer")
+    paths = []
+    for name, table in (("target", target_table), ("draft", draft_table)):
+        path = root / name
+        make_bigram_llama(len(tokenizer), table).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(path)
+    return paths[0], paths[1]
