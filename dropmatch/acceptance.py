@@ -127,11 +127,16 @@ class Signals:
     draft_votes: torch.Tensor | None = None
 
 
-def judged_by_paths(signals: Signals) -> torch.Tensor:
-    """[g] bool: the positions a path rule judges, where the draft is not the clean target's top
-    token. Where it is, the lossless test decides alone (under greedy it has accepted it already;
-    under sampling its coin is exact). So at p = 0, where every path is the clean row, a path rule
-    adds nothing, and its run equals lossless SD, greedy or sampled."""
+def judged_by_paths(signals: Signals, cfg: RuleKnobs | None = None) -> torch.Tensor:
+    """[g] bool: the positions a path rule judges. By default (cfg.rescue_argmax False) those where
+    the draft is not the clean target's top token: where it is, the lossless test decides alone
+    (under greedy it has accepted it already; under sampling its coin is exact). So at p = 0, where
+    every path is the clean row, a path rule adds nothing and its run equals lossless SD, greedy or
+    sampled; the price, under sampling, is that a top-token draft the coin rejected is rejected even
+    when every path votes for it. rescue_argmax True judges those too (paths may rescue the argmax;
+    p = 0 then no longer equals lossless SD under sampling)."""
+    if cfg is not None and getattr(cfg, "rescue_argmax", False):
+        return torch.ones_like(signals.draft_tokens, dtype=torch.bool)
     return signals.draft_tokens != signals.target_tokens
 
 
@@ -140,7 +145,7 @@ def rule_checks(cfg: RuleKnobs, signals: Signals) -> list[tuple[str, torch.Tenso
     rule = RULES[cfg.rule]
     checks = rule.check(signals, cfg)
     if rule.uses_paths:
-        judged = judged_by_paths(signals)
+        judged = judged_by_paths(signals, cfg)
         checks = [(reason, mask & judged) for reason, mask in checks]
     return checks
 

@@ -180,28 +180,42 @@ def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Sign
 
 
 def _checked_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, memo: dict | None):
-    """Monte-Carlo paths only where the rule will read them: at the drafted positions that the
-    exact test rejects and that are not the clean target's top token (acceptance.judged_by_paths),
-    left to right, until the rule rejects one (the positions after it are discarded anyway).
+    """Monte-Carlo paths only where the rule will read them: at the drafted positions it judges
+    (acceptance.judged_by_paths: the exact test rejected them, and, by default, they are not the
+    clean target's top token) that can still be reached, left to right, until the rule rejects one.
+    A position is out of reach after a position that nothing can accept (the exact test rejected it
+    and the rule does not judge it) or after the rule's first rejection; its path fields stay empty,
+    so a view shows path data only where a rule read it.
 
     Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
     runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
     At p = 0 every path is the clean row: its statistics come from that one row, no path work.
-    Returns (signals with the path fields filled where computed, path rows, [(positions, probs)]).
+    Returns (signals with the path fields filled where read, path rows computed, [(positions, probs)]).
     """
-    judged = (~inputs.exact & acceptance.judged_by_paths(signals)).nonzero().flatten()
+    judged = reachable_judged(inputs.exact, acceptance.judged_by_paths(signals, rule))
     parts, probs, rows = [], [], 0
     for stage in (judged[:1], judged[1:]):
         if stage.numel() == 0:
             break
         stats, part = _stage_paths(target, inputs, signals, rule, p, stage, memo)
-        parts.append((stage, part))
-        probs.append((stage, stats.probs))
         rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
         checked = Signals(**{**vars(at_positions(signals, stage)), **part})
-        if not bool(acceptance.rule_accepts(rule, checked).all()):
+        accepted = acceptance.rule_accepts(rule, checked)
+        read = int(accepted.numel()) if bool(accepted.all()) else int((~accepted).nonzero()[0]) + 1
+        parts.append((stage[:read], {name: value[:, :read] if name == "path_tokens" else value[:read]
+                                     for name, value in part.items()}))
+        probs.append((stage[:read], stats.probs[:, :read]))
+        if read < stage.numel() or not bool(accepted.all()):
             break
     return with_path_parts(signals, parts, rule.num_paths), rows, probs
+
+
+def reachable_judged(exact: torch.Tensor, judged: torch.Tensor) -> torch.Tensor:
+    """Indices [m] of the positions the rule judges (judged [g] bool, where exact [g] is False) that
+    lie before the first position nothing can accept (neither exact nor judged)."""
+    blocked = ~exact & ~judged
+    end = int(blocked.nonzero()[0]) if bool(blocked.any()) else int(exact.numel())
+    return (~exact[:end] & judged[:end]).nonzero().flatten()
 
 
 def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, stage: torch.Tensor,

@@ -148,11 +148,14 @@ def test_exact_match_wins_over_every_rule():
 
 def test_typical_accepts_tokens_above_the_entropy_floor():
     """typical: p_target(x) > min(eps, delta * exp(-H)) accepts; a near-zero token does not."""
-    target = torch.tensor([[2.0, 2.0, 0.0, NEG, NEG, NEG], [0.0] * V])
-    ok = greedy_round(RuleConfig("typical"), [1], one_hot_logits([1]), target)  # argmax is 0 (tie -> first)
+    # p_target = [0.705, 0.259, 0.035, 0, ...], H = 0.71: floor = min(0.3, 0.09 * e^-0.71) = 0.044
+    target = torch.tensor([[3.0, 2.0, 0.0, NEG, NEG, NEG], [0.0] * V])
+    ok = greedy_round(RuleConfig("typical"), [1], one_hot_logits([1]), target)  # not the argmax (0), above the floor
+    low = greedy_round(RuleConfig("typical"), [2], one_hot_logits([2]), target)  # 0.035, below the floor
     bad = greedy_round(RuleConfig("typical"), [3], one_hot_logits([3]), target)
-    assert ok.reasons in (("typical",), ("exact",))
-    assert bad.reasons == ("rejected",)
+    assert ok.reasons == ("typical",), ok.reasons
+    assert low.reasons == ("rejected",), low.reasons
+    assert bad.reasons == ("rejected",), bad.reasons
 
 
 def test_fixed_js_uses_its_threshold_against_the_clean_target():

@@ -99,18 +99,20 @@ def test_off_nucleus_rate_is_zero_for_lossless_greedy_and_counts_forced_tokens(f
     assert all(len(t.output_ids) == 1 + sum(len(r.emitted_logprob) for r in t.rounds) for t in forced)
 
 
-def test_dropmatch_with_dropout_accepts_more_than_lossless(far_engine):
-    """With p > 0 the lossy rules add acceptances on top of the exact ones (and say why)."""
-    runs = {"lossless": [], "naive": []}
+@pytest.mark.parametrize("rule, reasons", [("dropmatch", {"js", "majority"}), ("naive", {"naive"})])
+def test_path_rules_with_dropout_accept_more_than_lossless(far_engine, rule, reasons):
+    """With p > 0 a path rule adds acceptances on top of the exact ones, and says which test gave them."""
+    runs = {"lossless": [], rule: []}
     for prompt in PROMPTS:  # pooled: one lossy acceptance changes the text after it, so one prompt may tie
         ids = far_engine.encode(prompt)
         decode = DecodeConfig(gamma=4, max_new_tokens=40)
         runs["lossless"].append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("lossless"))))
-        runs["naive"].append(run_to_end(far_engine.speculative(ids, decode, RuleConfig("naive", num_paths=8, p=0.5))))
-    reasons = {d.reason for trace in runs["naive"] for r in trace.rounds for d in r.drafted}
-    assert "naive" in reasons
+        runs[rule].append(run_to_end(far_engine.speculative(ids, decode, RuleConfig(rule, num_paths=8, p=0.5,
+                                                                                     majority_fraction=0.5))))
+    given = {d.reason for trace in runs[rule] for r in trace.rounds for d in r.drafted}
+    assert given & reasons, f"{rule} gave no acceptance of its own; reasons seen: {given}"
     lossless_tau, lossy_tau = (pooled(traces)["tau"] for traces in runs.values())
-    assert lossy_tau > lossless_tau
+    assert lossy_tau > lossless_tau, f"{rule} tau {lossy_tau:.3f} <= lossless {lossless_tau:.3f}"
 
 
 def test_same_seed_gives_same_sampled_text_and_other_seed_differs(tiny_engine):
@@ -133,11 +135,16 @@ def test_identical_draft_accepts_every_token_and_takes_the_bonus(tiny_dirs):
 
 
 def test_max_new_tokens_is_respected_exactly(tiny_engine):
+    """A run ends at exactly max_new_tokens tokens, unless a stop token came first."""
     ids = tiny_engine.encode(PROMPTS[0])
-    for limit in (1, 2, 7):
+    for limit in (1, 2, 7, 23):
         trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=limit),
                                                    RuleConfig("dropmatch", p=0.3)))
-        assert len(trace.output_ids) <= limit
+        if trace.stop_reason == "eos":
+            assert len(trace.output_ids) <= limit and trace.output_ids[-1] in tiny_engine.stop_ids
+        else:
+            assert trace.stop_reason == "max_new_tokens", trace.stop_reason
+            assert len(trace.output_ids) == limit, f"{len(trace.output_ids)} tokens for max_new_tokens {limit}"
         assert trace.stop_reason in ("max_new_tokens", "eos")
 
 
@@ -162,8 +169,9 @@ def test_generation_stops_at_the_end_of_turn_token(tiny_engine):
 @pytest.mark.parametrize("engine_name", ["tiny_engine", "far_engine"])
 @pytest.mark.parametrize("rule", ["dropmatch", "naive"])
 def test_mc_paths_run_only_where_the_rule_reads_them(engine_name, rule, request):
-    """Paths at every position the rule judged (neither an exact match nor after the rejection),
-    never at an exact match, and the head ran (gamma + 1) clean rows + K rows per such position."""
+    """Path data at every position the rule judged (neither an exact match nor after the rejection)
+    and nowhere else, and the head ran (gamma + 1) clean rows + K rows per position whose paths were
+    computed: the judged ones, and at most the later judged ones of the same batch of rows."""
     engine = request.getfixturevalue(engine_name)
     judged = 0
     for prompt in PROMPTS:
@@ -171,13 +179,18 @@ def test_mc_paths_run_only_where_the_rule_reads_them(engine_name, rule, request)
                                               RuleConfig(rule, num_paths=5, p=0.3)))
         for r in trace.rounds:
             with_paths = [d for d in r.drafted if d.path_tokens]
-            assert r.head_rows == len(r.drafted) + 1 + 5 * len(with_paths)
+            path_rows = r.head_rows - len(r.drafted) - 1
+            judgeable = sum(d.reason != "exact" and d.token != d.target_token for d in r.drafted)
+            assert path_rows % 5 == 0 and len(with_paths) <= path_rows // 5 <= judgeable, \
+                f"{path_rows} path rows for {len(with_paths)} judged and {judgeable} judgeable positions"
             for d in r.drafted:
                 if d.reason == "exact":
                     assert not d.path_tokens
                 elif d.reason != "unchecked":
                     judged += 1
                     assert len(d.path_tokens) == 5 and d.threshold is not None and d.draft_votes is not None
+                else:
+                    assert not d.path_tokens, "path data at a position after the rejection (never read)"
     assert judged > 0  # the property was exercised
 
 
@@ -217,8 +230,24 @@ def test_metrics_count_emitted_tokens_per_round(tiny_engine):
     assert 0.0 <= m.acceptance_rate <= 1.0
     assert m.mc_overhead is not None and 0.0 <= m.mc_overhead < 1.0
     assert m.speedup_vs_ar is not None
-    assert first_divergence(lossless, lossless) is None
+    assert m.first_divergence == first_divergence(lossy, lossless)
     assert summarize(lossless).mc_overhead is None
+
+
+def test_first_divergence_is_the_first_differing_position():
+    """None for the same output; the first index that differs; the shorter length for a prefix."""
+    from dataclasses import replace
+
+    from fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    ids = engine.encode("a b c d e f g h")
+    base = run_to_end(engine.speculative(ids, DecodeConfig(gamma=3, max_new_tokens=8), RuleConfig("lossless")))
+    output = list(base.output_ids)
+    changed = replace(base, output_ids=tuple(output[:3] + [output[3] + 1] + output[4:]))
+    assert first_divergence(base, replace(base)) is None
+    assert first_divergence(changed, base) == 3
+    assert first_divergence(replace(base, output_ids=tuple(output[:5])), base) == 5
 
 
 def test_empty_prompt_and_overlong_request_get_clear_errors(tiny_engine):

@@ -95,12 +95,12 @@ def detectable_bias(exact: dict, runs: int, df: int, alpha: float) -> float:
     return math.sqrt(excess / (runs * (1 / first + 1 / second)))
 
 
-CONFIGS = {
-    "model, gamma 3": dict(gamma=3, draft_source="model"),
+CONFIGS = {  # every draft source, gamma fixed and auto, top-p < 1, draft confidence on
+    "model, gamma 3, draft confidence 0.3": dict(gamma=3, draft_source="model", draft_confidence=0.3),
     "model, gamma auto, top-p 0.75": dict(gamma=8, gamma_auto=True, draft_source="model", top_p=0.75),
     "ngram, gamma 3": dict(gamma=3, draft_source="ngram"),
-    "hybrid, gamma auto": dict(gamma=8, gamma_auto=True, draft_source="hybrid"),
-    "model, draft confidence 0.3": dict(gamma=3, draft_source="model", draft_confidence=0.3),
+    "hybrid, gamma auto, top-p 0.75, draft confidence 0.3": dict(gamma=8, gamma_auto=True, draft_source="hybrid",
+                                                                top_p=0.75, draft_confidence=0.3),
 }
 
 

@@ -91,8 +91,9 @@ def make_bigram_llama(tokenizer_size: int, table: dict[int, dict[int, float]], f
     from transformers import LlamaConfig, LlamaForCausalLM
 
     size = tokenizer_size
+    hidden = -(-size // 8) * 8  # 4 heads of an even size, at least one dimension per token
     config = LlamaConfig(
-        vocab_size=size, hidden_size=size, intermediate_size=8, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=size, hidden_size=hidden, intermediate_size=8, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-12,
         eos_token_id=2, bos_token_id=1, pad_token_id=0,
     )
@@ -101,9 +102,9 @@ def make_bigram_llama(tokenizer_size: int, table: dict[int, dict[int, float]], f
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.zero_()
-        model.model.embed_tokens.weight.copy_(torch.eye(size))
-        model.model.norm.weight.fill_(size ** -0.5)  # RMSNorm of a one-hot row is sqrt(H) times it
-        head = torch.full((size, size), floor)
+        model.model.embed_tokens.weight.copy_(torch.eye(size, hidden))
+        model.model.norm.weight.fill_(hidden ** -0.5)  # RMSNorm of a one-hot row is sqrt(H) times it
+        head = torch.full((size, hidden), floor)
         for previous in range(size):
             for following, logit in table.get(previous, default).items():
                 head[following, previous] = logit
