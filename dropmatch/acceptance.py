@@ -31,6 +31,7 @@ class RuleKnobs(Protocol):
     typical_eps: float
     typical_delta: float
     fixed_js_threshold: float
+    rescue_argmax: bool
 
 
 CORRECTION, BONUS = "correction", "bonus"
@@ -127,7 +128,7 @@ class Signals:
     draft_votes: torch.Tensor | None = None
 
 
-def judged_by_paths(signals: Signals, cfg: RuleKnobs | None = None) -> torch.Tensor:
+def judged_by_paths(signals: Signals, cfg: RuleKnobs) -> torch.Tensor:
     """[g] bool: the positions a path rule judges. By default (cfg.rescue_argmax False) those where
     the draft is not the clean target's top token: where it is, the lossless test decides alone
     (under greedy it has accepted it already; under sampling its coin is exact). So at p = 0, where
@@ -135,7 +136,7 @@ def judged_by_paths(signals: Signals, cfg: RuleKnobs | None = None) -> torch.Ten
     sampled; the price, under sampling, is that a top-token draft the coin rejected is rejected even
     when every path votes for it. rescue_argmax True judges those too (paths may rescue the argmax;
     p = 0 then no longer equals lossless SD under sampling)."""
-    if cfg is not None and getattr(cfg, "rescue_argmax", False):
+    if cfg.rescue_argmax:
         return torch.ones_like(signals.draft_tokens, dtype=torch.bool)
     return signals.draft_tokens != signals.target_tokens
 

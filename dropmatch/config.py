@@ -54,6 +54,7 @@ class Settings:
     draft_source: str = "hybrid"
     fixed_js_threshold: float = 0.1
     typical_eps: float = 0.3
+    rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
 
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
         """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
@@ -64,7 +65,7 @@ class Settings:
                               draft_confidence=self.draft_confidence, draft_source=self.draft_source)
         rule = RuleConfig(rule=self.rule, num_paths=self.k, p=parse_p(self.p), centroid=self.centroid,
                           majority_fraction=self.majority_fraction, fixed_js_threshold=self.fixed_js_threshold,
-                          typical_eps=self.typical_eps)
+                          typical_eps=self.typical_eps, rescue_argmax=self.rescue_argmax)
         return decode, rule
 
     def pair_spec(self) -> "PairSpec":
@@ -184,6 +185,10 @@ class RuleConfig:
     # 0.5 chosen on the dev set (GSM8K train + written prompts, docs/results.md): the largest tau gain whose
     # answers stayed well inside the target's own variation there.
     auto_agreement: float = AUTO_AGREEMENT
+    # Sampling only (greedy accepts a top-token draft anyway). False: the lossless coin alone decides a
+    # draft equal to the clean target's top token, so p = 0 equals lossless SD. True: the path rules
+    # judge it too when the coin rejected it ("paths may rescue the argmax").
+    rescue_argmax: bool = DEFAULTS.rescue_argmax
 
     def __post_init__(self):
         names = rule_names()
@@ -210,6 +215,7 @@ class RuleConfig:
         if not 0.0 < agreement <= 1.0:
             raise ConfigError(f"auto agreement must be in (0, 1], got {agreement:g}")
         object.__setattr__(self, "auto_agreement", agreement)
+        object.__setattr__(self, "rescue_argmax", bool(self.rescue_argmax))
 
     @property
     def uses_paths(self) -> bool:

@@ -76,6 +76,7 @@ class _RunState:
     drafter: drafting.Drafter
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
     clock: _Clock
+    mask_seed: int  # keys the dropout masks with each position (mc_head.mask_seed)
     rounds: list[RoundTrace] = field(default_factory=list)
     states: list[RoundStates] | None = None  # kept for the rule lab when asked
 
@@ -199,14 +200,15 @@ class Engine:
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         first_logits = self.target.logits(prompt_hidden[-1:])
         calibration_start = clock.now()
-        calibration = self._calibrate(rule, prompt_hidden, mc_head.mc_generator(decode.seed, self.device))
+        masks = mc_head.mask_seed(decode.seed, prompt_ids)  # the run's dropout masks: (seed, prompt, position)
+        calibration = self._calibrate(rule, prompt_hidden, mc_head.mc_generator(masks, self.device))
         t_calibration = clock.now() - calibration_start
         p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
         drafter.start(list(prompt_ids))
         t_prefill = clock.now() - start - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
-                        clock, states=[] if keep_states else None)
+                        clock, masks, states=[] if keep_states else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
@@ -264,7 +266,7 @@ class Engine:
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
         exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
         inputs = judging.JudgeInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
-                                     decode.temperature, decode.seed)
+                                     decode.temperature, run.mask_seed)
         judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now)
         host = _to_host({**vars(judged.signals), "exact": exact,
                          **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
@@ -359,7 +361,7 @@ class Engine:
             centroid=rule.centroid, majority_fraction=rule.majority_fraction, t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
             first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
-            draft_source=decode.draft_source if mode == "sd" else "model",
+            draft_source=decode.draft_source if mode == "sd" else "model", rescue_argmax=rule.rescue_argmax,
         )
 
 

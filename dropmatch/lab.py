@@ -23,6 +23,7 @@ import torch
 from . import acceptance
 from .config import ConfigError, DecodeConfig, RuleConfig
 from .judging import JudgeInputs, judge_positions
+from .mc_head import mask_seed
 from .models import CausalLM
 from .sampling import signal_probs
 from .trace import GenerationTrace
@@ -33,7 +34,8 @@ LAB_VERSION = 1
 @dataclass
 class PreparedRound:
     """One round's inputs to the rules: draft_tokens [g] at sequence positions first_position + i,
-    q_signal [g, V], hidden [g + 1, H] and clean_logits [g + 1, V] at the verified positions, exact [g]."""
+    q_signal [g, V], hidden [g + 1, H] and clean_logits [g + 1, V] at the verified positions, exact [g],
+    and the run's mask key."""
 
     first_position: int
     draft_tokens: torch.Tensor
@@ -41,6 +43,7 @@ class PreparedRound:
     hidden: torch.Tensor
     clean_logits: torch.Tensor
     exact: torch.Tensor
+    mask_seed: int  # the run's mask key (seed, prompt), as the engine drew its paths
 
 
 def has_states(trace: GenerationTrace | None) -> bool:
@@ -74,6 +77,7 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[P
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
             hidden=hidden, clean_logits=target.logits(hidden),
             exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),
+            mask_seed=mask_seed(trace.seed, trace.prompt_ids),
         ))
     return prepared
 
@@ -84,7 +88,7 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
     base = RuleConfig()
     if trace is not None and trace.p is not None:
         base = dataclasses.replace(base, num_paths=trace.num_paths, p=trace.p, centroid=trace.centroid,
-                                   majority_fraction=trace.majority_fraction)
+                                   majority_fraction=trace.majority_fraction, rescue_argmax=trace.rescue_argmax)
     settings = dataclasses.replace(base, **changes)
     if settings.p is None:
         raise ConfigError("the rule lab needs a number for p")
@@ -106,7 +110,7 @@ def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfi
         column = []
         for rnd in prepared:
             inputs = JudgeInputs(rnd.first_position, rnd.draft_tokens, rnd.q_signal, rnd.hidden, rnd.clean_logits,
-                                 rnd.exact, decode.temperature, decode.seed)
+                                 rnd.exact, decode.temperature, rnd.mask_seed)
             judged = judge_positions(target, cfg, p, inputs, memo=memo)
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
             column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
@@ -116,7 +120,8 @@ def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfi
         "version": LAB_VERSION,
         "settings": {"num_paths": settings.num_paths, "p": settings.p, "majority_fraction": settings.majority_fraction,
                      "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
-                     "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta},
+                     "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta,
+                     "rescue_argmax": settings.rescue_argmax},
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,
@@ -169,7 +174,9 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
 
 def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text) -> str:
     if signals.path_tokens is None or int(signals.path_tokens[0, i]) < 0:
-        return "paths not read: the draft is the target's top token (the lossless test decides)"
+        if int(signals.draft_tokens[i]) == int(signals.target_tokens[i]) and not cfg.rescue_argmax:
+            return "paths not read: the draft is the target's top token (the lossless test decides)"
+        return "paths not read: an earlier token of the round could not be accepted"
     paths = " ".join(repr(token_text(int(t))) for t in signals.path_tokens[:, i])
     needed = acceptance.votes_needed(cfg.num_paths, cfg.majority_fraction)
     majority = int(signals.majority_tokens[i])

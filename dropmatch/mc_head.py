@@ -8,6 +8,8 @@ few entries are dropped, else in one dense matmul).
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -17,33 +19,42 @@ from .sampling import js_divergence
 CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
 
 
-def mc_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """The random stream of p = auto's calibration masks, derived from the run's seed but apart from
+def mask_seed(seed: int, prompt_ids) -> int:
+    """The key of a run's dropout masks: its seed and a hash of its prompt's token ids. With one seed
+    for a whole benchmark, every prompt still draws its own masks, and a request's masks never
+    depend on what else runs beside it (a batch, another visitor)."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(prompt_ids)}q", *prompt_ids), digest_size=8,
+                             key=struct.pack("<Q", seed % 2**64)).digest()
+    return int.from_bytes(digest, "little") % (2**63 - 1)
+
+
+def mc_generator(key: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The random stream of p = auto's calibration masks for a run's mask key (mask_seed), apart from
     the stream that sampling and acceptance draw from (as the drafted positions' masks are, see
     position_masks): so drawing masks never shifts a sampled token, and at p = 0 a path rule's run
     equals lossless SD's."""
-    derived = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (2**63 - 1)
+    derived = (key * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (2**63 - 1)
     return torch.Generator(device=device).manual_seed(derived)
 
 
-def position_masks(positions: list[int], num_paths: int, p: float, hidden_size: int, seed: int,
+def position_masks(positions: list[int], num_paths: int, p: float, hidden_size: int, key: int,
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """K Bernoulli(1 - p) keep masks [K, n, H] for the drafted tokens at these sequence positions [n].
 
-    Each position draws from a stream keyed by (seed, position) alone, apart from sampling's: so a
-    position's paths are the same whichever other positions are computed with it, and the rule lab
-    re-judges a run's drafts with the very paths the engine drew."""
+    Each position draws from a stream keyed by (the run's mask key, position) alone, apart from
+    sampling's: so a position's paths are the same whichever other positions are computed with it,
+    and the rule lab re-judges a run's drafts with the very paths the engine drew."""
     generator = torch.Generator(device=device)
     columns = []
     for position in positions:
-        generator.manual_seed(_position_key(seed, int(position)))
+        generator.manual_seed(_position_key(key, int(position)))
         keep = torch.full((num_paths, 1, hidden_size), 1.0 - p, device=device, dtype=torch.float32)
         columns.append(torch.bernoulli(keep, generator=generator))
     return torch.cat(columns, 1).to(dtype)
 
 
-def _position_key(seed: int, position: int) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (2**63 - 1)
+def _position_key(key: int, position: int) -> int:
+    return (key * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (2**63 - 1)
 
 
 def dropout_masks(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:

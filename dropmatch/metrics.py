@@ -11,11 +11,15 @@ import math
 from dataclasses import asdict, dataclass
 
 from .acceptance import lossy_reasons
+from .quality import distinct2
 from .trace import GenerationTrace
 
-# A lossy run stays within the target's own variation when its target NLL is at or below that of the
-# target's own samples and at most this share of its tokens leave the target's top-p 0.95 nucleus.
+# A lossy run stays within the target's own variation (the reference band) when its target NLL is at
+# or below that of the target's own samples, at most MAX_OFF_NUCLEUS of its tokens leave the target's
+# top-p 0.95 nucleus, and its distinct-2 is at least MIN_DISTINCT2_SHARE of the samples' (NLL alone
+# rewards loops: repeated text is likely under the target).
 MAX_OFF_NUCLEUS = 0.01
+MIN_DISTINCT2_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,11 @@ class RunMetrics:
     speedup_vs_ar: float | None = None
     speedup_vs_lossless: float | None = None
     first_divergence: int | None = None
+    distinct2: float | None = None  # distinct bigrams / bigrams of the output (repetition)
+    # the change against lossless SD on the same prompt, seed and pair (lossy run minus lossless)
+    delta_target_nll: float | None = None
+    delta_off_nucleus_rate: float | None = None
+    delta_distinct2: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,11 +91,14 @@ def tokens_per_s(trace: GenerationTrace) -> float:
     return len(trace.output_ids) / trace.t_total if trace.t_total > 0 else 0.0
 
 
-def mc_overhead(trace: GenerationTrace) -> float | None:
-    """MC work / (round time + calibration) of one run; None for rules without paths."""
-    if trace.p is None or not trace.rounds:
+def mc_overhead(*traces: GenerationTrace) -> float | None:
+    """MC work / (round time + calibration), pooled over the runs (a ratio of sums); None when no
+    run read paths."""
+    traces = [t for t in traces if t.p is not None and t.rounds]
+    if not traces:
         return None
-    return _ratio(mc_seconds(trace), sum(r.t_round for r in trace.rounds) + trace.t_calibration)
+    return _ratio(sum(mc_seconds(t) for t in traces),
+                  sum(sum(r.t_round for r in t.rounds) + t.t_calibration for t in traces))
 
 
 def mc_seconds(trace: GenerationTrace) -> float:
@@ -167,6 +179,8 @@ def summarize(
         speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,
         speedup_vs_lossless=_ratio(speed, tokens_per_s(lossless)) if lossless is not None else None,
         first_divergence=first_divergence(trace, lossless) if lossless is not None else None,
+        distinct2=distinct2(trace.output_ids),
+        **quality_deltas(trace, lossless),
     )
 
 
@@ -199,6 +213,19 @@ def pooled(traces: list[GenerationTrace]) -> dict:
                               sum(r.gamma is not None for t in traces for r in t.rounds)),
         "lookup_share": _ratio(sum(r.draft_source == "ngram" for t in traces for r in t.rounds), rounds),
     }
+
+
+def quality_deltas(trace: GenerationTrace, lossless: GenerationTrace | None) -> dict[str, float | None]:
+    """delta_target_nll, delta_off_nucleus_rate, delta_distinct2: this run minus lossless SD's."""
+    if lossless is None:
+        return {"delta_target_nll": None, "delta_off_nucleus_rate": None, "delta_distinct2": None}
+    return {"delta_target_nll": _difference(target_nll(trace), target_nll(lossless)),
+            "delta_off_nucleus_rate": _difference(off_nucleus_rate(trace), off_nucleus_rate(lossless)),
+            "delta_distinct2": distinct2(trace.output_ids) - distinct2(lossless.output_ids)}
+
+
+def _difference(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -24,7 +24,7 @@ from .config import ConfigError
 from .metrics import summarize
 from .trace import GenerationTrace
 
-RUN_FORMAT, RUN_VERSION = "dropmatch-run", 2
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 3  # 3: masks keyed by (seed, prompt, position)
 KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
 
 

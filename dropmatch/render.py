@@ -111,6 +111,10 @@ def legend_html() -> str:
     return f'<div class="dm-legend">{items} &nbsp; (hover a token for its numbers)</div>'
 
 
+def _signed(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:+.{digits}f}"
+
+
 def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None = None) -> str:
 
     def pct(x):
@@ -131,6 +135,7 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
         ("speedup vs autoregressive", num(m.speedup_vs_ar, 2, "x")),
         ("target NLL (nats/token)", num(m.target_nll, 3)),
         ("off the target's top-p 0.95 nucleus", pct(m.off_nucleus_rate)),
+        ("distinct-2 (repetition: lower repeats more)", num(m.distinct2, 3)),
     ]
     if m.p is not None:
         shown = f"auto → {m.p:g}" if p_auto else f"{m.p:g}"
@@ -142,6 +147,9 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
         rows.append(("first departure from lossless",
                      "identical text" if m.first_divergence is None else f"token {m.first_divergence + 1}"))
         rows.append(("tokens accepted only by the lossy rule", pct(m.lossy_share)))
+        off_points = None if m.delta_off_nucleus_rate is None else 100 * m.delta_off_nucleus_rate
+        rows.append(("change vs lossless: target NLL / off-nucleus / distinct-2",
+                     f"{_signed(m.delta_target_nll)} / {_signed(off_points, 1)} pt / {_signed(m.delta_distinct2)}"))
     body = "".join(f"<tr><td>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
     return f'<table class="dm-stats">{body}</table>'
 

@@ -12,7 +12,7 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
 from .plots import frontier_figure
-from .tables import CATEGORY_HEADER, HEADER, category_rows, summary_rows
+from .tables import CATEGORY_HEADER, HEADER, band_text, category_rows, signed, signed_points, summary_rows
 
 PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over standard SD, about +10% mean "
          "acceptance length, accuracy within about 1 point on GSM8K / MMLU / IFEval / HumanEval; the MC head "
@@ -103,13 +103,19 @@ def verdicts(document: dict) -> list[str]:
             parts.append(f"{lossy['speedup_vs_lossless']:.2f}x lossless speed")
         reference = summary.get("reference", {}).get("target_sampled")
         if reference and lossy.get("target_nll") is not None:
-            inside = lossy.get("within_reference")
+            repetition = ""
+            if reference.get("distinct2") is not None and lossy.get("distinct2") is not None:
+                repetition = f", distinct-2 {lossy['distinct2']:.3f} vs the samples' {reference['distinct2']:.3f}"
             parts.append(f"target NLL {lossy['target_nll']:.3f} vs the target's own samples {reference['target_nll']:.3f}, "
-                         f"off-nucleus {100 * (lossy.get('off_nucleus_rate') or 0):.1f}%: "
-                         + ("stays within the target's own variation" if inside else "outside the target's own variation"))
+                         f"off-nucleus {100 * (lossy.get('off_nucleus_rate') or 0):.1f}%{repetition}: "
+                         + band_text(lossy.get("band")).replace("within", "stays within the target's own variation"))
         elif lossy.get("target_nll") is not None:
             parts.append(f"target NLL {lossy['target_nll']:.3f} (lossless {lossless.get('target_nll') or 0:.3f}; "
                          "no reference samples to judge it by)")
+        if lossy.get("delta_target_nll") is not None:
+            parts.append(f"against lossless SD on the same prompts: NLL {signed(lossy['delta_target_nll'])}, off-nucleus "
+                         f"{signed_points(lossy.get('delta_off_nucleus_rate'))}, distinct-2 "
+                         f"{signed(lossy.get('delta_distinct2'))}")
         if lossless.get("accuracy") is not None and lossy.get("accuracy") is not None:
             drop = 100 * (lossless["accuracy"] - lossy["accuracy"])
             parts.append(f"accuracy {-drop:+.1f} points")

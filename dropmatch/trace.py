@@ -154,6 +154,7 @@ class GenerationTrace:
     states: tuple[RoundStates, ...] = ()  # per round, for the rule lab; empty unless the run kept them
     gamma_auto: bool = False  # gamma is then the cap; each round's own is RoundTrace.gamma
     draft_source: str = "model"
+    rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
 
     @property
     def label(self) -> str:

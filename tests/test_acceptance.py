@@ -252,3 +252,26 @@ def test_target_view_reads_log_probability_and_nucleus_membership():
     log_probs, in_nucleus = target_view(logits, torch.tensor([0, 1, 2, 3]))
     assert torch.allclose(log_probs, torch.log(torch.tensor([0.6, 0.3, 0.08, 0.02])))
     assert in_nucleus.tolist() == [True, True, True, False]
+
+
+@pytest.mark.parametrize("rescue", [False, True])
+def test_a_top_token_draft_the_sampled_coin_rejects_is_rescued_by_the_paths_only_when_asked(rescue):
+    """Sampling, draft = the clean target's top token, q one-hot on it (accepted with p(x) = 0.4), every
+    path on it: by default the coin alone decides (rejected 60% of the time, p = 0 equals lossless);
+    with rescue_argmax the majority of the paths accepts every rejection the coin made."""
+    p_logits = torch.log(torch.tensor([[0.4, 0.35, 0.25, 1e-9, 1e-9, 1e-9], [1 / 6] * 6]))
+    q_sample = torch.nn.functional.one_hot(torch.tensor([0]), V).float()
+    p_sample = sampling_probs(p_logits, 1.0, 1.0)
+    stats = path_stats(p_logits[:1].unsqueeze(0).expand(5, 1, V), 1.0)  # every path is the clean row
+    rule = RuleConfig("dropmatch", p=0.0, rescue_argmax=rescue)
+    generator = torch.Generator().manual_seed(3)
+    reasons = []
+    for _ in range(400):
+        signals = position_signals(torch.tensor([0]), q_sample, p_sample[:1], stats)
+        reasons.append(decide(rule, False, signals, q_sample, p_sample, generator).reasons[0])
+    exact_share = reasons.count("exact") / len(reasons)
+    assert exact_share == pytest.approx(0.4, abs=0.08), f"the coin accepted {exact_share:.2f}, not 0.4"
+    if rescue:
+        assert set(reasons) == {"exact", "majority"}, set(reasons)
+    else:
+        assert set(reasons) == {"exact", "rejected"}, set(reasons)

@@ -115,12 +115,17 @@ def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_di
     assert {p["benchmark"] for p in points} == {"all", "gsm8k_test_100", "mt_bench"}
     for point in overall:
         for key in ("rule", "knob", "value", "tau", "tau_gain", "speed_vs_lossless", "target_nll", "off_nucleus_rate",
-                    "accuracy", "within_reference"):
+                    "accuracy", "within_reference", "distinct2", "band", "delta_target_nll",
+                    "delta_off_nucleus_rate", "delta_distinct2"):
             assert key in point, key
+        assert set(point["band"]) == {"nll", "off_nucleus", "repetition"}, point["band"]
     assert {p["centroid"] for p in overall if p["rule"] == "dropmatch"} == {"probs", "logits"}
     reference = document["reference"]["target_sampled"]
     assert (reference["temperature"], reference["top_p"], reference["samples"]) == (0.7, 0.95, 2)
     assert reference["target_nll"] > 0 and 0.0 <= reference["off_nucleus_rate"] <= 1.0
+    assert 0.0 < reference["distinct2"] <= 1.0
+    lossless = document["rules"]["lossless"]
+    assert lossless["delta_target_nll"] == 0.0 and lossless["delta_distinct2"] == 0.0  # lossless against itself
     assert "reference" in document["benchmarks"]["gsm8k_test_100"]
     page = out_html.read_text()
     assert "Trade-off frontier" in page and "within the target's own variation" in page
@@ -295,3 +300,41 @@ def test_text_html_and_markdown_tables_show_the_same_numbers_for_every_run():
     for shown in ("2.17", "22.7", "3.8%", "17.6", "ours/peer = 1.17"):
         assert shown in text
     assert markdown.count("\n| ") == 1 + len(rows)  # the header, then one Markdown row per run
+
+
+def test_the_mc_share_is_pooled_over_runs_as_a_ratio_of_sums():
+    """Two runs: one with no MC time over many rounds, one all MC in one round. The pooled share is
+    their MC time over their round time (a ratio of sums), not the mean of their two shares."""
+    from dataclasses import replace
+
+    from fake_engine import FakeEngine
+
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+    from dropmatch.metrics import mc_overhead
+
+    engine = FakeEngine()
+    trace = run_to_end(engine.speculative(engine.encode("a b c d e f g h i j"), DecodeConfig(gamma=2, max_new_tokens=10),
+                                          RuleConfig("dropmatch", p=0.1)))
+    assert len(trace.rounds) >= 3
+    idle = replace(trace, t_calibration=0.0, rounds=tuple(replace(r, t_mc=0.0, t_round=1.0) for r in trace.rounds))
+    busy = replace(trace, t_calibration=0.0, rounds=(replace(trace.rounds[0], t_mc=0.5, t_round=1.0),))
+    assert mc_overhead(busy) == pytest.approx(0.5) and mc_overhead(idle) == 0.0
+    assert mc_overhead(idle, busy) == pytest.approx(0.5 / (len(trace.rounds) + 1)), "not a ratio of sums"
+
+
+def test_the_band_sees_repetition_and_every_run_reports_its_change_against_lossless():
+    """A run whose NLL and nucleus are fine but whose text loops (distinct-2 well under the target's
+    own samples') is outside the band, named by its axis; the deltas are the run minus lossless."""
+    from dropmatch.bench.summary import band_checks, within_reference
+    from dropmatch.metrics import MIN_DISTINCT2_SHARE
+    from dropmatch.tables import band_text
+
+    reference = {"target_nll": 0.9, "off_nucleus_rate": 0.0, "distinct2": 0.8}
+    fluent = {"target_nll": 0.7, "off_nucleus_rate": 0.005, "distinct2": 0.78}
+    looping = {**fluent, "distinct2": 0.46}
+    assert within_reference(fluent, reference) is True
+    assert 0.46 < MIN_DISTINCT2_SHARE * 0.8 and within_reference(looping, reference) is False
+    assert band_checks(looping, reference) == {"nll": True, "off_nucleus": True, "repetition": False}
+    assert band_text(band_checks(looping, reference)) == "outside: repetition"
+    assert band_text(band_checks({**looping, "target_nll": 1.0}, reference)) == "outside: nll, repetition"

@@ -410,3 +410,17 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     bf16 = load(dtype=torch.bfloat16)
     prepare_for_cpu(bf16, free_bytes=2**40)
     assert all(type(m) is torch.nn.Linear for m in bf16.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only():
+    """The mask key changes with the seed and with the prompt's token ids; a position's masks are the
+    same whichever other positions are drawn with it."""
+    from dropmatch.mc_head import mask_seed, position_masks
+
+    key = mask_seed(0, [1, 2, 3])
+    assert mask_seed(0, (1, 2, 3)) == key
+    assert len({key, mask_seed(0, [1, 2, 4]), mask_seed(1, [1, 2, 3]), mask_seed(0, [1, 2, 3, 0])}) == 4
+    together, alone = position_masks([5, 6], 5, 0.3, 64, key), position_masks([6], 5, 0.3, 64, key)
+    assert torch.equal(together[:, 1:], alone), "a position's masks depend on the positions drawn with it"
+    other_prompt = position_masks([5], 5, 0.3, 64, mask_seed(0, [1, 2, 4]))
+    assert not torch.equal(together[:, :1], other_prompt), "two prompts drew the same masks at position 5"

@@ -117,7 +117,7 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
         assert value == getattr(DEFAULTS, name), f"the {name} control starts at {value!r}, not {getattr(DEFAULTS, name)!r}"
     lab = {"lab_k": DEFAULTS.k, "lab_p": LAB_P, "lab_fraction": DEFAULTS.majority_fraction,
            "lab_centroid": DEFAULTS.centroid, "lab_fixed_js": DEFAULTS.fixed_js_threshold,
-           "lab_typical_eps": DEFAULTS.typical_eps}
+           "lab_typical_eps": DEFAULTS.typical_eps, "lab_rescue": DEFAULTS.rescue_argmax}
     for name, expected in lab.items():
         assert getattr(ui, name).value == expected, f"the rule lab's {name} starts at {getattr(ui, name).value!r}"
 

@@ -103,11 +103,15 @@ def test_states_survive_the_trace_json_round_trip_and_a_run_without_them_is_refu
 def test_the_lab_reproduces_runs_drafted_by_prompt_lookup(far_engine, source):
     """Prompt-lookup rounds (one-hot draft distributions, no draft states) re-judge as the run judged."""
     engine = far_engine
-    prompt = "one two three four five one two three four five one two three"
-    trace = run_to_end(engine.speculative(engine.encode(prompt), DecodeConfig(gamma=4, max_new_tokens=30,
-                                                                              draft_source=source),
-                                          RuleConfig("dropmatch", p=0.3), keep_states=True))
-    assert any(r.draft_source == "ngram" and r.drafted for r in trace.rounds)
+    prompts = ["one two three four five one two three four five one two three", "the the the the the the the",
+               "a b a b a b a b a b a b", "two plus three is five. two plus three is five. two plus"]
+    decode = DecodeConfig(gamma=4, max_new_tokens=40, draft_source=source)
+    for prompt in prompts:  # the first prompt whose run drafted by lookup (the far draft's text decides)
+        trace = run_to_end(engine.speculative(engine.encode(prompt), decode, RuleConfig("dropmatch", p=0.3),
+                                              keep_states=True))
+        if any(r.draft_source == "ngram" and r.drafted for r in trace.rounds):
+            break
+    assert any(r.draft_source == "ngram" and r.drafted for r in trace.rounds), "no prompt drafted by lookup"
     matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace),
                          lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
     assert matrix_reasons(matrix, 0) == reasons_of(trace)

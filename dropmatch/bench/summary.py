@@ -4,9 +4,12 @@ band, frontier points, per-category splits, text tables and per-prompt rows."""
 from __future__ import annotations
 
 from .. import tables
-from ..metrics import MAX_OFF_NUCLEUS, mc_overhead, per_position_acceptance, pooled
+from ..metrics import MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, mc_overhead, per_position_acceptance, pooled
 from .prompts import category_of
 from .running import PEERS, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
+
+
+DELTA_KEYS = ("delta_target_nll", "delta_off_nucleus_rate", "delta_distinct2")
 
 
 def _div(a, b):
@@ -35,12 +38,15 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         if lossless_runs:
             lossless_subset = pooled([lossless_runs[i].trace for i, _ in pairs])
             stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
-        shares = [mc_overhead(g.trace) for _, g in pairs]
-        stats["mc_overhead"] = _mean(shares)
+            lossless_subset["distinct2"] = _mean([lossless_runs[i].distinct2 for i, _ in pairs])
+        stats["mc_overhead"] = mc_overhead(*traces)  # pooled: sum of MC time / sum of round time
         stats["p"] = _mean([t.p for t in traces])
         stats["accuracy"] = _mean([g.correct for _, g in pairs])
         stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
         stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
+        if lossless_runs:  # the change against lossless SD on the same prompts
+            stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
+                          for key in ("target_nll", "off_nucleus_rate", "distinct2")})
         stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
         if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
             stats["identical_to_target_greedy"] = all(result.identical)
@@ -52,6 +58,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     if reference is not None:
         out["reference"] = {"target_sampled": reference}
         for stats in rules.values():
+            stats["band"] = band_checks(stats, reference)
             stats["within_reference"] = within_reference(stats, reference)
     categories = by_category(result)
     if categories:
@@ -74,15 +81,31 @@ def reference_summary(result: BenchmarkResult) -> dict | None:
     numbers = pooled([g.trace for g in samples])
     return {"temperature": REFERENCE_TEMPERATURE, "top_p": REFERENCE_TOP_P,
             "samples": len(samples) // max(len(result.reference), 1), "target_nll": numbers["target_nll"],
-            "off_nucleus_rate": numbers["off_nucleus_rate"], "accuracy": _mean([g.correct for g in samples])}
+            "off_nucleus_rate": numbers["off_nucleus_rate"], "distinct2": _mean([g.distinct2 for g in samples]),
+            "accuracy": _mean([g.correct for g in samples])}
+
+
+def band_checks(stats: dict, reference: dict) -> dict[str, bool] | None:
+    """The band's three axes for a run: target NLL at or below the reference's, off-nucleus rate at
+    most MAX_OFF_NUCLEUS, distinct-2 at least MIN_DISTINCT2_SHARE of the reference's (repetition);
+    None where the numbers are missing."""
+    if stats.get("target_nll") is None or reference.get("target_nll") is None:
+        return None
+    checks = {"nll": stats["target_nll"] <= reference["target_nll"],
+              "off_nucleus": (stats.get("off_nucleus_rate") or 0.0) <= MAX_OFF_NUCLEUS}
+    if reference.get("distinct2") is not None and stats.get("distinct2") is not None:
+        checks["repetition"] = stats["distinct2"] >= MIN_DISTINCT2_SHARE * reference["distinct2"]
+    return checks
 
 
 def within_reference(stats: dict, reference: dict) -> bool | None:
-    """Does a run stay within the target's own variation: target NLL at or below the reference's and
-    off-nucleus rate at most MAX_OFF_NUCLEUS."""
-    if stats.get("target_nll") is None or reference.get("target_nll") is None:
-        return None
-    return stats["target_nll"] <= reference["target_nll"] and (stats.get("off_nucleus_rate") or 0.0) <= MAX_OFF_NUCLEUS
+    """Does a run stay within the target's own variation: every axis of band_checks holds."""
+    checks = band_checks(stats, reference)
+    return None if checks is None else all(checks.values())
+
+
+def _minus(a, b):
+    return None if a is None or b is None else a - b
 
 
 def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
@@ -97,8 +120,9 @@ def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
         points.append({"label": run.label, "rule": run.rule.rule, "centroid": run.rule.centroid, "knob": run.knob,
                        "value": run.value, "p": stats.get("p"), "tau": stats["tau"], "tau_gain": tau_gain,
                        "speed_vs_lossless": stats.get("speedup_vs_lossless"), "target_nll": stats["target_nll"],
-                       "off_nucleus_rate": stats["off_nucleus_rate"], "accuracy": stats["accuracy"],
-                       "within_reference": stats.get("within_reference")})
+                       "off_nucleus_rate": stats["off_nucleus_rate"], "distinct2": stats.get("distinct2"),
+                       "accuracy": stats["accuracy"], "within_reference": stats.get("within_reference"),
+                       "band": stats.get("band"), **{key: stats.get(key) for key in DELTA_KEYS}})
     return points
 
 

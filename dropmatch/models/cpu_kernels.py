@@ -16,6 +16,8 @@ chunks of power-of-two sizes.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -110,8 +112,18 @@ def onednn_chunks(length: int, device: torch.device, dtype: torch.dtype) -> list
     return sizes + [1 << bit for bit in reversed(range(rest.bit_length())) if rest >> bit & 1]
 
 
-def fast_dtype(device: torch.device) -> torch.dtype:
-    """The dtype for the Monte-Carlo path rows: bf16 where the hardware multiplies it natively."""
+FAST_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def fast_dtype(device: torch.device, environ=os.environ) -> torch.dtype:
+    """The dtype for the Monte-Carlo path rows and the embedded draft: bf16 where the hardware
+    multiplies it natively. DROPMATCH_FAST_DTYPE=float32 (or bfloat16) pins it: bf16 kernels differ
+    between CPUs (AMX, AVX-512 BF16), so runs meant to compare across machines pin float32."""
+    pinned = environ.get("DROPMATCH_FAST_DTYPE", "").strip().lower()
+    if pinned:
+        if pinned not in FAST_DTYPES:
+            raise ValueError(f"DROPMATCH_FAST_DTYPE must be one of {', '.join(FAST_DTYPES)}, got {pinned!r}")
+        return FAST_DTYPES[pinned]
     if device.type == "cuda":
         return torch.bfloat16
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32

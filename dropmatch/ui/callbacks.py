@@ -111,7 +111,7 @@ def open_recorded(downloads: Downloads, path, title: str | None = None) -> dict:
 
 
 def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
-                 disagreements_only: bool = False) -> dict:
+                 rescue_argmax: bool = False, disagreements_only: bool = False) -> dict:
     """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
     if record is None:
         return {"lab_status": "Run a comparison (or open a recorded run) first."}
@@ -119,7 +119,8 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
         return {"lab_status": "This run kept no states for the rule lab (record it again with this version)."}
     try:
         settings = lab.lab_settings(None, num_paths=k, p=p, majority_fraction=fraction, centroid=centroid,
-                                    fixed_js_threshold=fixed_js, typical_eps=typical_eps)
+                                    fixed_js_threshold=fixed_js, typical_eps=typical_eps,
+                                    rescue_argmax=bool(rescue_argmax))
     except ConfigError as error:
         return {"lab_status": f"⚠️ {error}"}
     engine = studio.loaded_engine()

@@ -16,8 +16,8 @@ from . import views
 # The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
-                    "majority_fraction", "draft_source")
-LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps")
+                    "majority_fraction", "draft_source", "rescue_argmax")
+LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Ui:
     draft_confidence: gr.Slider
     centroid: gr.Radio
     majority_fraction: gr.Slider
+    rescue_argmax: gr.Checkbox
     run_button: gr.Button
     stop_button: gr.Button
     status: gr.Markdown
@@ -67,6 +68,7 @@ class Ui:
     lab_centroid: gr.Radio
     lab_fixed_js: gr.Slider
     lab_typical_eps: gr.Slider
+    lab_rescue: gr.Checkbox
     lab_status: gr.Markdown
     lab_out: gr.HTML
     lab_summary: gr.HTML
@@ -160,6 +162,10 @@ def _settings(parts: dict) -> None:
             parts["majority_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS.majority_fraction, step=0.05,
                                                    label="majority: share of paths that must agree",
                                                    info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
+            parts["rescue_argmax"] = gr.Checkbox(value=DEFAULTS.rescue_argmax,
+                                                 label="sampling: paths may rescue the target's top token",
+                                                 info="off: the lossless coin alone decides a draft equal to the "
+                                                      "target's top token (p = 0 equals lossless SD)")
 
 
 def _columns(parts: dict) -> None:
@@ -207,6 +213,8 @@ def _lab_tab(parts: dict) -> None:
             parts["lab_fixed_js"] = gr.Slider(0.0, 0.69, value=DEFAULTS.fixed_js_threshold, step=0.01,
                                               label="fixed-JS threshold T")
             parts["lab_typical_eps"] = gr.Slider(0.0, 0.5, value=DEFAULTS.typical_eps, step=0.01, label="typical ε")
+            parts["lab_rescue"] = gr.Checkbox(DEFAULTS.rescue_argmax, label="paths may rescue the top token (sampling)",
+                                              elem_id="lab-rescue")
         with gr.Row():
             parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
             parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",

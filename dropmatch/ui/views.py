@@ -107,7 +107,7 @@ def lab_view(record: RunRecord) -> dict:
                           "run's own settings. Move a control to re-judge them.",
             "lab_k": settings["num_paths"], "lab_p": settings["p"], "lab_fraction": settings["majority_fraction"],
             "lab_centroid": settings["centroid"], "lab_fixed_js": settings["fixed_js_threshold"],
-            "lab_typical_eps": settings["typical_eps"]}
+            "lab_typical_eps": settings["typical_eps"], "lab_rescue": settings.get("rescue_argmax", False)}
 
 
 def matrix_view(matrix: dict, seconds: float, disagreements_only: bool) -> dict:
