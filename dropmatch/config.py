@@ -21,6 +21,7 @@ MAX_GAMMA = 16
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
 DRAFT_SOURCES = ("model", "ngram", "hybrid")  # the draft model; prompt lookup; lookup where it matches, else the model
 MAX_PATHS = 64
+MIN_PATH_SUPPORT, MAX_PATH_SUPPORT = 8, 65_536
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,7 @@ class Settings:
     fixed_js_threshold: float = 0.1
     typical_eps: float = 0.3
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
+    path_support: int = 0  # 0: the paths score every token; k: only k likely tokens (an approximation)
 
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
         """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
@@ -65,7 +67,8 @@ class Settings:
                               draft_confidence=self.draft_confidence, draft_source=self.draft_source)
         rule = RuleConfig(rule=self.rule, num_paths=self.k, p=parse_p(self.p), centroid=self.centroid,
                           majority_fraction=self.majority_fraction, fixed_js_threshold=self.fixed_js_threshold,
-                          typical_eps=self.typical_eps, rescue_argmax=self.rescue_argmax)
+                          typical_eps=self.typical_eps, rescue_argmax=self.rescue_argmax,
+                          path_support=self.path_support)
         return decode, rule
 
     def pair_spec(self) -> "PairSpec":
@@ -189,6 +192,10 @@ class RuleConfig:
     # draft equal to the clean target's top token, so p = 0 equals lossless SD. True: the path rules
     # judge it too when the coin rejected it ("paths may rescue the argmax").
     rescue_argmax: bool = DEFAULTS.rescue_argmax
+    # 0: each path's distribution covers the whole vocabulary (the method). k > 0, a labelled
+    # approximation: the paths score only the drafted token and the k - 1 tokens likeliest under the
+    # clean target or the draft, the rest in one bucket with the clean row's mass (mc_head.path_support).
+    path_support: int = DEFAULTS.path_support
 
     def __post_init__(self):
         names = rule_names()
@@ -216,6 +223,10 @@ class RuleConfig:
             raise ConfigError(f"auto agreement must be in (0, 1], got {agreement:g}")
         object.__setattr__(self, "auto_agreement", agreement)
         object.__setattr__(self, "rescue_argmax", bool(self.rescue_argmax))
+        support = _integer("path support", self.path_support, 0, MAX_PATH_SUPPORT)
+        if 0 < support < MIN_PATH_SUPPORT:
+            raise ConfigError(f"path support must be 0 (every token) or at least {MIN_PATH_SUPPORT}, got {support}")
+        object.__setattr__(self, "path_support", support)
 
     @property
     def uses_paths(self) -> bool:

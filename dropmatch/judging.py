@@ -29,6 +29,9 @@ class Head(Protocol):
     def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float,
                     clean_logits: torch.Tensor) -> torch.Tensor: ...
 
+    def support_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor,
+                            support: torch.Tensor) -> torch.Tensor: ...
+
 
 @dataclass(frozen=True)
 class JudgeInputs:
@@ -57,7 +60,8 @@ class JudgeInputs:
 class JudgedPositions:
     """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
     were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
-    [(positions [m], path probs [K, m, V])], and the Monte-Carlo time."""
+    [(positions [m], path probs [K, m, V], support [m, S] or None)] (on a support, V is S + 1, the
+    last column the other tokens' mass), and the Monte-Carlo time."""
 
     signals: Signals
     p_signal: torch.Tensor
@@ -104,7 +108,10 @@ def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, to
 
 
 def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats) -> dict[str, torch.Tensor]:
-    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]."""
+    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]
+    (on a reduced support the draft's distribution is reduced the same way before the divergence)."""
+    if paths.support is not None:
+        q_draft = mc_head.reduce_to_support(q_draft, paths.support)
     return dict(
         path_tokens=paths.tokens,
         js_draft_centroid=js_divergence(q_draft, paths.centroid),
@@ -204,7 +211,7 @@ def _checked_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p:
         read = int(accepted.numel()) if bool(accepted.all()) else int((~accepted).nonzero()[0]) + 1
         parts.append((stage[:read], {name: value[:, :read] if name == "path_tokens" else value[:read]
                                      for name, value in part.items()}))
-        probs.append((stage[:read], stats.probs[:, :read]))
+        probs.append((stage[:read], stats.probs[:, :read], None if stats.support is None else stats.support[:read]))
         if read < stage.numel() or not bool(accepted.all()):
             break
     return with_path_parts(signals, parts, rule.num_paths), rows, probs
@@ -226,8 +233,12 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
     key = ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid)
     if memo is not None and key in memo:
         return memo[key]
+    support = None
+    if rule.path_support and p != 0.0:  # a labelled approximation: the paths score a few tokens, not V
+        support = mc_head.path_support(inputs.clean_logits[stage], inputs.q_signal[stage], inputs.draft_tokens[stage],
+                                       rule.path_support)
     stats = path_stats_at(target, inputs.hidden[stage], inputs.clean_logits[stage], rule, p, inputs.temperature,
-                          inputs.mask_seed, positions)
+                          inputs.mask_seed, positions, support)
     found = stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats)
     if memo is not None:
         memo[key] = found
@@ -235,12 +246,17 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
-                  temperature: float, mask_seed: int, positions: list[int]) -> mc_head.PathStats:
+                  temperature: float, mask_seed: int, positions: list[int],
+                  support: torch.Tensor | None = None) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V], their sequence
-    positions [n], which key their dropout masks with mask_seed)."""
+    positions [n], which key their dropout masks with mask_seed); over [K, n, S + 1] when support
+    [n, S] names the tokens the paths score (mc_head.path_support)."""
     if p == 0.0:  # every path is the clean row
         return mc_head.path_stats(clean_logits.unsqueeze(0), temperature, rule.centroid).expanded(rule.num_paths)
     keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], mask_seed, hidden.device,
                                   hidden.dtype)
-    path_logits = target.path_logits(hidden, keep, p, clean_logits)
-    return mc_head.path_stats(path_logits, temperature, rule.centroid)
+    if support is None:
+        return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)
+    path_logits = target.support_path_logits(hidden, keep, p, clean_logits, support)
+    tail = mc_head.tail_log_mass(clean_logits, support, temperature)
+    return mc_head.path_stats(path_logits, temperature, rule.centroid, support=support, tail=tail)

@@ -88,7 +88,8 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
     base = RuleConfig()
     if trace is not None and trace.p is not None:
         base = dataclasses.replace(base, num_paths=trace.num_paths, p=trace.p, centroid=trace.centroid,
-                                   majority_fraction=trace.majority_fraction, rescue_argmax=trace.rescue_argmax)
+                                   majority_fraction=trace.majority_fraction, rescue_argmax=trace.rescue_argmax,
+                                   path_support=trace.path_support)
     settings = dataclasses.replace(base, **changes)
     if settings.p is None:
         raise ConfigError("the rule lab needs a number for p")
@@ -121,7 +122,7 @@ def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfi
         "settings": {"num_paths": settings.num_paths, "p": settings.p, "majority_fraction": settings.majority_fraction,
                      "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
                      "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta,
-                     "rescue_argmax": settings.rescue_argmax},
+                     "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support},
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,

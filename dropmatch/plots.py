@@ -10,7 +10,7 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .acceptance import REASONS, votes_needed
+from .acceptance import REASONS, RULES, votes_needed
 from .metrics import MAX_OFF_NUCLEUS
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
@@ -181,8 +181,6 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     band, where the target's own samples (T 0.7, top-p 0.95) lie. lossless: its {"target_nll",
     "off_nucleus_rate"} (the origin of the y axis); current: one run's point {"tau_gain", "target_nll",
     "off_nucleus_rate", "label"} drawn as a star."""
-    from .acceptance import RULES
-
     if not points:
         return _empty(title, "no frontier points: run the benchmark with --frontier")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,

@@ -155,6 +155,7 @@ class GenerationTrace:
     gamma_auto: bool = False  # gamma is then the cap; each round's own is RoundTrace.gamma
     draft_source: str = "model"
     rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
+    path_support: int = 0  # the paths scored this many tokens (0: every token)
 
     @property
     def label(self) -> str:

@@ -424,3 +424,47 @@ def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only():
     assert torch.equal(together[:, 1:], alone), "a position's masks depend on the positions drawn with it"
     other_prompt = position_masks([5], 5, 0.3, 64, mask_seed(0, [1, 2, 4]))
     assert not torch.equal(together[:, :1], other_prompt), "two prompts drew the same masks at position 5"
+
+
+def test_path_support_over_the_whole_vocabulary_equals_the_full_paths(tiny_dirs, monkeypatch):
+    """The reduced support is an approximation only through what it leaves out: over every token it
+    gives the path logits of h * m / (1 - p) through the head, the same path tokens and decisions
+    (float32 paths on both sides, so that no bf16 rounding differs between them)."""
+    from dropmatch import mc_head
+
+    monkeypatch.setenv("DROPMATCH_FAST_DTYPE", "float32")
+    target_dir, draft_dir = tiny_dirs
+    engine = Engine(load_hub_pair(PairSpec(str(target_dir), str(draft_dir)), torch.device("cpu")))
+    target = engine.target
+    ids = engine.encode(PROMPTS[1])
+    hidden = target.hidden(torch.tensor(ids), target.new_cache())[-3:]
+    clean = target.logits(hidden)
+    keep = mc_head.position_masks([10, 11, 12], 5, 0.3, hidden.shape[-1], 7)
+    support = mc_head.path_support(clean, clean.softmax(-1), clean.argmax(-1), target.vocab_size)
+    reduced = target.support_path_logits(hidden, keep, 0.3, clean, support)
+    direct = (hidden.unsqueeze(0) * keep / 0.7) @ target.head_weight.float().T  # [K, n, V]
+    assert torch.allclose(reduced, direct.gather(-1, support.unsqueeze(0).expand(5, -1, -1)), atol=1e-3)
+    stats = mc_head.path_stats(reduced, 1.0, support=support, tail=mc_head.tail_log_mass(clean, support, 1.0))
+    assert torch.equal(stats.tokens, direct.argmax(-1)), "path tokens differ on the whole-vocabulary support"
+    decode = DecodeConfig(gamma=4, max_new_tokens=30)
+    for rule in ("dropmatch", "naive"):
+        exact = run_to_end(engine.speculative(ids, decode, RuleConfig(rule, p=0.3)))
+        whole = run_to_end(engine.speculative(ids, decode, RuleConfig(rule, p=0.3, path_support=target.vocab_size)))
+        assert whole.output_ids == exact.output_ids, f"{rule}: the whole-vocabulary support changed the text"
+        assert [d.reason for r in whole.rounds for d in r.drafted] == [d.reason for r in exact.rounds for d in r.drafted]
+
+
+def test_a_small_path_support_keeps_the_drafted_token_and_the_likely_ones():
+    """The support holds the drafted token first, then the tokens likeliest under the target or the draft;
+    the draft's mass outside it and the target's go to one bucket."""
+    from dropmatch import mc_head
+
+    clean = torch.log(torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]]))
+    q = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.1, 0.9]])
+    support = mc_head.path_support(clean, q, torch.tensor([3]), 3)
+    assert support[0, 0] == 3 and set(support[0].tolist()) == {3, 5, 0}
+    reduced = mc_head.reduce_to_support(clean.softmax(-1), support)
+    assert torch.allclose(reduced.sum(-1), torch.ones(1)) and reduced[0, -1] == pytest.approx(0.2 + 0.1 + 0.05)
+    assert mc_head.tail_log_mass(clean, support, 1.0).exp().item() == pytest.approx(0.35, rel=1e-5)
+    with pytest.raises(ConfigError, match="path support"):
+        RuleConfig(path_support=3)

@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the paths' centroid: mean of their distributions (the method's), or softmax of the mean logits")
     parser.add_argument("--majority-fraction", default=DEFAULTS.majority_fraction,
                         help="majority needs ceil(f * K) path votes (0.5: a strict majority; default 0.8, 4 of 5)")
+    parser.add_argument("--path-support", default=DEFAULTS.path_support,
+                        help="0: the MC paths score every token; k: only k likely tokens (an approximation)")
+    parser.add_argument("--support-sweep", default=None,
+                        help="extra DropMatch runs at these path supports, e.g. 0,64,256 (same prompts, same process)")
     parser.add_argument("--reference-samples", default=3,
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
@@ -126,12 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               draft_confidence=args.draft_confidence, draft_source=args.draft_source)
         template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
-                              centroid=args.centroid, majority_fraction=args.majority_fraction)
+                              centroid=args.centroid, majority_fraction=args.majority_fraction,
+                              path_support=args.path_support)
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:
             rules.insert(0, "lossless")  # the frontier's origin
         auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
-        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep)
+        support_sweep = tuple(RuleConfig(path_support=k).path_support for k in (args.support_sweep or "").split(",")
+                              if k.strip())
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)

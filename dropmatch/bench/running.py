@@ -33,13 +33,15 @@ class Variant:
 
 
 def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
-             auto_sweep: tuple[float, ...] = ()) -> list[Variant]:
+             auto_sweep: tuple[float, ...] = (), support_sweep: tuple[int, ...] = ()) -> list[Variant]:
     """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
-    the auto sweep, then the frontier's points."""
+    the auto sweep, DropMatch at each path support of the support sweep, then the frontier's points."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
     runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
     runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
                      "auto_agreement", a) for a in auto_sweep]
+    runs += [Variant(f"dropmatch@path_support={k}", replace(template, rule="dropmatch", path_support=k),
+                     "path_support", k) for k in support_sweep]
     if frontier:
         runs += frontier_variants(template)
     labels = [run.label for run in runs]

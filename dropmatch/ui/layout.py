@@ -16,7 +16,7 @@ from . import views
 # The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
-                    "majority_fraction", "draft_source", "rescue_argmax")
+                    "majority_fraction", "draft_source", "rescue_argmax", "path_support")
 LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
 
 
@@ -42,6 +42,7 @@ class Ui:
     centroid: gr.Radio
     majority_fraction: gr.Slider
     rescue_argmax: gr.Checkbox
+    path_support: gr.Number
     run_button: gr.Button
     stop_button: gr.Button
     status: gr.Markdown
@@ -166,6 +167,9 @@ def _settings(parts: dict) -> None:
                                                  label="sampling: paths may rescue the target's top token",
                                                  info="off: the lossless coin alone decides a draft equal to the "
                                                       "target's top token (p = 0 equals lossless SD)")
+            parts["path_support"] = gr.Number(value=DEFAULTS.path_support, precision=0, label="MC path support",
+                                              info="0: each path scores every token (the method); k: only k likely "
+                                                   "tokens, the rest in one bucket (faster, approximate)")
 
 
 def _columns(parts: dict) -> None:
