@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dropmatch.assets import EXAMPLES_FILE
-from dropmatch.record import Downloads
+from dropmatch.record import MAX_RUN_FILE_BYTES, Downloads
 from dropmatch.ui import create_demo, css
 
 __all__ = ["EXAMPLES_FILE", "create_demo", "css", "main"]
@@ -36,7 +36,7 @@ def main() -> None:
     try:
         # None lets Gradio read GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a Space sets them.
         create_demo(studio, downloads).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                              css=css())
+                                              css=css(), max_file_size=MAX_RUN_FILE_BYTES)
     finally:
         downloads.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 import tempfile
 import threading
@@ -19,13 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import lab
+from .acceptance import REASONS
 from .assets import RECORDED_DIR
 from .config import ConfigError
 from .metrics import summarize
+from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
 from .trace import GenerationTrace
 
 RUN_FORMAT, RUN_VERSION = "dropmatch-run", 3  # 3: masks keyed by (seed, prompt, position)
 KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
+MAX_RUN_FILE_BYTES = 20_000_000  # a 96-token run with its states is about 2 MB
 
 
 @dataclass(frozen=True)
@@ -57,29 +61,75 @@ class RunRecord:
 
     @staticmethod
     def from_dict(data) -> "RunRecord":
-        """A recorded run from its JSON; ConfigError with one line for an old or foreign file."""
+        """A recorded run from its JSON; ConfigError with one line for an old, foreign or damaged file
+        (every field is checked against the records' declared types before it is read)."""
         if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
             raise ConfigError("this file is not a DropMatch Studio run (its trace JSON from Downloads)")
         if data.get("version") != RUN_VERSION:
-            raise ConfigError(f"this run was written in format version {data.get('version')!r}; this app reads "
-                              f"version {RUN_VERSION}: record it again")
+            raise ConfigError(f"this run was written in format version {data.get('version')!r:.40}; this app "
+                              f"reads version {RUN_VERSION}: record it again")
         try:
+            _check_run(data)
             ar = data["autoregressive"]
-            return RunRecord(data["prompt"], data["rule"], bool(data["p_auto"]),
+            return RunRecord(data["prompt"], data["rule"], data["p_auto"],
                              GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
                              None if ar is None else GenerationTrace.from_dict(ar),
                              {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ConfigError(f"this run file is damaged ({type(error).__name__}: {error})") from None
+        except (SchemaError, KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"this run file is damaged ({_one_line(error)})") from None
 
 
-def read_recorded_run(path) -> RunRecord:
-    """A RunRecord from a trace JSON file; ConfigError with one line for anything else."""
+RUN_FIELDS = {"format": str, "version": int, "prompt": str, "rule": str, "p_auto": bool, "lossless": GenerationTrace,
+              "lossy": GenerationTrace, "autoregressive": GenerationTrace | None, "tokens": dict, "lab": dict | None}
+
+
+def _check_run(data: dict) -> None:
+    unknown = set(data) - set(RUN_FIELDS)
+    if unknown:
+        raise SchemaError(f"unknown field {sorted(unknown)[0]!r:.60}")
+    for name, hint in RUN_FIELDS.items():
+        if name not in data:
+            raise SchemaError(f"missing field {name!r}")
+        check_value(data[name], hint, name)
+    for name in ("lossless", "lossy", "autoregressive"):
+        if data[name] is not None:
+            check_trace_consistency(data[name], name, REASONS)
+    for key, text in data["tokens"].items():
+        if not (key.lstrip("-").isdigit() and len(key) < 19 and isinstance(text, str)):
+            raise SchemaError(f"tokens: {key!r:.40} is not a token id with its text")
+    if data["lab"] is not None:
+        check_lab(data["lab"], REASONS)
+
+
+def _one_line(error: Exception) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 200 else text[:197] + "…"
+
+
+def read_recorded_run(path, max_bytes: int = MAX_RUN_FILE_BYTES) -> RunRecord:
+    """A RunRecord from a trace JSON file; ConfigError with one line for anything else (too large,
+    not UTF-8, not JSON, NaN or infinite numbers, nested too deep, of the wrong shape)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        size = Path(path).stat().st_size
+        if size > max_bytes:
+            raise ConfigError(f"this file is {size / 1e6:.0f} MB; a run file is at most {max_bytes / 1e6:.0f} MB")
+        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as error:
+        if isinstance(error, ConfigError):
+            raise
         raise ConfigError("this file is not a DropMatch Studio run (not readable JSON)") from None
     return RunRecord.from_dict(data)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a run file may hold")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is not a number a run file may hold")
+    return value
 
 
 def recorded_runs(folder: Path = RECORDED_DIR) -> dict[str, Path]:

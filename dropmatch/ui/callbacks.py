@@ -105,9 +105,12 @@ def open_recorded(downloads: Downloads, path, title: str | None = None) -> dict:
         return {}
     try:
         record = read_recorded_run(path)
+        return views.finished_view(record, downloads, recorded_from=title or Path(str(path)).name)
     except ConfigError as error:
         return {"status": f"⚠️ {error}"}
-    return views.finished_view(record, downloads, recorded_from=title or Path(str(path)).name)
+    except Exception as error:  # a file of the right shape whose content no view can draw: say so, log it
+        logging.exception("recorded run could not be shown")
+        return {"status": f"⚠️ this run file could not be shown ({type(error).__name__}); the server log has the details"}
 
 
 def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,

@@ -1,0 +1,193 @@
+"""Checking an untrusted run file against the types its records declare, before anything reads it.
+
+A run file (record.RunRecord) arrives from a user's upload: every field is checked against the type
+hints of the dataclass it fills (trace.GenerationTrace, RoundTrace, DraftedToken, RoundStates),
+unknown and missing keys are refused, numbers must be finite and within a 64-bit range, and the rule
+lab's block is checked against the shape the views read. A failure is one SchemaError naming the
+field, so that the reader can say it in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+
+LIMIT = 2**63
+
+
+class SchemaError(ValueError):
+    """A run file field of the wrong type or shape; the message names the field."""
+
+
+def check_dataclass(data, cls, where: str) -> None:
+    """data (JSON) fills the dataclass cls: a dict with no unknown key, every field without a default
+    present, every value of its field's declared type."""
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where}: expected an object, got {_kind(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise SchemaError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    hints = typing.get_type_hints(cls)
+    for name, field in fields.items():
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if name not in data:
+            if required:
+                raise SchemaError(f"{where}: missing field {name!r}")
+            continue
+        check_value(data[name], hints[name], f"{where}.{name}")
+
+
+def check_value(value, hint, where: str) -> None:
+    """value (JSON) is of the declared type hint (str, int, float, bool, None, tuples, unions, dicts,
+    nested dataclasses)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        check_dataclass(value, hint, where)
+    elif origin in (typing.Union, types.UnionType):
+        _check_union(value, args, where)
+    elif origin is tuple:
+        _check_tuple(value, args, where)
+    elif origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
+    else:
+        _check_scalar(value, hint, where)
+
+
+def _check_union(value, args, where: str) -> None:
+    errors = []
+    for option in args:
+        try:
+            check_value(value, option, where)
+            return
+        except SchemaError as error:
+            errors.append(error)
+    raise errors[-1]
+
+
+def _check_tuple(value, args, where: str) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise SchemaError(f"{where}: expected a list, got {_kind(value)}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        for i, item in enumerate(value):
+            check_value(item, args[0], f"{where}[{i}]")
+        return
+    if len(value) != len(args):
+        raise SchemaError(f"{where}: expected {len(args)} items, got {len(value)}")
+    for i, (item, hint) in enumerate(zip(value, args)):
+        check_value(item, hint, f"{where}[{i}]")
+
+
+def _check_scalar(value, hint, where: str) -> None:
+    if hint is type(None):
+        ok = value is None
+    elif hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and abs(value) < LIMIT
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:
+        raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
+    if not ok:
+        raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {_kind(value)}")
+
+
+EXTRA_KINDS = ("correction", "bonus", "target")
+PATH_VALUES = ("js", "threshold", "majority_token", "majority_votes", "draft_votes")
+
+
+def _check_drafted(token: dict, where: str, reasons) -> None:
+    """A drafted token's reason is known; with path tokens come all the path values and as many top lists."""
+    if token["reason"] not in reasons:
+        raise SchemaError(f"{where}.reason: unknown reason {token['reason']!r:.40}")
+    paths, tops = token.get("path_tokens", ()), token.get("path_top", ())
+    if tops and len(tops) != len(paths):
+        raise SchemaError(f"{where}: {len(tops)} path top lists for {len(paths)} path tokens")
+    if paths and any(token.get(name) is None for name in PATH_VALUES):
+        raise SchemaError(f"{where}: path tokens without their JS, threshold and votes")
+
+
+def check_trace_consistency(trace: dict, where: str, reasons) -> None:
+    """What the views assume of a type-checked trace (trace.GenerationTrace as JSON): per drafted token
+    as many top lists as path tokens, per round its counts within what it drafted and emitted, the
+    states (when kept) one per round with one lossless result per drafted token."""
+    rounds = trace["rounds"]
+    for r, round_trace in enumerate(rounds):
+        here = f"{where}.rounds[{r}]"
+        drafted, emitted = round_trace["drafted"], round_trace["emitted"]
+        if not 0 <= round_trace["num_accepted"] <= len(drafted) or not emitted:
+            raise SchemaError(f"{here}: {round_trace['num_accepted']} accepted of {len(drafted)} drafted, "
+                              f"{len(emitted)} emitted")
+        for name in ("emitted_logprob", "emitted_in_nucleus"):
+            if len(round_trace.get(name, ())) not in (0, len(emitted)):
+                raise SchemaError(f"{here}.{name}: one value per emitted token expected")
+        if round_trace["extra_kind"] not in EXTRA_KINDS:
+            raise SchemaError(f"{here}.extra_kind: unknown kind {round_trace['extra_kind']!r:.40}")
+        for d, token in enumerate(drafted):
+            _check_drafted(token, f"{here}.drafted[{d}]", reasons)
+    states = trace.get("states", ())
+    if states and len(states) != len(rounds):
+        raise SchemaError(f"{where}.states: {len(states)} for {len(rounds)} rounds")
+    for r, state in enumerate(states):
+        if len(state["exact"]) != len(rounds[r]["drafted"]):
+            raise SchemaError(f"{where}.states[{r}].exact: one value per drafted token expected")
+    if len(trace["token_texts"]) != len(trace["output_ids"]) or not trace["output_ids"]:
+        raise SchemaError(f"{where}: {len(trace['token_texts'])} token texts for {len(trace['output_ids'])} tokens")
+
+
+LAB_SETTINGS = {"num_paths": int, "p": float, "majority_fraction": float, "centroid": str,
+                "fixed_js_threshold": float, "typical_eps": float}
+LAB_RULE = {"name": str, "label": str, "lossy": bool}
+LAB_ROW = {"round": int, "slot": int, "token": int, "text": str, "cells": tuple[dict, ...]}
+LAB_CELL = {"reason": str, "accepted": bool, "info": str}
+LAB_SUMMARY = {"rule": str, "drafted": int, "accepted": int, "share": float, "tau": float}
+
+
+def check_lab(lab, reasons: typing.Collection[str]) -> None:
+    """The rule lab's block (lab.rejudge's JSON) has the shape its views read: settings, rules, rows
+    of one cell per rule with a known reason, a summary per rule."""
+    if not isinstance(lab, dict):
+        raise SchemaError(f"lab: expected an object, got {_kind(lab)}")
+    _check_keys(lab.get("settings"), LAB_SETTINGS, "lab.settings")
+    rules = lab.get("rules")
+    _check_list(rules, "lab.rules")
+    for i, rule in enumerate(rules):
+        _check_keys(rule, LAB_RULE, f"lab.rules[{i}]")
+    _check_list(lab.get("rows"), "lab.rows")
+    for i, row in enumerate(lab["rows"]):
+        _check_keys(row, LAB_ROW, f"lab.rows[{i}]")
+        if len(row["cells"]) != len(rules):
+            raise SchemaError(f"lab.rows[{i}].cells: {len(row['cells'])} cells for {len(rules)} rules")
+        for j, cell in enumerate(row["cells"]):
+            _check_keys(cell, LAB_CELL, f"lab.rows[{i}].cells[{j}]")
+            if cell["reason"] not in reasons:
+                raise SchemaError(f"lab.rows[{i}].cells[{j}].reason: unknown reason {cell['reason']!r}")
+    _check_list(lab.get("summary"), "lab.summary")
+    for i, part in enumerate(lab["summary"]):
+        _check_keys(part, LAB_SUMMARY, f"lab.summary[{i}]")
+
+
+def _check_keys(value, schema: dict, where: str) -> None:
+    """value has at least the keys of schema, each of its type (other keys are kept: newer labs add some)."""
+    if not isinstance(value, dict):
+        raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
+    for name, hint in schema.items():
+        if name not in value:
+            raise SchemaError(f"{where}: missing field {name!r}")
+        check_value(value[name], hint, f"{where}.{name}")
+
+
+def _check_list(value, where: str) -> None:
+    if not isinstance(value, list):
+        raise SchemaError(f"{where}: expected a list, got {_kind(value)}")
+
+
+def _kind(value) -> str:
+    return "null" if value is None else type(value).__name__
