@@ -26,6 +26,7 @@ from .config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pa
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "LoadStatus", "Policy", "Studio", "is_hub_id", "pair_from_choice"]
 
+SPACE_MAX_NEW_TOKENS = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
 
 
@@ -35,16 +36,32 @@ def _truthy(value: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Policy:
+    """Who may load what, and how long one run may be. On a Space (SPACE_ID set) the pairs are the
+    presets' unless DROPMATCH_ALLOWED_MODELS lists others, and a run generates at most
+    SPACE_MAX_NEW_TOKENS tokens (the UI's slider's top) unless DROPMATCH_MAX_NEW_TOKENS says otherwise."""
+
     allowed_models: frozenset[str] | None = None
     trust_remote_code: bool = False
     allow_local_models: bool = False
+    max_new_tokens: int | None = None  # None: only DecodeConfig's own bound
 
     @staticmethod
     def from_env(environ=os.environ) -> "Policy":
         allowed = environ.get("DROPMATCH_ALLOWED_MODELS")
         names = frozenset(n.strip() for n in allowed.split(",") if n.strip()) if allowed else None
+        on_space = bool(environ.get("SPACE_ID"))
+        if names is None and on_space:
+            names = frozenset(name for spec in PRESETS.values() if spec is not None and spec.target != EMBEDDED
+                              for name in (spec.target, spec.draft))
+        cap = environ.get("DROPMATCH_MAX_NEW_TOKENS") or (str(SPACE_MAX_NEW_TOKENS) if on_space else "")
         return Policy(allowed_models=names, trust_remote_code=_truthy(environ.get("DROPMATCH_TRUST_REMOTE_CODE")),
-                      allow_local_models=_truthy(environ.get("DROPMATCH_ALLOW_LOCAL_MODELS")))
+                      allow_local_models=_truthy(environ.get("DROPMATCH_ALLOW_LOCAL_MODELS")),
+                      max_new_tokens=int(cap) if cap.strip().isdigit() else None)
+
+    def check_length(self, max_new_tokens: int) -> None:
+        if self.max_new_tokens is not None and max_new_tokens > self.max_new_tokens:
+            raise ConfigError(f"this server generates at most {self.max_new_tokens} new tokens a run "
+                              f"(asked: {max_new_tokens})")
 
     def check(self, spec: PairSpec) -> PairSpec:
         if spec.target != EMBEDDED:

@@ -9,6 +9,11 @@ mkdir -p "$out"
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
-$PY -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" || true  # the benchmark runs anyway
+status=0
+$PY -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" || status=$?  # the benchmark runs anyway
 $PY -m dropmatch.bench --prompts assets/prompts/gsm8k_test_100.jsonl,assets/prompts/mt_bench.jsonl --limit "${LIMIT:-5}" \
   --max-new-tokens 96 --gamma 4 --rules lossless,dropmatch --peer --json "$out/gpu_bench.json" 2>&1 | tee "$out/gpu_bench.log"
+if [ "$status" -ne 0 ]; then
+  echo "gpu_check: the GPU tests failed (exit $status); see $out/gpu_tests.log" >&2
+fi
+exit "$status"

@@ -286,3 +286,35 @@ def test_shipped_recorded_runs_open_while_loading_fails():
         moved = rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
         assert "not in memory" in moved["lab_status"] and "lab_out" not in moved
     assert not studio.is_loaded(PairSpec())
+
+
+def test_on_a_space_pairs_are_the_presets_and_runs_are_capped_unless_configured():
+    """SPACE_ID set: a hub id outside the presets is refused and more than 512 tokens through the API
+    too; the environment can widen both; off a Space neither applies."""
+    from dropmatch.config import ConfigError
+
+    space = Policy.from_env({"SPACE_ID": "user/dropmatch"})
+    assert space.check(PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")).target == "Qwen/Qwen3-8B"
+    with pytest.raises(ConfigError, match="not on this server's list"):
+        space.check(PairSpec("org/big", "org/small"))
+    with pytest.raises(ConfigError, match="at most 512 new tokens"):
+        space.check_length(100_000)
+    space.check_length(512)
+    wide = Policy.from_env({"SPACE_ID": "user/dropmatch", "DROPMATCH_ALLOWED_MODELS": "org/big,org/small",
+                            "DROPMATCH_MAX_NEW_TOKENS": "2048"})
+    assert wide.check(PairSpec("org/big", "org/small")).target == "org/big"
+    wide.check_length(2048)
+    local = Policy.from_env({})
+    local.check(PairSpec("org/big", "org/small"))
+    local.check_length(100_000)
+
+
+def test_the_api_refuses_a_run_longer_than_the_servers_cap():
+    from dropmatch.config import Settings
+    from dropmatch.ui.callbacks import compare_api
+
+    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
+                    policy=Policy(max_new_tokens=8))
+    with pytest.raises(Exception, match="at most 8 new tokens"):
+        compare_api(studio, Settings(PROMPT, max_new_tokens=9))
+    assert compare_api(studio, Settings(PROMPT, max_new_tokens=8))["lossy"]["text"]

@@ -122,3 +122,33 @@ def test_user_text_never_reaches_a_shell_eval_or_path():
         if path.name == "quality.py":
             continue  # the HumanEval sandbox runs model code in a limited child process on purpose
         assert not forbidden.search(path.read_text()), path
+
+
+def test_a_gpu_without_bf16_gets_fp16_and_the_cpu_float32():
+    """bf16 only where the GPU computes it (a T4 has none); the CPU pair stays float32."""
+    import torch
+
+    from dropmatch.models.loading import _dtype_for
+
+    class Cuda:
+        def __init__(self, bf16: bool):
+            self.bf16 = bf16
+
+        def is_bf16_supported(self) -> bool:
+            return self.bf16
+
+    assert _dtype_for(torch.device("cuda", 0), Cuda(True)) is torch.bfloat16
+    assert _dtype_for(torch.device("cuda", 0), Cuda(False)) is torch.float16
+    assert _dtype_for(torch.device("cpu"), Cuda(True)) is torch.float32
+
+
+def test_the_fast_dtype_can_be_pinned_and_refuses_a_typo():
+    import pytest
+    import torch
+
+    from dropmatch.models.cpu_kernels import fast_dtype
+
+    assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "float32"}) is torch.float32
+    assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "bfloat16"}) is torch.bfloat16
+    with pytest.raises(ValueError, match="DROPMATCH_FAST_DTYPE"):
+        fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "fp8"})

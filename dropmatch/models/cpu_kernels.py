@@ -125,7 +125,7 @@ def fast_dtype(device: torch.device, environ=os.environ) -> torch.dtype:
             raise ValueError(f"DROPMATCH_FAST_DTYPE must be one of {', '.join(FAST_DTYPES)}, got {pinned!r}")
         return FAST_DTYPES[pinned]
     if device.type == "cuda":
-        return torch.bfloat16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 

@@ -32,8 +32,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("DROPMATCH_CACHE", Path.home() / ".cache" / "dropmatch"))
 
 
-def _dtype_for(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def _dtype_for(device: torch.device, cuda=torch.cuda) -> torch.dtype:
+    """bf16 on a GPU that computes it (Ampere and newer), fp16 on an older one (a T4: bf16 would be
+    emulated, slowly), float32 on a CPU (the embedded pair; the fast bf16 paths are chosen apart)."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if cuda.is_bf16_supported() else torch.float16
 
 
 def _load_tokenizer(name: str, trust_remote_code: bool):
@@ -50,7 +54,9 @@ def _load_model(name: str, device: torch.device, trust_remote_code: bool):
 
     kwargs = {"dtype": _dtype_for(device), "trust_remote_code": trust_remote_code}
     if device.type == "cuda":
-        kwargs["device_map"] = "auto"
+        # One whole model on one device: "auto" may split it over GPUs while CausalLM.device is read
+        # from its first parameter, and the engine keeps every tensor of a round on one device.
+        kwargs["device_map"] = {"": device.index or 0}
     try:
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except torch.OutOfMemoryError as error:

@@ -40,6 +40,7 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
     The pair loads outside the GPU call (on_gpu wraps the generation only)."""
     try:
         decode, rule = settings.parse()
+        studio.policy.check_length(decode.max_new_tokens)
         spec = settings.pair_spec()
         if not studio.is_loaded(spec):
             yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
@@ -69,6 +70,7 @@ def compare_api(studio: Studio, settings: Settings) -> dict:
     """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures, the rule lab."""
     try:
         decode, rule = settings.parse()
+        studio.policy.check_length(decode.max_new_tokens)
         engine = studio.engine(settings.pair_spec())  # outside the GPU call
         *_, record = studio.iterate(on_gpu(stream_comparison)(engine, settings.prompt, decode, rule,
                                                               bool(settings.run_autoregressive)))
