@@ -21,6 +21,7 @@ class FakeEngine:
         self.ids: dict[str, int] = {}
         self.stop_ids = frozenset({EOS})
         self.delay_s = delay_s
+        self.rounds_made = 0  # every round of every run, counted as it is made
 
     def _id(self, word: str) -> int:
         if word not in self.ids:
@@ -64,6 +65,7 @@ class FakeEngine:
             if stop_event is not None and stop_event.is_set():
                 break
             time.sleep(self.delay_s)
+            self.rounds_made += 1
             gamma = min(decode.gamma, len(answer) - position)
             accept = gamma - 1 if lossy else gamma // 2
             drafted = []

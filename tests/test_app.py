@@ -221,7 +221,7 @@ def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs
 
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=gpu))
     studio = Studio(loader=loader, engine_factory=lambda pair: RecordingEngine())
-    result = compare_api(studio, Settings(PROMPT, max_new_tokens=6))
+    *_, result = compare_api(studio, Settings(PROMPT, max_new_tokens=6))
     assert result["lossy"]["text"]
     views = list(run_comparison(studio, Downloads(), Settings(
         PROMPT, DEFAULT_PRESET, gamma="4", max_new_tokens=6, run_autoregressive=False, draft_source="model")))
@@ -316,5 +316,6 @@ def test_the_api_refuses_a_run_longer_than_the_servers_cap():
     studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
                     policy=Policy(max_new_tokens=8))
     with pytest.raises(Exception, match="at most 8 new tokens"):
-        compare_api(studio, Settings(PROMPT, max_new_tokens=9))
-    assert compare_api(studio, Settings(PROMPT, max_new_tokens=8))["lossy"]["text"]
+        list(compare_api(studio, Settings(PROMPT, max_new_tokens=9)))
+    *_, result = compare_api(studio, Settings(PROMPT, max_new_tokens=8))
+    assert result["lossy"]["text"]

@@ -94,7 +94,7 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
     from dropmatch.ui.callbacks import settings_endpoint
     from dropmatch.ui.layout import SETTING_CONTROLS, build_layout
 
-    api = inspect.signature(settings_endpoint(lambda settings: settings))
+    api = inspect.signature(settings_endpoint(lambda settings: iter([settings])))
     for name, parameter in api.parameters.items():
         expected = inspect.Parameter.empty if name == "prompt" else getattr(DEFAULTS, name)
         assert parameter.default == expected, f"/compare's {name} defaults to {parameter.default!r}, not {expected!r}"

@@ -129,7 +129,7 @@ def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     target, draft = tiny_dirs
     studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
-    result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target), draft_id=str(draft),
+    *_, result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target), draft_id=str(draft),
                                           gamma="4", p="0.3", max_new_tokens=20, run_autoregressive=False))
     matrix = result["lab"]
     assert matrix["version"] == lab.LAB_VERSION and matrix["settings"]["p"] == pytest.approx(0.3)

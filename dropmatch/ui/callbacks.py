@@ -8,6 +8,7 @@ import inspect
 import logging
 import time
 from pathlib import Path
+from typing import Iterator
 
 import gradio as gr
 
@@ -66,33 +67,43 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
     yield views.finished_view(record, downloads)
 
 
-def compare_api(studio: Studio, settings: Settings) -> dict:
-    """Lossless SD and the chosen rule on one prompt: both texts, both metric sets, the figures, the rule lab."""
+def compare_api(studio: Studio, settings: Settings) -> Iterator[dict]:
+    """Lossless SD and the chosen rule on one prompt: a progress note per step while both columns grow,
+    then both texts, both metric sets, the figures and the rule lab (a client's predict() gets the last).
+
+    A generator, so that the model works only while the caller asks for the next step: when a client
+    goes away or cancels, the server stops asking, and the run stops within one round."""
     try:
         decode, rule = settings.parse()
         studio.policy.check_length(decode.max_new_tokens)
         engine = studio.engine(settings.pair_spec())  # outside the GPU call
-        *_, record = studio.iterate(on_gpu(stream_comparison)(engine, settings.prompt, decode, rule,
-                                                              bool(settings.run_autoregressive)))
+        record, steps = None, 0
+        for item in studio.iterate(on_gpu(stream_comparison)(engine, settings.prompt, decode, rule,
+                                                             bool(settings.run_autoregressive))):
+            if isinstance(item, RunRecord):
+                record = item
+            else:
+                steps += 1
+                yield {"status": "running", "steps": steps}
     except USER_ERRORS as error:
         raise gr.Error(str(error)) from None
-    return views.api_result(record, rule)
+    yield views.api_result(record, rule)
 
 
 def settings_endpoint(call):
-    """A function taking the fields of Settings as keyword parameters (prompt required, the rest
-    defaulting to the one table), which calls `call(Settings(...))`: the /compare API's signature is
-    built from Settings, never written out a second time."""
+    """A generator function taking the fields of Settings as keyword parameters (prompt required, the
+    rest defaulting to the one table), which yields what `call(Settings(...))` yields: the /compare
+    API's signature is built from Settings, never written out a second time."""
     types = Settings.types()
     parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=types[name],
                                     default=inspect.Parameter.empty if name == "prompt" else getattr(Settings, name))
                   for name in Settings.names()]
     signature = inspect.Signature(parameters, return_annotation=dict)
 
-    def endpoint(*args, **kwargs) -> dict:
+    def endpoint(*args, **kwargs) -> Iterator[dict]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return call(Settings(**bound.arguments))
+        yield from call(Settings(**bound.arguments))
 
     endpoint.__signature__ = signature
     endpoint.__annotations__ = {**types, "return": dict}
