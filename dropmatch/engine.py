@@ -104,6 +104,7 @@ class Engine:
         self.source_label = pair.source or pair.spec.label
         self._token_texts: dict[int, str] = {}
         self._costs: drafting.StepCosts | None = None
+        self.target.prepare_paths()  # at load, not inside some later request
 
     # ------------------------------------------------------------ prompts
 

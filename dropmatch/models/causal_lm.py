@@ -126,9 +126,15 @@ class CausalLM:
         path_hidden = hidden.unsqueeze(0) * keep / (1.0 - p)
         if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
             return self.logits(path_hidden)
-        if self._path_weight is None:
-            self._path_weight = self._head_weight.detach().to(self._path_dtype)
+        self.prepare_paths()
         return self._postprocess(row_linear(path_hidden.to(self._path_dtype), self._path_weight).float())
+
+    def prepare_paths(self) -> None:
+        """The head's low-precision copy for dense path rows (the embedded target's: 57 MB in bf16), made
+        once: the engine makes it at load, so that a server's memory does not jump at the first prompt
+        whose paths take the dense pass."""
+        if self._path_weight is None and self._head_weight is not None and self._path_dtype != self._head_weight.dtype:
+            self._path_weight = self._head_weight.detach().to(self._path_dtype)
 
     @torch.inference_mode()
     def support_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor,
