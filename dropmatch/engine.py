@@ -144,7 +144,7 @@ class Engine:
     def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
         """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads."""
         prepared = lab.prepare(trace, self.target, self.draft)
-        return lab.rejudge(prepared, self.target, lab.decode_of(trace), settings, self.token_text)
+        return lab.rejudge(prepared, self.target, settings, self.token_text)
 
     # ------------------------------------------------------------ runs
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from . import acceptance
-from .config import ConfigError, DecodeConfig, RuleConfig
+from .config import ConfigError, RuleConfig
 from .judging import JudgeInputs, judge_positions
 from .mc_head import mask_seed
 from .models import CausalLM
@@ -31,35 +30,15 @@ from .trace import GenerationTrace
 LAB_VERSION = 1
 
 
-@dataclass
-class PreparedRound:
-    """One round's inputs to the rules: draft_tokens [g] at sequence positions first_position + i,
-    q_signal [g, V], hidden [g + 1, H] and clean_logits [g + 1, V] at the verified positions, exact [g],
-    and the run's mask key."""
-
-    first_position: int
-    draft_tokens: torch.Tensor
-    q_signal: torch.Tensor
-    hidden: torch.Tensor
-    clean_logits: torch.Tensor
-    exact: torch.Tensor
-    mask_seed: int  # the run's mask key (seed, prompt), as the engine drew its paths
-
-
 def has_states(trace: GenerationTrace | None) -> bool:
     return trace is not None and trace.mode == "sd" and len(trace.states) == len(trace.rounds) > 0
 
 
-def decode_of(trace: GenerationTrace) -> DecodeConfig:
-    return DecodeConfig(gamma=trace.gamma, max_new_tokens=max(1, len(trace.output_ids)),
-                        temperature=trace.temperature, top_p=trace.top_p, seed=trace.seed)
-
-
 @torch.inference_mode()
-def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[PreparedRound]:
-    """The heads' part of the run again, from its kept states: the clean logits of each round's
-    verified positions (one call per round, as the engine made it) and the draft's distribution at
-    each drafting step (one row per call, as the engine made it), so every number is the run's own."""
+def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[JudgeInputs]:
+    """Each round's inputs to the judge step again, from the run's kept states: the clean logits of
+    its verified positions (one call per round, as the engine made it) and the draft's distribution
+    at each drafting step (one row per call, as the engine made it), so every number is the run's own."""
     if not has_states(trace):
         raise ConfigError("this run kept no states for the rule lab (runs from the app and recorded runs do)")
     prepared = []
@@ -71,13 +50,13 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[P
         else:
             q_signal = [signal_probs(draft.logits(row.to(draft.device)), trace.temperature) for row in draft_hidden]
         hidden = target_hidden.to(target.device)
-        prepared.append(PreparedRound(
+        prepared.append(JudgeInputs(
             first_position=states.first_position,
             draft_tokens=tokens,
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
             hidden=hidden, clean_logits=target.logits(hidden),
             exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),
-            mask_seed=mask_seed(trace.seed, trace.prompt_ids),
+            temperature=trace.temperature, mask_seed=mask_seed(trace.seed, trace.prompt_ids),
         ))
     return prepared
 
@@ -97,7 +76,7 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
 
 
 @torch.inference_mode()
-def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfig, settings: RuleConfig,
+def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
             token_text: Callable[[int], str], rules: tuple[str, ...] | None = None) -> dict:
     """The lab's matrix (JSON-ready): one row per drafted token, one cell per rule, and per rule the
     share of drafted tokens it accepts and its acceptance length per round on these drafts."""
@@ -110,9 +89,7 @@ def rejudge(prepared: list[PreparedRound], target: CausalLM, decode: DecodeConfi
         p = cfg.p if cfg.uses_paths else None
         column = []
         for rnd in prepared:
-            inputs = JudgeInputs(rnd.first_position, rnd.draft_tokens, rnd.q_signal, rnd.hidden, rnd.clean_logits,
-                                 rnd.exact, decode.temperature, rnd.mask_seed)
-            judged = judge_positions(target, cfg, p, inputs, memo=memo)
+            judged = judge_positions(target, cfg, p, rnd, memo=memo)
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
             column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
         columns.append((cfg, column))

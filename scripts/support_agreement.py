@@ -45,12 +45,12 @@ def traces(engine: Engine, prompts: list[str], recorded: bool) -> list[tuple[str
 def compare(engine: Engine, name: str, lossless, lossy, support: int) -> dict:
     """Agreement of every path rule's decisions, full vocabulary against the support, on one run."""
     prepared = lab.prepare(lossless, engine.target, engine.draft)
-    decode, settings = lab.decode_of(lossless), lab.lab_settings(lossy)
+    settings = lab.lab_settings(lossy)
     settings = dataclasses.replace(settings, p=settings.p if settings.p is not None else 0.1)
     matrices, seconds = {}, {}
     for size in (0, support):
         start = time.perf_counter()
-        matrices[size] = lab.rejudge(prepared, engine.target, decode, dataclasses.replace(settings, path_support=size),
+        matrices[size] = lab.rejudge(prepared, engine.target, dataclasses.replace(settings, path_support=size),
                                      engine.token_text, rules=PATH_RULES)
         seconds[size] = time.perf_counter() - start
     total = agree = read = read_agree = 0

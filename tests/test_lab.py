@@ -44,7 +44,7 @@ def test_rejudging_a_run_with_its_own_settings_reproduces_its_decisions(far_engi
     assert lab.has_states(trace) and any(r.num_accepted < r.num_drafted for r in trace.rounds)
     prepared = lab.prepare(trace, engine.target, engine.draft)
     settings = lab.lab_settings(trace, **{k: v for k, v in rule.items() if k != "rule"})
-    matrix = lab.rejudge(prepared, engine.target, lab.decode_of(trace), settings, engine.token_text,
+    matrix = lab.rejudge(prepared, engine.target, settings, engine.token_text,
                          rules=("lossless", rule_config.rule))
     assert matrix_reasons(matrix, 1) == reasons_of(trace)
     assert [row["token"] for row in matrix["rows"]] == [d.token for r in trace.rounds for d in r.drafted]
@@ -67,7 +67,7 @@ def test_the_lab_column_of_lossless_equals_the_lossless_run_and_a_lossy_rule_acc
     trace = run_to_end(engine.speculative(engine.encode(PROMPTS[1]), DecodeConfig(gamma=4, max_new_tokens=40),
                                           RuleConfig("lossless"), keep_states=True))
     prepared = lab.prepare(trace, engine.target, engine.draft)
-    matrix = lab.rejudge(prepared, engine.target, lab.decode_of(trace), lab.lab_settings(None, p=0.4), engine.token_text)
+    matrix = lab.rejudge(prepared, engine.target, lab.lab_settings(None, p=0.4), engine.token_text)
     names = [rule["name"] for rule in matrix["rules"]]
     assert names[0] == "lossless" and {"naive", "js", "majority", "dropmatch", "typical", "fixed_js"} <= set(names)
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
@@ -88,10 +88,9 @@ def test_states_survive_the_trace_json_round_trip_and_a_run_without_them_is_refu
     again = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     assert again == trace
     settings = lab.lab_settings(None, p=0.2)
-    first = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace), settings,
+    first = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings,
                         engine.token_text)
-    second = lab.rejudge(lab.prepare(again, engine.target, engine.draft), engine.target, lab.decode_of(again),
-                         settings, engine.token_text)
+    second = lab.rejudge(lab.prepare(again, engine.target, engine.draft), engine.target, settings, engine.token_text)
     assert first["rows"] == second["rows"]
     plain = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=24), RuleConfig("lossless")))
     assert plain.states == ()
@@ -112,8 +111,7 @@ def test_the_lab_reproduces_runs_drafted_by_prompt_lookup(far_engine, source):
         if any(r.draft_source == "ngram" and r.drafted for r in trace.rounds):
             break
     assert any(r.draft_source == "ngram" and r.drafted for r in trace.rounds), "no prompt drafted by lookup"
-    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.decode_of(trace),
-                         lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
 
 

@@ -43,8 +43,8 @@ def _assert_one_line(tmp_path, content, message: str) -> None:
     assert set(shown) == {"status"} and shown["status"].startswith("⚠️"), shown
 
 
-def _with(path: list, value) -> dict:
-    data = json.loads(json.dumps(VALID))
+def _mutate(data, path, value) -> None:
+    """Replace the node at path by value, or remove it (value KeyError)."""
     node = data
     for key in path[:-1]:
         node = node[key]
@@ -52,6 +52,11 @@ def _with(path: list, value) -> dict:
         del node[path[-1]]
     else:
         node[path[-1]] = value
+
+
+def _with(path: list, value) -> dict:
+    data = json.loads(json.dumps(VALID))
+    _mutate(data, path, value)
     return data
 
 
@@ -120,15 +125,8 @@ def test_randomly_mutated_run_files_never_let_an_exception_escape(tmp_path, muta
     why it cannot; nothing else comes out."""
     data = json.loads(json.dumps(VALID))
     for index, value in mutations:
-        path = NODES[index]
-        node = data
         try:
-            for key in path[:-1]:
-                node = node[key]
-            if value is KeyError:
-                del node[path[-1]]
-            else:
-                node[path[-1]] = value
+            _mutate(data, NODES[index], value)
         except (KeyError, IndexError, TypeError):
             continue  # an earlier mutation removed or replaced this node's parent
     path = _write(tmp_path, json.dumps(data))
