@@ -48,7 +48,9 @@ class Reason:
     legend: str  # short label in the legend and charts
     meaning: str  # the tooltip's first line
     colour: str  # chart marker colour
-    background: str  # token highlight in the text
+    background: str  # token highlight in the text (light theme; dark text on it)
+    dark_background: str  # the highlight in a dark theme (light text on it)
+    cue: str  # a second cue beside the colour: the CSS text-decoration of its tokens
     lossy: bool = False
 
 
@@ -90,14 +92,18 @@ def path_rules() -> tuple[str, ...]:
 
 
 for _reason in (
-    Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9"),
-    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", lossy=True),
-    Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", lossy=True),
-    Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", lossy=True),
-    Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#ffe0b2", lossy=True),
-    Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#ffe0b2", lossy=True),
-    Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2"),
-    Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1"),
+    Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
+    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True),
+    Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
+           lossy=True),
+    Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", "#8a3c00",
+           "underline dashed", lossy=True),
+    Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#d7ccc8", "#4e342e",
+           "underline dotted", lossy=True),
+    Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#b2ebf2", "#005662",
+           "underline wavy", lossy=True),
+    Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
+    Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
     register_reason(_reason)
 

@@ -10,6 +10,7 @@ EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
+REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
 
 
 def load_examples() -> list[dict]:
@@ -33,3 +34,8 @@ def how_it_works() -> str:
         return "docs/how_it_works.md is missing from this installation."
     text = HOW_IT_WORKS_FILE.read_text(encoding="utf-8")
     return text.split("\n", 1)[1].lstrip() if text.startswith("# ") else text  # the tab names it already
+
+
+def replay_js() -> str:
+    """The replay player, run by the page as the replay component's js_on_load (assets/replay.js)."""
+    return REPLAY_JS_FILE.read_text(encoding="utf-8")

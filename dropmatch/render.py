@@ -11,13 +11,14 @@ from .trace import DraftedToken, RoundTrace
 
 TokenText = Callable[[int], str]
 
-# The kinds of emitted token that are not a drafted token's reason: (meaning, highlight).
+# The kinds of emitted token that are not a drafted token's reason: (meaning, light, dark highlight, cue).
 EXTRA_KINDS = {
-    "correction": ("correction after a rejection", "#ffcdd2"),
-    "bonus": ("bonus token", "#fff59d"),
-    "target": ("target token", "#eceff1"),
-    "first": ("first token (prefill)", "#eceff1"),
+    "correction": ("correction after a rejection", "#f8bbd0", "#7b1f4a", "overline"),
+    "bonus": ("bonus token", "#fff59d", "#5c4b00", "overline dotted"),
+    "target": ("target token", "#eceff1", "#37474f", "none"),
+    "first": ("first token (prefill)", "#eceff1", "#37474f", "none"),
 }
+TEXT_ON_LIGHT, TEXT_ON_DARK = "#1a1a1a", "#f5f5f5"  # explicit: a theme's own text colour may not suit a highlight
 SHOWN_IN_TEXT = ("rejected", "unchecked")  # reasons that never mark an emitted token
 
 
@@ -33,12 +34,23 @@ def legend_items() -> list[tuple[str, str]]:
     return reasons + [("correction", "correction"), ("bonus", "bonus"), ("first", "prefill")]
 
 
+def palette() -> dict[str, tuple[str, str, str]]:
+    """kind -> (light highlight, dark highlight, text-decoration) for every reason and extra kind."""
+    found = {name: (reason.background, reason.dark_background, reason.cue) for name, reason in REASONS.items()}
+    found.update({kind: (light, dark, cue) for kind, (_, light, dark, cue) in EXTRA_KINDS.items()})
+    return found
+
+
 def css() -> str:
-    """The app's stylesheet: one highlight per reason of the rule table and per extra kind."""
-    colours = {name: reason.background for name, reason in REASONS.items()}
-    colours.update({kind: colour for kind, (_, colour) in EXTRA_KINDS.items()})
-    highlights = " ".join(f".dm-{kind} {{ background: {colour}; }}" for kind, colour in colours.items())
-    return BASE_CSS + highlights + "\n.dm-unchecked { color: #78909c; }\n"
+    """The app's stylesheet: per reason of the rule table and per extra kind a highlight with an
+    explicit text colour, a second cue (an underline style), and a dark variant under Gradio's
+    `.dark` (set from the OS or the Hugging Face theme)."""
+    rules = []
+    for kind, (light, dark, cue) in palette().items():
+        rules.append(f".dm-{kind} {{ background: {light}; color: {TEXT_ON_LIGHT}; text-decoration: {cue}; "
+                     "text-underline-offset: 3px; }")
+        rules.append(f".dark .dm-{kind} {{ background: {dark}; color: {TEXT_ON_DARK}; }}")
+    return BASE_CSS + "\n".join(rules) + "\n" + REPLAY_CSS
 
 
 BASE_CSS = """
@@ -55,6 +67,38 @@ BASE_CSS = """
 .dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
+"""
+
+
+REPLAY_CSS = """
+.dm-rp { --dm-rp-font: 1.15rem; }
+.dm-rp-controls { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 4px 0; }
+.dm-rp-controls button, .dm-rp-controls select { padding: 4px 10px; border-radius: 6px; border: 1px solid #90a4ae;
+  background: #fafafa; color: #1a1a1a; font-size: 0.95rem; cursor: pointer; }
+.dark .dm-rp-controls button, .dark .dm-rp-controls select { background: #263238; color: #f5f5f5; border-color: #78909c; }
+.dm-rp button:focus-visible, .dm-rp select:focus-visible, .dm-rp input:focus-visible, .dm-rp .dm-tok:focus-visible {
+  outline: 3px solid #ff6f00; outline-offset: 2px; }
+.dm-rp-legend { font-size: 0.85rem; line-height: 1.9; margin-bottom: 4px; }
+.dm-rp-keys { font-size: 0.85rem; opacity: 0.85; margin-bottom: 6px; }
+.dm-rp-cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+.dm-rp-col h3 { margin: 4px 0; font-size: calc(var(--dm-rp-font) * 1.05); }
+.dm-rp-text { font-size: var(--dm-rp-font); min-height: 6em; }
+.dm-rp-counters { display: flex; flex-wrap: wrap; gap: 14px; font-size: calc(var(--dm-rp-font) * 0.8); }
+.dm-rp-note { font-size: calc(var(--dm-rp-font) * 0.8); min-height: 4.2em; border-left: 4px solid #90a4ae; padding-left: 8px; }
+.dm-rp-done { font-size: 0.8em; color: #2e7d32; } .dark .dm-rp-done { color: #a5d6a7; }
+.dm-tok.dm-pending { background: #fff; color: #1a1a1a; outline: 1px dashed #607d8b; }
+.dark .dm-tok.dm-pending { background: #212121; color: #f5f5f5; outline-color: #b0bec5; }
+.dm-tok.dm-now { box-shadow: 0 0 0 3px #ff6f00; }
+.dm-path { padding: 0 3px; border: 1px solid #b0bec5; border-radius: 3px; }
+.dm-path-agrees { font-weight: bold; border-color: #1565c0; }
+.dm-pin { margin-top: 8px; font-size: 0.95rem; white-space: pre-wrap; border-top: 1px solid #cfd8dc; padding-top: 4px; }
+.dm-rp.dm-presenting { position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px 24px;
+  background: #ffffff; color: #1a1a1a; }
+.dark .dm-rp.dm-presenting { background: #121212; color: #f5f5f5; }
+.dm-rp.dm-presenting .dm-rp-text { max-height: 62vh; overflow: auto; }
+.dm-rp.dm-high-contrast { background: #ffffff; color: #000000; }
+.dark .dm-rp.dm-high-contrast { background: #000000; color: #ffffff; }
+.dm-rp.dm-high-contrast .dm-tok { font-weight: 600; }
 """
 
 
@@ -100,10 +144,14 @@ def _extra_tooltip(r: RoundTrace, token_text: TokenText) -> str:
     return f"step {r.index}: the target's own token"
 
 
+PIN_PANEL = '<div class="dm-pin" aria-live="polite">Click, tap or press Enter on a token to pin its numbers here.</div>'
+
+
 def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
-    parts = [f'<span class="dm-tok dm-{kind}" title="{html.escape(tip)}">{html.escape(text)}</span>'
+    parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" title="{html.escape(tip)}">{html.escape(text)}</span>'
              for text, kind, tip in spans]
-    return f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>'
+    pin = "" if cursor else PIN_PANEL
+    return f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>{pin}'
 
 
 def legend_html() -> str:

@@ -63,6 +63,8 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
     """Click the example, set max new tokens, Run, and read both columns once the status says done."""
     page.get_by_text(example_prefix).first.click()
     tokens_box = page.get_by_label("max new tokens", exact=False).first
+    if not tokens_box.is_visible():  # the Settings accordion starts closed
+        page.locator("#settings").get_by_text("Settings").first.click()
     tokens_box.fill(str(max_new_tokens))
     tokens_box.press("Enter")
     page.click("#run-button")

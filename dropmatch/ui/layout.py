@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 import gradio as gr
 
-from ..assets import how_it_works
+from ..assets import how_it_works, replay_js
 from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -17,6 +17,18 @@ from . import views
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
                     "majority_fraction", "draft_source", "rescue_argmax", "path_support")
+# Click, tap or Enter on a token pins its numbers under the text (tooltips need a mouse).
+PIN_JS = """
+const pin = (token) => {
+  const panel = element.querySelector('.dm-pin');
+  if (panel) panel.textContent = 'Pinned: ' + token.textContent.replace('⏎', '↵') + ' | ' + token.title.replace(/\\n/g, ' | ');
+};
+element.addEventListener('click', (e) => { const t = e.target.closest('.dm-tok'); if (t) pin(t); });
+element.addEventListener('keydown', (e) => {
+  const t = e.target.closest('.dm-tok');
+  if (t && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); pin(t); }
+});
+"""
 LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
 
 
@@ -59,6 +71,8 @@ class Ui:
     step_column: gr.Radio
     step_round: gr.Slider
     step_out: gr.HTML
+    replay_out: gr.HTML
+    tabs: gr.Tabs
     download_trace: gr.File
     download_metrics: gr.File
     recorded_choice: gr.Dropdown
@@ -88,7 +102,7 @@ class Ui:
         """Every component a finished or recorded run writes."""
         names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
-                 "step_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
+                 "step_out", "replay_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
                  "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
         return [getattr(self, name) for name in names]
 
@@ -108,8 +122,8 @@ def build_layout() -> Ui:
     parts["load_timer"] = gr.Timer(1.0)
     gr.HTML(legend_html())
     _columns(parts)
-    with gr.Tabs():
-        for tab in (_charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
+    with gr.Tabs(elem_id="tabs") as parts["tabs"]:
+        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
             tab(parts)
     parts["last_run"] = gr.State(None)
     parts["lab_matrix"] = gr.State(None)
@@ -135,7 +149,7 @@ def _prompt_and_pair(parts: dict) -> None:
 
 
 def _settings(parts: dict) -> None:
-    with gr.Accordion("Settings", open=True):
+    with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
         with gr.Row():
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS.gamma, label="draft length γ",
                                          info="auto: each round drafts the length with the most expected tokens "
@@ -176,12 +190,22 @@ def _columns(parts: dict) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
-            parts["lossless_out"] = gr.HTML(elem_id="lossless-text")
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=PIN_JS)
             parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
         with gr.Column(elem_id="lossy-column"):
             parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
-            parts["lossy_out"] = gr.HTML(elem_id="lossy-text")
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=PIN_JS)
             parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
+
+
+def _replay_tab(parts: dict) -> None:
+    with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
+        gr.Markdown("Play the run round by round: the drafts appear, the verifier marks each slot (with the "
+                    "paths' votes and JS against its threshold), then the correction or bonus lands. Both columns "
+                    "run on one clock paced by each round's measured time; or tick *one stage per key* and drive "
+                    "it with the arrow keys or a clicker. Link to a shipped run with `?run=<name>` "
+                    "(`&presenter=1` opens the presenter layout).")
+        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=replay_js(), elem_id="replay")
 
 
 def _charts_tab(parts: dict) -> None:

@@ -22,18 +22,26 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(SETTING_CONTROLS, values)))):
             yield ui.bind(view)
 
-    def on_first_visit():
-        """A shipped run at once, while the pair loads in the background; else the frontier alone."""
+    def on_first_visit(request: gr.Request):
+        """A shipped run at once, while the pair loads in the background; else the frontier alone.
+        ?run=<name> opens that shipped run in the Replay tab (a link a speaker can share)."""
         shipped = recorded_runs()
-        if shipped:
-            title = next(iter(shipped))
-            return ui.bind(callbacks.open_recorded(downloads, shipped[title], title))
-        return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
+        if not shipped:
+            return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
+        asked = (request.query_params.get("run") if request else None) or ""
+        title = views.shipped_run_title(shipped, asked)
+        view = callbacks.open_recorded(downloads, shipped[title or next(iter(shipped))], title or next(iter(shipped)))
+        if asked and title:
+            view["tabs"] = gr.Tabs(selected="replay")
+        elif asked:
+            view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
+                              + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
+        return ui.bind(view)
 
     ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
                    [ui.target_id, ui.draft_id], api_visibility="private")
     # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
-    first_visit = demo.load(on_first_visit, None, ui.view_components(), api_visibility="private")
+    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs], api_visibility="private")
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
     ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")

@@ -12,6 +12,7 @@ from ..assets import load_examples, load_frontier
 from ..plots import all_figures, frontier_figure
 from ..record import Downloads, RunRecord
 from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
+from ..replay import replay_html
 from ..trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
@@ -79,6 +80,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "plot_acceptance": figs["acceptance"], "plot_calls": figs["tokens_vs_calls"],
         "plot_tradeoff": tradeoff_figure(record, load_frontier()),
         "step_round": gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
+        "replay_out": replay_html(record, recorded_from or "this run"),
         "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction)
         if rounds else "No rounds ran.",
         "last_run": record,
@@ -156,3 +158,12 @@ def load_status_view(status) -> tuple:
     if status.state == "failed":
         return status.line(), gr.Timer(active=False)
     return gr.update(), gr.Timer(active=False)
+
+
+def shipped_run_title(shipped: dict, asked: str) -> str | None:
+    """The title of the shipped run a link names (its file name, e.g. 2_chat_writing, or its title), or None."""
+    wanted = asked.strip().lower().replace(" ", "_")
+    for title, path in shipped.items():
+        if wanted and wanted in (path.stem.lower(), title.lower().replace(" ", "_")):
+            return title
+    return None

@@ -1,0 +1,104 @@
+"""A finished run as the browser's replay plays it: per column, every round's drafted tokens with
+their numbers, the verdict per slot, the token that lands, and the round's measured time.
+
+Pure functions of a RunRecord. The player (assets/replay.js) runs in the page from this payload
+alone: no model, no server round trip per frame.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+from .acceptance import REASONS, votes_needed
+from .metrics import summarize
+from .record import RunRecord
+from .render import kind_label, palette, tooltip
+from .trace import DraftedToken, GenerationTrace, RoundTrace
+
+PAYLOAD_VERSION = 1
+
+
+def replay_payload(record: RunRecord, title: str = "") -> dict:
+    """{"title", "columns": [lossless, lossy], "legend"}: everything the player shows."""
+    lossy_name = "DropMatch" if record.rule == "dropmatch" else f"lossy rule: {record.rule}"
+    return {
+        "version": PAYLOAD_VERSION,
+        "title": title,
+        "columns": [column_payload(record.lossless, "Lossless SD", record),
+                    column_payload(record.lossy, lossy_name, record, lossless=record.lossless)],
+        "legend": {kind: {"label": kind_label(kind), "cue": cue} for kind, (_, _, cue) in palette().items()},
+    }
+
+
+def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
+                   lossless: GenerationTrace | None = None) -> dict:
+    """One column: its first token, its rounds, and the run's own metrics the counters must end at."""
+    stop_ids = _stop_ids(trace)
+    metrics = summarize(trace, ar=record.ar, lossless=lossless)
+    first = None if trace.first_token in stop_ids else _text(record, trace.first_token)
+    return {
+        "label": label,
+        "rule": trace.rule,
+        "prefill_s": trace.t_prefill,
+        "first": first,
+        "rounds": [round_payload(r, record, stop_ids, trace.majority_fraction) for r in trace.rounds],
+        "text": "".join(_text(record, t) for t in trace.output_ids if t not in stop_ids),
+        "final": {"tokens": metrics.new_tokens, "calls": metrics.target_calls, "tau": metrics.tau,
+                  "lossy_only": sum(d.reason in _LOSSY for r in trace.rounds for d in r.drafted),
+                  "seconds": trace.t_prefill + sum(r.t_round for r in trace.rounds)},
+    }
+
+
+_LOSSY = frozenset(name for name, reason in REASONS.items() if reason.lossy)
+
+
+def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], majority_fraction: float) -> dict:
+    """One round: its drafts (each with the verdict and why), the emitted tokens, its times."""
+    emitted = [{"x": "" if token in stop_ids else _text(record, token),
+                "kind": r.drafted[j].reason if j < r.num_accepted else r.extra_kind,
+                "tip": _emitted_tip(r, j, record)} for j, token in enumerate(r.emitted)]
+    return {
+        "index": r.index,
+        "source": r.draft_source,
+        "t_round": r.t_round,
+        "t_draft": r.t_draft,
+        "accepted": r.num_accepted,
+        "extra": r.extra_kind,
+        "drafted": [slot_payload(d, record, majority_fraction) for d in r.drafted],
+        "emitted": emitted,
+    }
+
+
+def slot_payload(d: DraftedToken, record: RunRecord, majority_fraction: float) -> dict:
+    """A drafted token: its text, q, the clean target's view, the paths' view, and the verdict."""
+    found = {"x": _text(record, d.token), "q": d.draft_prob, "reason": d.reason, "verdict": kind_label(d.reason),
+             "target": _text(record, d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
+    if d.path_tokens:
+        found.update(paths=[_text(record, t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
+                     votes=d.draft_votes, needed=votes_needed(len(d.path_tokens), majority_fraction))
+    return found
+
+
+def replay_html(record: RunRecord | None, title: str = "") -> str:
+    """The element the player mounts on, its payload in a data attribute (escaped: no markup runs)."""
+    if record is None:
+        return '<div class="dm-replay-empty">Run a comparison or open a recorded run: its replay appears here.</div>'
+    payload = json.dumps(replay_payload(record, title), separators=(",", ":"))
+    return f'<div class="dm-replay" data-run="{html.escape(payload, quote=True)}"></div>'
+
+
+def _text(record: RunRecord, token: int) -> str:
+    return record.token_text(token)
+
+
+def _stop_ids(trace: GenerationTrace) -> frozenset[int]:
+    return frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
+
+
+def _emitted_tip(r: RoundTrace, j: int, record: RunRecord) -> str:
+    if j < r.num_accepted:
+        return tooltip(r.drafted[j], record.token_text, r.index, r.draft_source)
+    if r.extra_kind == "correction":
+        return f"round {r.index}: correction, the clean target's token after slot {r.num_accepted + 1} was rejected"
+    return f"round {r.index}: bonus, every drafted token was accepted; the target adds one more"
