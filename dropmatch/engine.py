@@ -105,6 +105,12 @@ class Engine:
         self._token_texts: dict[int, str] = {}
         self._costs: drafting.StepCosts | None = None
         self.target.prepare_paths()  # at load, not inside some later request
+        self.weights = f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
+
+    def computed_by(self) -> tuple[str, str, str]:
+        """(weights fingerprint "target+draft", device type, the target's dtype): what a trace records
+        so that the rule lab re-judges a run only with what made it."""
+        return self.weights, self.device.type, str(self.target.compute_dtype).removeprefix("torch.")
 
     # ------------------------------------------------------------ prompts
 
@@ -363,7 +369,7 @@ class Engine:
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
             first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
             draft_source=decode.draft_source if mode == "sd" else "model", rescue_argmax=rule.rescue_argmax,
-            path_support=rule.path_support,
+            path_support=rule.path_support, **dict(zip(("weights", "device", "dtype"), self.computed_by())),
         )
 
 

@@ -162,3 +162,18 @@ def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text)
     return (f"paths: {paths}\nJS(draft, centroid) {float(signals.js_draft_centroid[i]):.3f} vs threshold "
             f"{float(signals.js_threshold[i]):.3f}; majority {majority_text!r} {int(signals.majority_votes[i])}/"
             f"{cfg.num_paths} (needs {needed}); draft's votes {int(signals.draft_votes[i])}")
+
+
+def weights_mismatch(trace: GenerationTrace, computed_by: Callable[[], tuple[str, str, str]]) -> str | None:
+    """One line saying why the loaded pair cannot re-judge this run (other weights, device or dtype:
+    its decisions would silently differ), or None when it can. computed_by: the loaded engine's
+    (weights, device, dtype) (Engine.computed_by). A run written before fingerprints were recorded
+    cannot be checked, and is re-judged as it is."""
+    if not trace.weights:
+        return None
+    made, here = (trace.weights, trace.device, trace.dtype), computed_by()
+    if made == here:
+        return None
+    return (f"this run was made with other weights or another dtype (weights {made[0]} on {made[1]}, {made[2]}; "
+            f"loaded here: {here[0]} on {here[1]}, {here[2]}): re-judging it here would not reproduce its "
+            "decisions, so the rule lab shows the run's own matrix only.")

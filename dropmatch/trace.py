@@ -156,6 +156,11 @@ class GenerationTrace:
     draft_source: str = "model"
     rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
     path_support: int = 0  # the paths scored this many tokens (0: every token)
+    # What computed the run: CausalLM.fingerprint of target and draft ("target+draft"; empty in runs
+    # written before), and the target's device type and dtype. The rule lab re-judges only with the same.
+    weights: str = ""
+    device: str = ""
+    dtype: str = ""
 
     @property
     def label(self) -> str:

@@ -133,3 +133,40 @@ def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     assert matrix["version"] == lab.LAB_VERSION and matrix["settings"]["p"] == pytest.approx(0.3)
     assert [rule["name"] for rule in matrix["rules"]][0] == "lossless" and len(matrix["rows"]) >= 5
     assert json.loads(json.dumps(result["lab"])) == matrix
+
+
+def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs):
+    """The trace records the pair's fingerprint, device and dtype; the rule lab re-judges a run made
+    with the loaded pair, and refuses one whose weights (one value changed) or dtype differ."""
+    import dataclasses
+
+    import torch
+
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+    from dropmatch.record import RunRecord, mentioned_tokens
+    from dropmatch.studio import Policy, Studio
+    from dropmatch.ui.callbacks import rejudge_view
+
+    target, draft = tiny_dirs
+    studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
+                    policy=Policy(allow_local_models=True))
+    engine = studio.engine(PairSpec(str(target), str(draft)))
+    ids = engine.encode(PROMPTS[0])
+    lossless = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=16), RuleConfig("lossless"),
+                                             keep_states=True))
+    assert lossless.weights == engine.weights and (lossless.device, lossless.dtype) == ("cpu", "float32")
+    assert Engine(load_hub_pair(PairSpec(str(target), str(draft)))).weights == engine.weights  # a reload agrees
+    record = RunRecord(PROMPTS[0], "dropmatch", False, lossless, lossless, None,
+                       {t: engine.token_text(t) for t in mentioned_tokens(lossless)})
+    knobs = (5, 0.2, 0.8, "probs", 0.1, 0.3)
+    assert "Re-judged" in rejudge_view(studio, record, *knobs)["lab_status"]
+    for changed in ({"dtype": "bfloat16"}, {"weights": "0" * 16 + "+" + engine.weights.split("+")[1]}):
+        other = dataclasses.replace(record, lossless=dataclasses.replace(lossless, **changed))
+        status = rejudge_view(studio, other, *knobs)["lab_status"]
+        assert "other weights or another dtype" in status and "\n" not in status, status
+    altered = load_hub_pair(PairSpec(str(target), str(draft)))
+    with torch.no_grad():
+        next(altered.target.model.parameters()).view(-1)[0] += 1.0
+    assert Engine(altered).weights != engine.weights

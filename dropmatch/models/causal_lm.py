@@ -5,6 +5,7 @@ the cache operations (length, crop) so that the engine never touches transformer
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -85,9 +86,26 @@ class CausalLM:
         self._path_weight = None  # a low-precision copy of the head, made on first use
         self._head_columns = None  # the head transposed [H, V], made on first sparse use
         self._path_costs: PathCosts | None = None  # measured by prepare_paths
+        self._fingerprint: str | None = None
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._logit_scale = getattr(model.config, "logit_scale", None)
         self._logits_scaling = getattr(model.config, "logits_scaling", None)
+
+    def fingerprint(self) -> str:
+        """A short hash of the weights as they compute here: every parameter's name, shape, dtype and
+        an evenly spaced sample of its values, plus the device type and the path dtype. Two loads of
+        the same file agree; other weights (the hub's original instead of the dequantised GGUF), another
+        dtype or bf16 paths against fp32 ones differ. Computed once (a few ms)."""
+        if self._fingerprint is None:
+            digest = hashlib.blake2b(digest_size=8)
+            digest.update(f"{self.device.type}|paths:{self._path_dtype}".encode())
+            for name, tensor in sorted(self.model.state_dict().items()):
+                flat = tensor.detach().reshape(-1)
+                sample = flat[:: max(flat.numel() // 4096, 1)][:4096].float().cpu()
+                digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+                digest.update(sample.numpy().tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
 
     @property
     def head_weight(self) -> torch.Tensor:

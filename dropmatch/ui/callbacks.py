@@ -145,6 +145,9 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
         return {"lab_status": f"Re-judging reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
                               f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
                               "Run that pair once (or wait for it to load), then move a control again."}
+    refusal = lab.weights_mismatch(record.lossless, engine.computed_by)
+    if refusal:
+        return {"lab_status": f"⚠️ {refusal}"}
     start = time.perf_counter()
     matrix = studio.call(engine.rule_lab, record.lossless, settings)
     return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)
