@@ -11,6 +11,7 @@ FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
+THEME_JS_FILE = ROOT / "assets" / "theme.js"
 
 
 def load_examples() -> list[dict]:
@@ -39,3 +40,8 @@ def how_it_works() -> str:
 def replay_js() -> str:
     """The replay player, run by the page as the replay component's js_on_load (assets/replay.js)."""
     return REPLAY_JS_FILE.read_text(encoding="utf-8")
+
+
+def theme_js() -> str:
+    """Charts follow the page's light or dark theme (assets/theme.js), run as a component's js_on_load."""
+    return THEME_JS_FILE.read_text(encoding="utf-8")

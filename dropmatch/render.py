@@ -58,6 +58,8 @@ BASE_CSS = """
 .dm-tok { border-radius: 4px; padding: 1px 1px; margin: 0 0.5px; cursor: help; }
 .dm-legend span { margin-right: 10px; padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; }
 .dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
+.dark .dm-stats td:first-child { color: #b0bec5; } .dark .dm-step td, .dark .dm-step th, .dark .dm-lab td { border-color: #546e7a; }
+.dark .dm-lab th { background: #263238; }
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
 .dm-step .why { max-width: 460px; }

@@ -188,3 +188,18 @@ def test_every_token_meets_a_4_5_contrast_ratio_in_both_themes(browser_app, them
     worst = min(found, key=lambda item: item["ratio"])
     assert worst["ratio"] >= 4.5, worst
     page.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_charts_follow_the_pages_theme(browser_app, theme):
+    url, browser = browser_app
+    page = _open(browser, url, f"?run={SHOWN_STEM}&__theme={theme}")
+    page.get_by_role("tab", name="Charts").click()
+    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('.js-plotly-plot')].every(c => c._fullLayout && "
+        f"(c._fullLayout.paper_bgcolor === '#0b0f19') === {'true' if theme == 'dark' else 'false'})", timeout=10_000)
+    fonts = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(c => c._fullLayout.font.color)")
+    assert len(fonts) >= 4 and set(fonts) == ({"#e5e7eb"} if theme == "dark" else {"#2a3f5f"}), fonts
+    page.close()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 import gradio as gr
 
-from ..assets import how_it_works, replay_js
+from ..assets import how_it_works, replay_js, theme_js
 from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -120,7 +120,7 @@ def build_layout() -> Ui:
     _settings(parts)
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
-    gr.HTML(legend_html())
+    gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
     _columns(parts)
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
         for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
