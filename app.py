@@ -11,6 +11,10 @@ nothing heavy happens at import time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+
+if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` comes before anything imports torch
+    importlib.import_module("spaces")
 
 from dropmatch.assets import EXAMPLES_FILE
 from dropmatch.record import MAX_RUN_FILE_BYTES, Downloads
@@ -29,9 +33,14 @@ def main() -> None:
     from dropmatch.engine import Engine
     from dropmatch.models import load_pair
     from dropmatch.studio import Policy, Studio
+    from dropmatch.ui import zerogpu
 
-    studio = Studio(load_pair, Engine, Policy.from_env())
-    studio.preload(PRESETS[DEFAULTS.pair])
+    if zerogpu.active():  # the default pair loads (to "cuda") in this process, before launch
+        studio = Studio(load_pair, Engine, Policy.from_env(), inline=True)
+        zerogpu.start(studio, PRESETS[DEFAULTS.pair])
+    else:
+        studio = Studio(load_pair, Engine, Policy.from_env())
+        studio.preload(PRESETS[DEFAULTS.pair])
     downloads = Downloads()
     try:
         # None lets Gradio read GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a Space sets them.

@@ -99,16 +99,33 @@ class LoadStatus:
         return ""
 
 
+class _Inline:
+    """An executor that runs each call at once in the caller's thread (ZeroGPU: see ui/zerogpu.py)."""
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor would
+            future.set_exception(error)
+        return future
+
+
 class Studio:
     """Hands out the engine for a pair, loading it on first use or ahead of time, and runs all model
-    work on its one model thread (thread-safe: the thread serialises it)."""
+    work on its one model thread (thread-safe: the thread serialises it).
+
+    inline=True (ZeroGPU): model work runs in the caller's thread instead, and gamma = auto's step
+    costs are measured on first use rather than at load (at load, in ZeroGPU's main process, there
+    is no GPU to time)."""
 
     def __init__(self, loader: Callable[[PairSpec], object], engine_factory: Callable[[object], object],
-                 policy: Policy = Policy()):
+                 policy: Policy = Policy(), inline: bool = False):
         self._loader = loader
         self._engine_factory = engine_factory
         self.policy = policy
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dropmatch-model")
+        self.inline = inline
+        self._worker = _Inline() if inline else ThreadPoolExecutor(max_workers=1, thread_name_prefix="dropmatch-model")
         self._spec: PairSpec | None = None
         self._engine = None
         self.status = LoadStatus("idle")
@@ -123,6 +140,10 @@ class Studio:
     def engine(self, spec: PairSpec):
         """The engine for `spec`, loading it (on the model thread) when another pair or none is loaded."""
         return self._worker.submit(self._engine_for, self.policy.check(spec)).result()
+
+    def loaded_spec(self) -> PairSpec | None:
+        """The spec of the pair in memory (policy applied), or None."""
+        return self._spec
 
     def loaded_engine(self):
         """The engine of the pair in memory, or None; never loads."""
@@ -154,7 +175,7 @@ class Studio:
             try:
                 self._engine = self._engine_factory(self._loader(spec))
                 measure = getattr(self._engine, "step_costs", None)
-                if measure is not None:  # gamma = auto's costs, timed at load rather than in the first run
+                if measure is not None and not self.inline:  # gamma = auto's costs, timed at load rather than in the first run
                     measure()
             except Exception as error:
                 self.status = LoadStatus("failed", spec.label, error=str(error))

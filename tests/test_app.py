@@ -185,51 +185,6 @@ def test_the_web_app_loads_hub_ids_only_unless_local_models_are_allowed(tmp_path
     assert allowing.check(PairSpec(str(tmp_path), "org/model")).target == str(tmp_path)
 
 
-def test_on_zerogpu_the_pair_loads_outside_the_gpu_call_and_only_generation_runs_inside(monkeypatch):
-    """With a stand-in `spaces` module: the loader runs outside any spaces.GPU call, the engine's
-    generation inside it, and what comes back out holds no engine."""
-    import sys
-    import types
-
-    from fake_engine import FakeEngine
-
-    from dropmatch.config import Settings
-    from dropmatch.record import Downloads
-    from dropmatch.ui.callbacks import compare_api, run_comparison
-
-    inside = {"now": False, "generated_inside": [], "loaded_inside": []}
-
-    def gpu(duration=60):
-        def wrap(fn):
-            def run(*args, **kwargs):
-                inside["now"] = True
-                try:
-                    yield from fn(*args, **kwargs)
-                finally:
-                    inside["now"] = False
-            return run
-        return wrap
-
-    class RecordingEngine(FakeEngine):
-        def speculative(self, *args, **kwargs):
-            inside["generated_inside"].append(inside["now"])
-            return super().speculative(*args, **kwargs)
-
-    def loader(spec):
-        inside["loaded_inside"].append(inside["now"])
-        return spec
-
-    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=gpu))
-    studio = Studio(loader=loader, engine_factory=lambda pair: RecordingEngine())
-    *_, result = compare_api(studio, Settings(PROMPT, max_new_tokens=6))
-    assert result["lossy"]["text"]
-    views = list(run_comparison(studio, Downloads(), Settings(
-        PROMPT, DEFAULT_PRESET, gamma="4", max_new_tokens=6, run_autoregressive=False, draft_source="model")))
-    assert views[-1]["status"].startswith("Done")
-    assert inside["loaded_inside"] == [False]
-    assert inside["generated_inside"] and all(inside["generated_inside"])
-
-
 def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(tmp_path):
     """The Downloads trace of a run reopens (both columns, stats, charts, step view) with a Studio
     whose loader fails; an old or foreign JSON gets one clear line."""

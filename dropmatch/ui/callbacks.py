@@ -1,6 +1,6 @@
 """The app's callbacks: settings in, views (by Ui field name) out. The model work goes through the
-Studio (studio.py), which owns the one loaded pair and its model thread; on a ZeroGPU Space only
-the generation itself runs inside a GPU call (`on_gpu`)."""
+Studio (studio.py), which owns the one loaded pair and its model thread; on a ZeroGPU Space the
+generation and the rule lab's re-judge run inside GPU calls (zerogpu.py), the loading outside."""
 
 from __future__ import annotations
 
@@ -13,27 +13,23 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..compare import compare_stream
 from ..config import ConfigError, DecodeConfig, RuleConfig, Settings
-from ..record import Downloads, RunRecord, read_recorded_run, record_of
+from ..record import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
-from . import views
+from . import views, zerogpu
+from .streaming import stream_comparison
 
 # Errors a user's input or the hub can cause: shown as one line, never as a traceback.
 USER_ERRORS = (ConfigError, RuntimeError, ValueError, OSError)
 
 
-def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool):
-    """The generation itself (what runs inside a ZeroGPU call): partial views while both columns
-    grow, then the RunRecord (plain data, nothing on the device)."""
-    state = None
-    for state in compare_stream(engine, prompt, decode, rule, run_ar):
-        update = {"lossless_out": views.column_html(state.lossless, engine),
-                  "lossy_out": views.column_html(state.lossy, engine)}
-        if state.phase == "baseline":
-            update["status"] = "Both runs done; measuring the autoregressive baseline for the speedup …"
-        yield update
-    yield record_of(state, engine)
+def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig):
+    """The views of one comparison's generation: on ZeroGPU from the module-level GPU function
+    (its arguments are the settings only; the worker reaches the models through zerogpu's state),
+    else computed on the studio's model thread."""
+    if studio.inline and zerogpu.active():
+        return zerogpu.compare_on_gpu(settings)
+    return studio.iterate(stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)))
 
 
 def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
@@ -46,12 +42,11 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
         if not studio.is_loaded(spec):
             yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
                              "GGUF once, about 20 s)"}
-        engine = studio.engine(spec)
+        engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
                "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": ""}
         record = None
-        generation = on_gpu(stream_comparison)(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive))
-        for item in studio.iterate(generation):
+        for item in generation(studio, engine, settings, decode, rule):
             if isinstance(item, RunRecord):
                 record = item
             else:
@@ -78,8 +73,7 @@ def compare_api(studio: Studio, settings: Settings) -> Iterator[dict]:
         studio.policy.check_length(decode.max_new_tokens)
         engine = studio.engine(settings.pair_spec())  # outside the GPU call
         record, steps = None, 0
-        for item in studio.iterate(on_gpu(stream_comparison)(engine, settings.prompt, decode, rule,
-                                                             bool(settings.run_autoregressive))):
+        for item in generation(studio, engine, settings, decode, rule):
             if isinstance(item, RunRecord):
                 record = item
             else:
@@ -149,16 +143,8 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
     if refusal:
         return {"lab_status": f"⚠️ {refusal}"}
     start = time.perf_counter()
-    matrix = studio.call(engine.rule_lab, record.lossless, settings)
+    if studio.inline and zerogpu.active():
+        matrix = zerogpu.rule_lab_on_gpu(studio.loaded_spec(), record.lossless, settings)
+    else:
+        matrix = studio.call(engine.rule_lab, record.lossless, settings)
     return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)
-
-
-def on_gpu(fn):
-    """On a ZeroGPU Space (package `spaces` importable) a GPU is attached for the call; else as is.
-    Hugging Face's pattern: weights load outside the call (the Studio, at launch or on first use),
-    only the generation runs inside, and what it returns holds nothing on the device."""
-    try:
-        import spaces
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=180)(fn)
