@@ -177,6 +177,18 @@ class Downloads:
         self.folder = folder or Path(tempfile.mkdtemp(prefix="dropmatch-downloads-"))
         self.keep = keep
         self._lock = threading.Lock()
+        self._shipped: dict[str, tuple[str, str]] = {}
+
+    def for_shipped(self, path: Path, record: RunRecord) -> tuple[str, str]:
+        """(trace JSON, metrics CSV) of a run shipped with the app: the shipped file itself, and its CSV
+        written once per server, not per visitor (every first visit shows a shipped run)."""
+        key = str(Path(path).resolve())
+        with self._lock:
+            if key not in self._shipped:
+                metrics_path = self.folder / f"shipped-{Path(path).stem}-metrics.csv"
+                _write_metrics(metrics_path, [m.to_dict() for m in record.metrics()])
+                self._shipped[key] = (key, str(metrics_path))
+            return self._shipped[key]
 
     def write(self, record: RunRecord) -> tuple[str, str]:
         """(trace JSON path, metrics CSV path) of a new run folder; the oldest folders beyond `keep` go."""
@@ -187,7 +199,7 @@ class Downloads:
             trace_path.write_text(json.dumps(record.to_dict()))
             metrics_path = run / "dropmatch_metrics.csv"
             _write_metrics(metrics_path, [m.to_dict() for m in record.metrics()])
-            runs = sorted((p for p in self.folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+            runs = sorted((p for p in self.folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)  # not shipped CSVs
             for old in runs[: max(0, len(runs) - self.keep)]:
                 shutil.rmtree(old, ignore_errors=True)
             return str(trace_path), str(metrics_path)

@@ -66,11 +66,16 @@ def browser_app():
     from dropmatch.studio import Studio
     from playwright.sync_api import sync_playwright
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    from dropmatch.record import Downloads
+    import tempfile
+
+    downloads = Downloads(Path(tempfile.mkdtemp(prefix="dm-test-downloads-")))
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()), downloads)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         try:
+            browser.downloads_folder = downloads.folder
             yield demo.local_url, browser
         finally:
             browser.close()
@@ -203,3 +208,19 @@ def test_charts_follow_the_pages_theme(browser_app, theme):
     fonts = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(c => c._fullLayout.font.color)")
     assert len(fonts) >= 4 and set(fonts) == ({"#e5e7eb"} if theme == "dark" else {"#2a3f5f"}), fonts
     page.close()
+
+
+@pytest.mark.browser
+def test_first_visits_share_one_shipped_view_and_write_no_run_to_disk(browser_app):
+    """Every first visit shows the shipped run (its step slider and its replay work), read from memory:
+    the downloads folder holds no per-visit run, only the shipped run's CSV written once."""
+    url, browser = browser_app
+    for _ in range(3):
+        page = _open(browser, url, "")
+        assert page.locator(".dm-rp").count() == 1 and page.locator("#lossless-text .dm-tok").count() > 20
+        page.keyboard.press("PageDown")
+        assert _stage(page) == "1,1"
+        page.close()
+    written = sorted(path.name for path in browser.downloads_folder.iterdir())
+    assert all(name.startswith("shipped-") and name.endswith(".csv") for name in written), written
+    assert len(written) <= len(SHIPPED)

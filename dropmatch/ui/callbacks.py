@@ -106,13 +106,15 @@ def settings_endpoint(call):
     return endpoint
 
 
-def open_recorded(downloads: Downloads, path, title: str | None = None) -> dict:
-    """The views of a recorded run (an uploaded file or a shipped one); one clear message otherwise."""
+def open_recorded(downloads: Downloads, path, title: str | None = None, shipped: bool = False) -> dict:
+    """The views of a recorded run (an uploaded file, or one shipped with the app: `shipped`, whose
+    own file is its download); one clear message otherwise."""
     if not path:
         return {}
     try:
         record = read_recorded_run(path)
-        return views.finished_view(record, downloads, recorded_from=title or Path(str(path)).name)
+        return views.finished_view(record, downloads, recorded_from=title or Path(str(path)).name,
+                                   shipped=Path(path) if shipped else None)
     except ConfigError as error:
         return {"status": f"⚠️ {error}"}
     except Exception as error:  # a file of the right shape whose content no view can draw: say so, log it

@@ -17,6 +17,7 @@ from . import views
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
                     "majority_fraction", "draft_source", "rescue_argmax", "path_support")
+SESSION_TTL_S = 3600
 # Click, tap or Enter on a token pins its numbers under the text (tooltips need a mouse).
 PIN_JS = """
 const pin = (token) => {
@@ -125,8 +126,9 @@ def build_layout() -> Ui:
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
         for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
             tab(parts)
-    parts["last_run"] = gr.State(None)
-    parts["lab_matrix"] = gr.State(None)
+    # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
+    parts["last_run"] = gr.State(None, time_to_live=SESSION_TTL_S)
+    parts["lab_matrix"] = gr.State(None, time_to_live=SESSION_TTL_S)
     assert {f.name for f in fields(Ui)} == set(parts), "every Ui field is built exactly once"
     return Ui(**parts)
 

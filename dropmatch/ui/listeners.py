@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import gradio as gr
 
 from ..config import PRESETS, Settings
@@ -22,6 +24,17 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(SETTING_CONTROLS, values)))):
             yield ui.bind(view)
 
+    def shipped_view(title: str) -> dict:
+        """A shipped run's views, computed once per server and shared (read-only) by every visitor:
+        a first visit reads them from memory and writes nothing to disk."""
+        with shipped_lock:
+            if title not in shipped_views:
+                shipped_views[title] = callbacks.open_recorded(downloads, recorded_runs()[title], title, shipped=True)
+            return shipped_views[title]
+
+    shipped_views: dict[str, dict] = {}
+    shipped_lock = threading.Lock()
+
     def on_first_visit(request: gr.Request):
         """A shipped run at once, while the pair loads in the background; else the frontier alone.
         ?run=<name> opens that shipped run in the Replay tab (a link a speaker can share)."""
@@ -30,7 +43,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
             return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
         asked = (request.query_params.get("run") if request else None) or ""
         title = views.shipped_run_title(shipped, asked)
-        view = callbacks.open_recorded(downloads, shipped[title or next(iter(shipped))], title or next(iter(shipped)))
+        view = _copy(shipped_view(title or next(iter(shipped))))
         if asked and title:
             view["tabs"] = gr.Tabs(selected="replay")
         elif asked:
@@ -51,7 +64,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     ui.load_timer.tick(lambda: views.load_status_view(studio.status), None, [ui.status, ui.load_timer],
                        api_visibility="private")
     _lab_listeners(ui, studio)
-    _recorded_listeners(ui, downloads)
+    _recorded_listeners(ui, downloads, shipped_view)
     gr.api(callbacks.settings_endpoint(lambda settings: callbacks.compare_api(studio, settings)), api_name="compare",
            concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
 
@@ -69,15 +82,20 @@ def _lab_listeners(ui: Ui, studio: Studio) -> None:
                                [ui.lab_matrix, ui.lab_disagreements], ui.lab_out, api_visibility="private")
 
 
-def _recorded_listeners(ui: Ui, downloads: Downloads) -> None:
+def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
     def on_recorded_choice(title):
-        return ui.bind(callbacks.open_recorded(downloads, recorded_runs().get(title), title) if title else {})
+        return ui.bind(_copy(shipped_view(title)) if title in recorded_runs() else {})
 
     def on_recorded_upload(file):
         return ui.bind(callbacks.open_recorded(downloads, file))
 
     ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
     ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+
+
+def _copy(view: dict) -> dict:
+    """A shared view for one response: its own dict, and its own copy of every update dict in it."""
+    return {name: dict(value) if isinstance(value, dict) else value for name, value in view.items()}
 
 
 def create_demo(studio: Studio, downloads: Downloads | None = None) -> gr.Blocks:

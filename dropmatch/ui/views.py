@@ -4,6 +4,7 @@ values of the app's components, by Ui field name. No model runs here."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gradio as gr
 
@@ -62,11 +63,13 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
 
 
-def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | None = None) -> dict:
-    """Every output of a finished run (or of a recorded one, `recorded_from` naming it), by Ui field name."""
+def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | None = None,
+                  shipped: Path | None = None) -> dict:
+    """Every output of a finished run (or of a recorded one, `recorded_from` naming it; `shipped`: the
+    file it came with, offered as its download instead of a copy), by Ui field name."""
     lossless_metrics, lossy_metrics = record.metrics()
     figs = figures_of(record)
-    trace_file, metrics_file = downloads.write(record)
+    trace_file, metrics_file = downloads.for_shipped(shipped, record) if shipped else downloads.write(record)
     rounds = len(record.lossy.rounds)
     return {
         "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover a "
