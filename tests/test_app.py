@@ -274,3 +274,22 @@ def test_the_api_refuses_a_run_longer_than_the_servers_cap():
         list(compare_api(studio, Settings(PROMPT, max_new_tokens=9)))
     *_, result = compare_api(studio, Settings(PROMPT, max_new_tokens=8))
     assert result["lossy"]["text"]
+
+
+def test_model_work_is_one_group_of_one_and_cheap_events_are_not_queued_behind_it():
+    """Runs, the lab's re-judge and /compare share the concurrency group "engine" with a limit of 1;
+    every other event (page load, a recorded run, the step slider, the timer) runs beside them."""
+    import app
+
+    demo = app.create_demo(fake_studio())
+    heavy = {"on_run", "on_lab", "compare"}
+    names = set()
+    for fn in demo.fns.values():
+        names.add(fn.name)
+        if fn.name in heavy:
+            assert (fn.concurrency_id, fn.concurrency_limit) == ("engine", 1), fn.name
+        else:
+            assert fn.concurrency_id != "engine" and fn.concurrency_limit in ("default", None) or \
+                fn.concurrency_limit > 1, fn.name
+    assert heavy <= names and {"on_first_visit", "step_view", "on_recorded_choice"} <= names
+    assert demo._queue.default_concurrency_limit > 1

@@ -14,7 +14,8 @@ from ..studio import Studio
 from . import callbacks, views
 from .layout import SETTING_CONTROLS, Ui, build_layout
 
-RUN_TIME_LIMIT_S = 600  # a run past this is cancelled, so one user cannot hold the model forever
+RUN_TIME_LIMIT_S = 600
+CHEAP_CONCURRENCY = 8  # a run past this is cancelled, so one user cannot hold the model forever
 
 
 def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
@@ -56,7 +57,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
     first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs], api_visibility="private")
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
-                                    api_visibility="private", concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+                                    api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
     ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
@@ -66,7 +67,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     _lab_listeners(ui, studio)
     _recorded_listeners(ui, downloads, shipped_view)
     gr.api(callbacks.settings_endpoint(lambda settings: callbacks.compare_api(studio, settings)), api_name="compare",
-           concurrency_id="engine", time_limit=RUN_TIME_LIMIT_S)
+           concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
 
 
 def _lab_listeners(ui: Ui, studio: Studio) -> None:
@@ -77,7 +78,7 @@ def _lab_listeners(ui: Ui, studio: Studio) -> None:
     # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.
     for control in ui.lab_controls():
         control.input(on_lab, [ui.last_run, *ui.lab_controls(), ui.lab_disagreements], lab_outputs,
-                      api_visibility="private", concurrency_id="engine", trigger_mode="always_last")
+                      api_visibility="private", concurrency_id="engine", concurrency_limit=1, trigger_mode="always_last")
     ui.lab_disagreements.input(lambda matrix, only: lab_html(matrix, only) if matrix else gr.update(),
                                [ui.lab_matrix, ui.lab_disagreements], ui.lab_out, api_visibility="private")
 
@@ -104,5 +105,7 @@ def create_demo(studio: Studio, downloads: Downloads | None = None) -> gr.Blocks
     with gr.Blocks(title="DropMatch Studio", delete_cache=(3600, 3600)) as demo:
         ui = build_layout()
         register_listeners(demo, ui, studio, downloads)
-    demo.queue(default_concurrency_limit=1, max_size=64)
+    # Model work (runs, the lab's re-judge, /compare) is one group of one; cheap events (page load, a
+    # recorded run, the step slider, the timer) run beside it instead of queueing behind a run.
+    demo.queue(default_concurrency_limit=CHEAP_CONCURRENCY, max_size=64)
     return demo
