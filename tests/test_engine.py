@@ -483,3 +483,21 @@ def test_a_small_path_support_keeps_the_drafted_token_and_the_likely_ones():
     assert mc_head.tail_log_mass(clean, support, 1.0).exp().item() == pytest.approx(0.35, rel=1e-5)
     with pytest.raises(ConfigError, match="path support"):
         RuleConfig(path_support=3)
+
+
+def test_a_greedy_mismatch_names_its_first_divergence_and_the_targets_margin_there(tiny_engine):
+    """first_divergence finds the first differing token and recomputes the target's logit margin
+    between the two tokens there; a margin within bf16 rounding is called a near-tie."""
+    from dropmatch.models import Divergence, first_divergence, greedy_reference
+
+    ids = tiny_engine.encode(PROMPTS[0])
+    reference = greedy_reference(tiny_engine.target, ids, 12, tiny_engine.stop_ids)
+    assert len(reference) > 5
+    assert first_divergence(tiny_engine.target, ids, reference, reference) is None
+    changed = list(reference)
+    changed[5] = (reference[5] + 1) % tiny_engine.target.vocab_size
+    found = first_divergence(tiny_engine.target, ids, reference, changed)
+    logits = tiny_engine.target.model(input_ids=torch.tensor([ids + reference[:5]])).logits[0, -1]
+    assert (found.index, found.expected, found.got) == (5, reference[5], changed[5])
+    assert found.margin == pytest.approx(float(logits[reference[5]] - logits[changed[5]]), abs=1e-4) and found.margin > 0
+    assert "not a near-tie" in found.describe() and "near-tie (within bf16" in Divergence(3, 1, 2, 0.05).describe()

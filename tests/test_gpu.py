@@ -27,11 +27,13 @@ def test_models_load_in_bf16_on_the_gpu(cuda_engine):
 def test_lossless_greedy_matches_generate_on_the_gpu(cuda_engine):
     from dropmatch.config import DecodeConfig, RuleConfig
     from dropmatch.engine import run_to_end
-    from dropmatch.models import greedy_reference
+    from dropmatch.models import first_divergence, greedy_reference
 
     ids = cuda_engine.encode("what is two plus three?")
     trace = run_to_end(cuda_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=32), RuleConfig("lossless")))
-    assert list(trace.output_ids) == greedy_reference(cuda_engine.target, ids, 32, cuda_engine.stop_ids)
+    reference = greedy_reference(cuda_engine.target, ids, 32, cuda_engine.stop_ids)
+    found = first_divergence(cuda_engine.target, ids, reference, list(trace.output_ids))
+    assert list(trace.output_ids) == reference, found.describe(cuda_engine.token_text) if found else "lengths differ"
 
 
 def test_sampling_on_the_gpu_is_reproducible_with_a_cuda_generator(cuda_engine):

@@ -10,7 +10,7 @@ from .. import metrics, quality
 from ..acceptance import RULES
 from ..config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
-from ..models import assisted_generate, greedy_reference, prompt_lookup_generate
+from ..models import assisted_generate, first_divergence, greedy_reference, prompt_lookup_generate
 from .prompts import Item, score
 
 
@@ -82,6 +82,7 @@ class BenchmarkResult:
     ar: list[Generation] = field(default_factory=list)
     runs: dict[str, list[Generation | None]] = field(default_factory=dict)
     identical: list[bool] = field(default_factory=list)
+    divergences: list[str] = field(default_factory=list)  # where lossless departed from generate(), and why
     peers: dict[str, list[dict]] = field(default_factory=dict)  # peer name -> one row per prompt
     reference: list[list[Generation]] = field(default_factory=list)  # per prompt, the target's own samples
     skipped: list[str] = field(default_factory=list)  # why prompts that do not fit were left out
@@ -146,6 +147,10 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
         if check_identity and "lossless" in traces:
             reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
             identical = list(traces["lossless"].output_ids) == reference
+            if not identical:
+                found = first_divergence(engine.target, ids, reference, list(traces["lossless"].output_ids))
+                why = found.describe(engine.token_text) if found else "one output is a prefix of the other"
+                result.divergences.append(f"prompt {len(result.items)}: {why}")
         lossless = traces.get("lossless")
         result.items.append(item)
         result.ar.append(generation(kind, item, ar))

@@ -51,6 +51,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
             stats["identical_to_target_greedy"] = all(result.identical)
             stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
+            stats["divergences"] = list(result.divergences)
         rules[label] = stats
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
            "autoregressive": ar, "rules": rules}
@@ -173,6 +174,7 @@ def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
         merged.items += result.items
         merged.ar += result.ar
         merged.identical += result.identical
+        merged.divergences += [f"{result.name} {line}" for line in result.divergences]
         merged.reference += result.reference
         for label in merged.runs:
             merged.runs[label] += result.runs[label]

@@ -4,6 +4,7 @@ peers on the same pair: transformers' assisted generation and its prompt-lookup 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,46 @@ def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: in
             temperature=None, top_p=None, top_k=None,
         )
     return out[0, len(prompt_ids):].tolist()
+
+
+# Two logits closer than this are a near-tie: bf16 keeps 8 bits of mantissa, so at a logit of 16-32 one
+# rounding step is 0.0625-0.125, and the two kernels (one forward over many positions, or one at a time)
+# may round them apart.
+NEAR_TIE_LOGITS = 0.125
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two greedy outputs of one prompt first differ, and how close the target was to a tie there."""
+
+    index: int  # the first differing new token
+    expected: int  # the reference's token (the target's own generate())
+    got: int
+    margin: float  # the target's logit of `expected` minus that of `got`, recomputed in fp32
+
+    @property
+    def near_tie(self) -> bool:
+        return abs(self.margin) <= NEAR_TIE_LOGITS
+
+    def describe(self, token_text=str) -> str:
+        verdict = ("a near-tie (within bf16 rounding), not a decoding bug" if self.near_tie
+                   else "not a near-tie: a real mismatch")
+        return (f"first divergence at new token {self.index}: generate() chose {token_text(self.expected)!r}, this "
+                f"run {token_text(self.got)!r}; the target's logit margin there is {self.margin:.4f}: {verdict}")
+
+
+def first_divergence(target: CausalLM, prompt_ids: list[int], expected: list[int], got: list[int]) -> Divergence | None:
+    """The first new token where `got` departs from `expected` (both continuations of prompt_ids), with
+    the target's logit margin between the two tokens there (one fp32 forward over the shared prefix);
+    None when one is a prefix of the other."""
+    index = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    if index is None:
+        return None
+    ids = torch.tensor([list(prompt_ids) + list(expected[:index])], device=target.device)
+    with torch.inference_mode():
+        logits = target.model(input_ids=ids).logits[0, -1].float()
+    return Divergence(index, int(expected[index]), int(got[index]),
+                      float(logits[expected[index]] - logits[got[index]]))
 
 
 def assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], max_new_tokens: int,
