@@ -190,7 +190,8 @@
       this.root.querySelector("[data-act=play]").textContent = "⏸ Pause";
       const tick = (now) => {
         if (!this.playing) return;
-        if (this.last !== null) this.time += ((now - this.last) / 1000) * this.speed;
+        // at most a quarter second a frame: a tab in the background pauses the frames, not the race
+        if (this.last !== null) this.time += (Math.min(now - this.last, 250) / 1000) * this.speed;
         this.last = now;
         this.columns.forEach((c) => { let k = 0; while (k + 1 < c.stages.length && c.stages[k + 1].time <= this.time) k++; c.cursor = k; });
         this.render();
