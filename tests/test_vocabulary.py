@@ -18,7 +18,8 @@ def coin_rule():
         positions = torch.arange(signals.draft_tokens.shape[0])
         return [("heads", positions % 2 == 1)]
 
-    acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", lossy=True))
+    acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
+                                      "underline dotted", lossy=True))
     acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check))
     yield "coin"
     RULES.pop("coin")
@@ -45,7 +46,9 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     lossy = state.lossy.trace
     assert any(d.reason == "heads" for r in lossy.rounds for d in r.drafted)
     assert metrics.lossy_share(lossy) > 0 and "heads" in acceptance.lossy_reasons()
-    assert "heads" in render.legend_html() and ".dm-heads { background: #abcdef; }" in render.css()
+    css = render.css()  # its highlight, an explicit text colour, its cue, and its dark variant
+    assert "heads" in render.legend_html() and ".dm-heads { background: #abcdef; color: " in css
+    assert "text-decoration: underline dotted;" in css and ".dark .dm-heads { background: #1a237e;" in css
     spans = render.token_spans(lossy.first_token, list(lossy.rounds), engine.token_text)
     assert any(kind == "heads" and "accepted by the coin" in tip for _, kind, tip in spans)
     heads = [t for t in plots.js_scatter(lossy, engine.token_text).data if t.name == "heads"]
