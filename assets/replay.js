@@ -36,7 +36,7 @@
   }
 
   // The committed text before round i (cached: each frame only redraws the current round).
-  function prefixes(column) {
+  function prefixes(column, lossyKinds) {
     const out = [];
     let html = column.first === null ? "" : tokenSpan(column.first, "first", "first token, from the prefill call");
     let tokens = 1, calls = 1, emitted = 0, lossy = 0;
@@ -44,12 +44,11 @@
       out.push({html, tokens, calls, emitted, lossy, rounds: i});
       r.emitted.forEach((e) => { if (e.x) html += tokenSpan(e.x, e.kind, e.tip); });
       tokens += r.emitted.length; calls += 1; emitted += r.emitted.length;
-      lossy += r.drafted.filter((d) => LOSSY.has(d.reason)).length;
+      lossy += r.drafted.filter((d) => lossyKinds.has(d.reason)).length;
     });
     out.push({html, tokens, calls, emitted, lossy, rounds: column.rounds.length});
     return out;
   }
-  const LOSSY = new Set(["js", "majority", "naive", "typical", "fixed_js"]);
 
   function slotWhy(d) {
     let why = `draft q = ${fmt(d.q)}; clean target's choice “${esc(show(d.target))}” (p = ${fmt(d.p_target_top)}), this token p = ${fmt(d.p)}`;
@@ -119,7 +118,9 @@
     constructor(host, payload) {
       this.host = host;
       this.payload = payload;
-      this.columns = payload.columns.map((c) => ({data: c, stages: stagesOf(c), pre: prefixes(c), cursor: 0}));
+      // the reasons only a lossy rule gives, from the rule table (the payload's legend), not a list kept here
+      const lossyKinds = new Set(Object.keys(payload.legend).filter((kind) => payload.legend[kind].lossy));
+      this.columns = payload.columns.map((c) => ({data: c, stages: stagesOf(c), pre: prefixes(c, lossyKinds), cursor: 0}));
       this.time = 0; this.speed = 1; this.playing = false; this.font = 1.15; this.last = null;
       this.build();
       this.render();

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 
-from .acceptance import REASONS, votes_needed
+from .acceptance import REASONS, lossy_reasons, votes_needed
 from .metrics import summarize
 from .record import RunRecord
 from .render import kind_label, palette, tooltip
@@ -27,14 +27,15 @@ def replay_payload(record: RunRecord, title: str = "") -> dict:
         "title": title,
         "columns": [column_payload(record.lossless, "Lossless SD", record),
                     column_payload(record.lossy, lossy_name, record, lossless=record.lossless)],
-        "legend": {kind: {"label": kind_label(kind), "cue": cue} for kind, (_, _, cue) in palette().items()},
+        "legend": {kind: {"label": kind_label(kind), "cue": cue, "lossy": kind in REASONS and REASONS[kind].lossy}
+                   for kind, (_, _, cue) in palette().items()},
     }
 
 
 def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
                    lossless: GenerationTrace | None = None) -> dict:
     """One column: its first token, its rounds, and the run's own metrics the counters must end at."""
-    stop_ids = _stop_ids(trace)
+    stop_ids, lossy = _stop_ids(trace), set(lossy_reasons())
     metrics = summarize(trace, ar=record.ar, lossless=lossless)
     first = None if trace.first_token in stop_ids else _text(record, trace.first_token)
     return {
@@ -45,12 +46,9 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
         "rounds": [round_payload(r, record, stop_ids, trace.majority_fraction) for r in trace.rounds],
         "text": "".join(_text(record, t) for t in trace.output_ids if t not in stop_ids),
         "final": {"tokens": metrics.new_tokens, "calls": metrics.target_calls, "tau": metrics.tau,
-                  "lossy_only": sum(d.reason in _LOSSY for r in trace.rounds for d in r.drafted),
+                  "lossy_only": sum(d.reason in lossy for r in trace.rounds for d in r.drafted),
                   "seconds": trace.t_prefill + sum(r.t_round for r in trace.rounds)},
     }
-
-
-_LOSSY = frozenset(name for name, reason in REASONS.items() if reason.lossy)
 
 
 def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], majority_fraction: float) -> dict:

@@ -75,8 +75,7 @@ def browser_app():
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         try:
-            browser.downloads_folder = downloads.folder
-            yield demo.local_url, browser
+            yield demo.local_url, browser, downloads.folder
         finally:
             browser.close()
             demo.close()
@@ -98,7 +97,7 @@ SHOWN_STEM = next(iter(SHIPPED.values())).stem if SHIPPED else ""
 
 @pytest.mark.browser
 def test_replay_of_a_shipped_run_ends_on_its_texts_and_metrics(browser_app):
-    url, browser = browser_app
+    url, browser, _ = browser_app
     title = next(iter(SHIPPED))
     record = read_recorded_run(SHIPPED[title])
     page = _open(browser, url, f"?run={SHIPPED[title].stem}")
@@ -120,7 +119,7 @@ def test_replay_of_a_shipped_run_ends_on_its_texts_and_metrics(browser_app):
 
 @pytest.mark.browser
 def test_pause_stops_the_frames_and_a_key_advances_one_stage(browser_app):
-    url, browser = browser_app
+    url, browser, _ = browser_app
     page = _open(browser, url, f"?run={SHOWN_STEM}")
     page.select_option("[data-act=speed]", "0.25")
     page.click("[data-act=play]")
@@ -146,7 +145,7 @@ def test_pause_stops_the_frames_and_a_key_advances_one_stage(browser_app):
 
 @pytest.mark.browser
 def test_presenter_layout_shows_both_columns_and_counters_on_one_1080p_screen(browser_app):
-    url, browser = browser_app
+    url, browser, _ = browser_app
     page = _open(browser, url, f"?run={SHOWN_STEM}&presenter=1")
     page.wait_for_selector(".dm-rp.dm-presenting")
     for _ in range(60):
@@ -181,7 +180,7 @@ CONTRAST_JS = """
 @pytest.mark.browser
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_every_token_meets_a_4_5_contrast_ratio_in_both_themes(browser_app, theme):
-    url, browser = browser_app
+    url, browser, _ = browser_app
     page = _open(browser, url, f"?run={SHOWN_STEM}&__theme={theme}")
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
     for _ in range(12):
@@ -198,7 +197,7 @@ def test_every_token_meets_a_4_5_contrast_ratio_in_both_themes(browser_app, them
 @pytest.mark.browser
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_charts_follow_the_pages_theme(browser_app, theme):
-    url, browser = browser_app
+    url, browser, _ = browser_app
     page = _open(browser, url, f"?run={SHOWN_STEM}&__theme={theme}")
     page.get_by_role("tab", name="Charts").click()
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
@@ -214,13 +213,13 @@ def test_charts_follow_the_pages_theme(browser_app, theme):
 def test_first_visits_share_one_shipped_view_and_write_no_run_to_disk(browser_app):
     """Every first visit shows the shipped run (its step slider and its replay work), read from memory:
     the downloads folder holds no per-visit run, only the shipped run's CSV written once."""
-    url, browser = browser_app
+    url, browser, downloads_folder = browser_app
     for _ in range(3):
         page = _open(browser, url, "")
         assert page.locator(".dm-rp").count() == 1 and page.locator("#lossless-text .dm-tok").count() > 20
         page.keyboard.press("PageDown")
         assert _stage(page) == "1,1"
         page.close()
-    written = sorted(path.name for path in browser.downloads_folder.iterdir())
+    written = sorted(path.name for path in downloads_folder.iterdir())
     assert all(name.startswith("shipped-") and name.endswith(".csv") for name in written), written
     assert len(written) <= len(SHIPPED)

@@ -177,14 +177,15 @@ def check_sha256(path: Path, expected: str = GGUF_SHA256) -> None:
                              f"{expected[:12]}… (a damaged or different file: delete it and load again)")
 
 
-def embedded_target_dir() -> Path:
-    """SmolLM2-135M-Instruct converted from the shipped GGUF to safetensors, once (~20 s)."""
+def embedded_target_dir(gguf: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF (`gguf`, else embedded_gguf_path's) to
+    safetensors, once (~20 s)."""
     out = cache_root() / "smollm2-135m-instruct"
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf, _ = embedded_gguf_path()
+    gguf = gguf or embedded_gguf_path()[0]
     check_sha256(gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -209,7 +210,7 @@ def embedded_target_dir() -> Path:
 def embedded_target_source() -> tuple[str, str]:
     """(the converted embedded target's folder, a phrase saying where its GGUF came from)."""
     gguf, source = embedded_gguf_path()
-    return str(embedded_target_dir()), source
+    return str(embedded_target_dir(gguf)), source
 
 
 def load_embedded_target(device: torch.device | None = None, dtype: torch.dtype | None = None):

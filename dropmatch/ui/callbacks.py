@@ -27,14 +27,14 @@ def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig,
     """The views of one comparison's generation: on ZeroGPU from the module-level GPU function
     (its arguments are the settings only; the worker reaches the models through zerogpu's state),
     else computed on the studio's model thread."""
-    if studio.inline and zerogpu.active():
+    if zerogpu.serves(studio):
         return zerogpu.compare_on_gpu(settings)
     return studio.iterate(stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)))
 
 
 def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
     """Yields partial views (by Ui field name) while both columns grow, then the finished view.
-    The pair loads outside the GPU call (on_gpu wraps the generation only)."""
+    The pair loads outside the GPU call (on ZeroGPU only the generation runs in it: `generation`)."""
     try:
         decode, rule = settings.parse()
         studio.policy.check_length(decode.max_new_tokens)
@@ -145,7 +145,7 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
     if refusal:
         return {"lab_status": f"⚠️ {refusal}"}
     start = time.perf_counter()
-    if studio.inline and zerogpu.active():
+    if zerogpu.serves(studio):
         matrix = zerogpu.rule_lab_on_gpu(studio.loaded_spec(), record.lossless, settings)
     else:
         matrix = studio.call(engine.rule_lab, record.lossless, settings)

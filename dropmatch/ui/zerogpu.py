@@ -42,6 +42,12 @@ def active() -> bool:
     return on and importlib.util.find_spec("spaces") is not None
 
 
+def serves(studio) -> bool:
+    """Whether this studio's model work goes through the GPU functions below: an inline studio
+    (zerogpu.start's) on ZeroGPU; an inline studio elsewhere (tests) runs in the caller."""
+    return studio.inline and active()
+
+
 def start(studio, spec: PairSpec) -> None:
     """Load `spec` in the main process (its weights go to "cuda" here, before launch, as ZeroGPU
     needs) and keep the studio where the GPU workers find it."""
