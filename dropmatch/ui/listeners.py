@@ -12,6 +12,7 @@ from ..render import lab_html
 from ..assets import load_frontier
 from ..studio import Studio
 from . import callbacks, views
+from .sessions import SessionJanitor
 from .layout import SETTING_CONTROLS, Ui, build_layout
 
 RUN_TIME_LIMIT_S = 600
@@ -35,10 +36,12 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
 
     shipped_views: dict[str, dict] = {}
     shipped_lock = threading.Lock()
+    janitor = SessionJanitor(demo)
 
     def on_first_visit(request: gr.Request):
         """A shipped run at once, while the pair loads in the background; else the frontier alone.
         ?run=<name> opens that shipped run in the Replay tab (a link a speaker can share)."""
+        janitor.page_opened(request.session_hash if request else None)
         shipped = recorded_runs()
         if not shipped:
             return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
@@ -52,10 +55,14 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
                               + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
         return ui.bind(view)
 
+    def on_tab_closed(request: gr.Request):
+        janitor.page_closed(request.session_hash)
+
     ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
                    [ui.target_id, ui.draft_id], api_visibility="private")
     # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
     first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs], api_visibility="private")
+    demo.unload(on_tab_closed)
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
     ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
@@ -66,7 +73,11 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
                        api_visibility="private")
     _lab_listeners(ui, studio)
     _recorded_listeners(ui, downloads, shipped_view)
-    gr.api(callbacks.settings_endpoint(lambda settings: callbacks.compare_api(studio, settings)), api_name="compare",
+    def compare(settings: Settings):
+        janitor.sweep()
+        yield from callbacks.compare_api(studio, settings)
+
+    gr.api(callbacks.settings_endpoint(compare), api_name="compare",
            concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
 
 

@@ -82,7 +82,8 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "plot_agreement": figs["agreement"], "plot_js": figs["js"],
         "plot_acceptance": figs["acceptance"], "plot_calls": figs["tokens_vs_calls"],
         "plot_tradeoff": tradeoff_figure(record, load_frontier()),
-        "step_round": gr.update(maximum=max(rounds - 1, 0), value=0, interactive=rounds > 1),
+        # A slider's maximum must exceed its minimum: a one-round run gets 0..1, fixed at 0.
+        "step_round": gr.update(maximum=max(rounds - 1, 1), value=0, interactive=rounds > 1),
         "replay_out": replay_html(record, recorded_from or "this run"),
         "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction)
         if rounds else "No rounds ran.",

@@ -1,0 +1,83 @@
+"""What the server keeps per visitor, and when it lets it go.
+
+Gradio keeps a SessionState per session: a copy of every component's config, the values of every
+output it was sent (both columns' HTML, the figures, the replay) and its gr.State values (the run).
+Nothing drops one until 10000 sessions exist: a closed tab's gr.State values go an hour after it
+closed, the rest stays, and an API client's session is never closed. On a public Space that is
+about a megabyte per visitor who never comes back.
+
+The janitor drops a whole session
+- CLOSED_GRACE_S after its tab closed (Gradio's unload), unless it was used again since (a tab
+  that reconnects after a network blip and goes on keeps its run);
+- API_IDLE_S after its last use when no page was ever loaded in it (an API client: /compare keeps
+  nothing between calls, so a later call simply starts a new session).
+It sweeps on page loads, tab closes and API calls: no thread of its own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+
+CLOSED_GRACE_S = 60.0
+API_IDLE_S = 10.0
+
+
+class SessionJanitor:
+    """Drops the sessions of closed tabs and idle API clients from a Gradio app's state holder."""
+
+    def __init__(self, demo, closed_grace_s: float | None = None, api_idle_s: float | None = None):
+        self.demo = demo
+        grace = closed_grace_s if closed_grace_s is not None else os.environ.get("DROPMATCH_SESSION_GRACE_S")
+        self.closed_grace = datetime.timedelta(seconds=float(grace if grace is not None else CLOSED_GRACE_S))
+        self.api_idle = datetime.timedelta(seconds=API_IDLE_S if api_idle_s is None else api_idle_s)
+        self.pages: set[str] = set()
+        self.closed: dict[str, datetime.datetime] = {}
+        self.lock = threading.Lock()
+
+    def page_opened(self, session: str | None) -> None:
+        if session:
+            with self.lock:
+                self.pages.add(session)
+                self.closed.pop(session, None)
+        self.sweep()
+
+    def page_closed(self, session: str | None) -> None:
+        if session:
+            with self.lock:
+                self.closed[session] = datetime.datetime.now()
+        self.sweep()
+
+    def sweep(self) -> int:
+        """Drops every session that is due; returns how many it dropped."""
+        holder = getattr(self.demo, "state_holder", None)
+        if holder is None:  # not launched yet
+            return 0
+        now = datetime.datetime.now()
+        with self.lock:
+            due = [session for session in list(holder.session_data) if self._due(session, holder, now)]
+            for session in due:
+                self.pages.discard(session)
+                self.closed.pop(session, None)
+        for session in due:
+            _drop(holder, session)
+        return len(due)
+
+    def _due(self, session: str, holder, now: datetime.datetime) -> bool:
+        last_used = holder.time_last_used.get(session, now)
+        if session in self.closed:
+            closed_at = self.closed[session]
+            if last_used > closed_at:  # used again after it closed: a reconnect
+                del self.closed[session]
+                return False
+            return now - closed_at >= self.closed_grace
+        return session not in self.pages and now - last_used >= self.api_idle
+
+
+def _drop(holder, session: str) -> None:
+    """The session's gr.State values first (their delete callbacks run), then the session itself."""
+    holder.delete_state(session)
+    with holder.lock:
+        holder.session_data.pop(session, None)
+        holder.time_last_used.pop(session, None)

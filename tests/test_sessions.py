@@ -1,0 +1,114 @@
+"""What the server keeps per visitor: a closed tab's session and an idle API client's go; an open
+tab's stays (sessions.SessionJanitor), through the real Gradio server."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from fake_engine import FakeEngine
+
+from dropmatch.studio import Studio
+from dropmatch.ui import sessions
+from dropmatch.ui.sessions import SessionJanitor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from soak_server import BrowserVisitor  # noqa: E402  (what a browser tab sends, shared with the soak)
+
+
+@pytest.fixture
+def quick_janitor(monkeypatch):
+    """Sessions go as soon as they are due: a closed tab at once, an API client after 0.2 s idle."""
+    monkeypatch.setenv("DROPMATCH_SESSION_GRACE_S", "0")
+    monkeypatch.setattr(sessions, "API_IDLE_S", 0.2)
+
+
+@pytest.fixture
+def server(quick_janitor):
+    import app
+
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    try:
+        yield demo
+    finally:
+        demo.close()
+
+
+def wait_for(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_closed_tabs_leave_no_session_behind(server):
+    """Twelve browser tabs, each loading the page and running, then closing: a few sessions at most
+    remain (Gradio alone keeps all twelve, and each holds its run's views)."""
+    visitor = BrowserVisitor(server.local_url)
+    for i in range(12):
+        visitor.visit(i)
+    visitor.visit(12)  # its page load sweeps what the earlier tabs left
+    assert wait_for(lambda: len(server.state_holder.session_data) <= 2), len(server.state_holder.session_data)
+
+
+def test_api_clients_leave_no_session_behind(server):
+    """Ten clients, one /compare each: their sessions go once idle, swept by the next call."""
+    from gradio_client import Client
+
+    for i in range(10):
+        Client(server.local_url, verbose=False).predict(prompt=f"alpha beta {i}", api_name="/compare")
+    time.sleep(0.3)
+    Client(server.local_url, verbose=False).predict(prompt="alpha beta last", api_name="/compare")
+    assert len(server.state_holder.session_data) <= 2, len(server.state_holder.session_data)
+
+
+def blocks_with_state():
+    with gr.Blocks() as demo:
+        state = gr.State(None)
+    holder = gr.blocks.StateHolder() if hasattr(gr.blocks, "StateHolder") else None
+    if holder is None:
+        from gradio.state_holder import StateHolder
+
+        holder = StateHolder()
+    holder.set_blocks(demo)
+    return demo, state, holder
+
+
+def test_an_open_tab_keeps_its_session_and_a_reconnect_keeps_a_closed_one():
+    demo, state, holder = blocks_with_state()
+    janitor = SessionJanitor(demo, closed_grace_s=0.2, api_idle_s=0.0)
+    janitor.page_opened("open-tab")
+    holder["open-tab"][state._id] = "a run"
+    janitor.page_opened("blip-tab")
+    holder["blip-tab"][state._id] = "another run"
+    janitor.page_closed("blip-tab")
+    holder["blip-tab"]  # the tab reconnected and used its session again after it closed
+    holder["api-client"]
+    time.sleep(0.3)
+    assert janitor.sweep() == 1  # the API client's
+    assert set(holder.session_data) == {"open-tab", "blip-tab"}
+    assert holder["open-tab"][state._id] == "a run" and holder["blip-tab"][state._id] == "another run"
+    janitor.page_closed("open-tab")
+    time.sleep(0.3)
+    assert janitor.sweep() == 1 and "open-tab" not in holder.session_data
+
+
+def test_a_closed_tab_keeps_its_session_for_the_grace_period():
+    demo, state, holder = blocks_with_state()
+    janitor = SessionJanitor(demo, closed_grace_s=3600.0)
+    janitor.page_opened("tab")
+    holder["tab"][state._id] = "a run"
+    janitor.page_closed("tab")
+    assert janitor.sweep() == 0 and holder["tab"][state._id] == "a run"
+
+
+def test_a_one_round_run_shows_its_results_in_the_page(server):
+    """A run of one verification round (one new token) updates the page without an error (its
+    step slider once got a maximum equal to its minimum, which Gradio refuses, failing the event)."""
+    BrowserVisitor(server.local_url, max_new_tokens=1).visit(0)
