@@ -229,8 +229,7 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
                  memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
     """The paths' stats and path signals at the drafted positions `stage` [m], memoised."""
     positions = [inputs.first_position + i for i in stage.tolist()]
-    # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
-    key = ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid)
+    key = _paths_key(inputs, positions, rule, p)
     if memo is not None and key in memo:
         return memo[key]
     support = None
@@ -243,6 +242,51 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
     if memo is not None:
         memo[key] = found
     return found
+
+
+def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tuple:
+    # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
+    return ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid)
+
+
+# ---------------------------------------------------------------- many sequences at once (a serving batch)
+
+
+def judge_batch(target: Head, rule, p: float | None, batch: list[JudgeInputs]) -> list[JudgedPositions]:
+    """judge_positions for one round of each of several sequences (a server's batch), as each would
+    be judged alone: the same signals, the same masks (keyed by each sequence's own mask_seed and
+    positions), the same stages. Only the cost differs: the first stage of every sequence (the K
+    rows of its first judged position, usually the only path work of a round) runs as one head
+    pass, one read of the head's weights for the batch instead of one per sequence."""
+    memos: list[dict] = [{} for _ in batch]
+    if rule.uses_paths and p and not rule.path_support:
+        firsts = []
+        for inputs, memo in zip(batch, memos):
+            if inputs.num_drafted == 0:
+                continue
+            _, signals = _signals(inputs, memo)
+            judged = reachable_judged(inputs.exact, acceptance.judged_by_paths(signals, rule))
+            if judged.numel():
+                firsts.append((inputs, memo, signals, int(judged[0])))
+        if firsts:
+            _first_stages(target, rule, p, firsts)
+    return [judge_positions(target, rule, p, inputs, memo=memo) for inputs, memo in zip(batch, memos)]
+
+
+def _first_stages(target: Head, rule, p: float, firsts: list) -> None:
+    """One head pass over the first judged position of each (inputs, memo, signals, index): its
+    path stats and signals go into that sequence's memo, where judge_positions finds them."""
+    hidden = torch.stack([inputs.hidden[index] for inputs, _, _, index in firsts])  # [n, H]
+    clean_logits = torch.stack([inputs.clean_logits[index] for inputs, _, _, index in firsts])  # [n, V]
+    keep = torch.cat([mc_head.position_masks([inputs.first_position + index], rule.num_paths, p, hidden.shape[-1],
+                                             inputs.mask_seed, hidden.device, hidden.dtype)
+                      for inputs, _, _, index in firsts], dim=1)  # [K, n, H]
+    path_logits = target.path_logits(hidden, keep, p, clean_logits)  # [K, n, V]
+    for j, (inputs, memo, signals, index) in enumerate(firsts):
+        stats = mc_head.path_stats(path_logits[:, j:j + 1], inputs.temperature, rule.centroid)
+        stage = torch.tensor([index], device=inputs.draft_tokens.device)
+        memo[_paths_key(inputs, [inputs.first_position + index], rule, p)] = (
+            stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats))
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The vLLM integration's suite runs under .venv-vllm (tests/test_vllm.py starts it); elsewhere it is not collected.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 torch.set_num_threads(2)
 
 from tiny_models import save_pair  # noqa: E402

@@ -1,0 +1,223 @@
+"""DropMatch inside vLLM's V1 model runner (vLLM 0.32; the CPU runner subclasses the GPU one).
+
+`DropMatchRunner` goes before vLLM's runner class in the MRO (register() builds the subclasses) and
+changes one thing: after vLLM's rejection sampler has verified a step's drafts, the greedy requests
+that asked for a lossy rule are re-verified by the project's own judge step and rules
+(serving/verify.py), from the very rows vLLM computed: the target's final hidden states at the
+verified positions (kept from the forward pass), its logits there, and the LM head for the K
+Monte-Carlo paths (`model.compute_logits` on the judged rows only). Everything else is vLLM's own:
+sampled requests, requests asking for logprobs, rule "lossless", and every engine without
+`additional_config={"dropmatch": ...}`.
+
+The draft's distributions (the JS rules read them): a lookup draft (method "ngram") is one-hot, as in
+our engine; a draft model's (method "draft_model", greedy drafting) are kept when it drafts, its
+tokens unchanged. Methods that give neither serve only the rules that do not read them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from ...config import ConfigError
+from ...mc_head import mask_seed
+from ..verify import Round, verify_greedy
+from .settings import ServeSettings, request_settings
+from .stats import StatsFile
+
+LOG = logging.getLogger("dropmatch.vllm")
+READS_DRAFT = ("js", "dropmatch", "fixed_js")  # rules whose signals read the draft's distribution
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
+
+
+class VllmHead:
+    """judging.Head over a vLLM model: path rows go through `compute_logits` (the LM head, gathered
+    over tensor-parallel ranks), hidden [n, H] and keep [K, n, H] -> logits [K, n, V]."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor):
+        rows = hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1.0 - p)
+        num_paths, n, width = rows.shape
+        return self.model.compute_logits(rows.reshape(num_paths * n, width)).float().reshape(num_paths, n, -1)
+
+
+class DropMatchRunner:
+    """The mixin: sample_tokens keeps the hidden rows, _sample re-verifies, propose keeps the draft's
+    distributions. Off (vLLM unchanged) unless the engine's additional_config has "dropmatch"."""
+
+    def load_model(self, *args, **kwargs):
+        super().load_model(*args, **kwargs)
+        given = (self.vllm_config.additional_config or {}).get("dropmatch")
+        self.dropmatch = None if given is None else _Verifier.start(self, given)
+
+    def sample_tokens(self, grammar_output):
+        state = self.execute_model_state
+        if getattr(self, "dropmatch", None) is not None and state is not None:
+            self.dropmatch.hidden = state.sample_hidden_states
+        try:
+            return super().sample_tokens(grammar_output)
+        finally:
+            if getattr(self, "dropmatch", None) is not None:
+                self.dropmatch.hidden = None
+
+    def _sample(self, logits, spec_decode_metadata):
+        verifier = getattr(self, "dropmatch", None)
+        if verifier is None or spec_decode_metadata is None:
+            return super()._sample(logits, spec_decode_metadata)
+        work = verifier.collect(self, logits, spec_decode_metadata)  # before vLLM's sampler may edit logits
+        output = super()._sample(logits, spec_decode_metadata)
+        verifier.rejudge(output, work)
+        return output
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        verifier = getattr(self, "dropmatch", None)
+        if verifier is None or verifier.draft_steps is None:
+            return super().propose_draft_token_ids(*args, **kwargs)
+        verifier.draft_steps.clear()
+        drafted = super().propose_draft_token_ids(*args, **kwargs)
+        verifier.keep_draft_probs(self.input_batch.req_ids)
+        return drafted
+
+
+class _Verifier:
+    """What the runner keeps for DropMatch: the engine-wide settings, the head, the hidden rows of
+    the step being sampled, the draft's distributions per request, the counters."""
+
+    def __init__(self, runner, settings: ServeSettings, method: str | None):
+        self.settings = settings
+        self.method = method
+        self.head = VllmHead(runner.get_model())
+        self.hidden = None
+        self.draft_steps: list[torch.Tensor] | None = None
+        self.draft_probs: dict[str, torch.Tensor] = {}
+        self.per_request: dict[str, ServeSettings] = {}
+        self.stats = StatsFile.for_this_process()
+        self.warned: set[str] = set()
+
+    @classmethod
+    def start(cls, runner, given: dict) -> "_Verifier":
+        try:
+            settings = ServeSettings().updated(given)
+        except ConfigError as error:
+            raise ValueError(f"additional_config['dropmatch']: {error}") from None
+        spec = runner.speculative_config
+        method = spec.method if spec is not None else None
+        verifier = cls(runner, settings, method)
+        if method == "draft_model":
+            verifier.capture_drafts(runner.drafter)
+        elif method != "ngram" and settings.rule.rule in READS_DRAFT:
+            raise ValueError(f"DropMatch's rule {settings.rule.rule!r} reads the draft's distribution, which "
+                             f"speculative method {method!r} does not give; use method 'ngram' or 'draft_model', or "
+                             "a rule that reads none (majority, naive, typical)")
+        LOG.info("DropMatch on: rule %s, p %s, K %d (method %s)", settings.rule.rule, settings.rule.p,
+                 settings.rule.num_paths, method)
+        return verifier
+
+    def capture_drafts(self, drafter) -> None:
+        """Wraps the draft model's greedy step: the same argmax tokens, and their softmax kept."""
+        if getattr(drafter, "use_local_argmax_reduction", False) or getattr(drafter, "use_heterogeneous_vocab", False):
+            raise ValueError("DropMatch needs the draft model's full logits: turn off local argmax reduction "
+                             "and use a draft with the target's vocabulary")
+        self.draft_steps = []
+
+        def greedy_sample(hidden_states: torch.Tensor) -> torch.Tensor:
+            logits = drafter.model.compute_logits(hidden_states)
+            self.draft_steps.append(logits.float().softmax(-1))
+            return logits.argmax(dim=-1)
+
+        drafter._greedy_sample = greedy_sample
+
+    def keep_draft_probs(self, req_ids: list) -> None:
+        """After a propose: request b's distributions over its drafted tokens, [num_spec, V]."""
+        self.draft_probs = {}
+        if not self.draft_steps:
+            return
+        steps = torch.stack(self.draft_steps, dim=1)  # [batch, num_spec, V]
+        for row, req_id in enumerate(req_ids[: steps.shape[0]]):
+            self.draft_probs[req_id] = steps[row]
+
+    # ------------------------------------------------------------ one step
+
+    def collect(self, runner, logits: torch.Tensor, metadata) -> list:
+        """The requests of this step to re-verify: (batch row, request id, settings, Round)."""
+        work = []
+        batch = runner.input_batch
+        start = 0
+        for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens)):
+            rows = slice(start, start + drafted + 1)
+            first_draft = int(metadata.cu_num_draft_tokens[row]) - drafted
+            start += drafted + 1
+            settings = self.request(runner, req_id)
+            if settings is None or drafted == 0:
+                continue
+            draft_tokens = metadata.draft_token_ids[first_draft:first_draft + drafted].long()
+            q_signal = self.q_signal(req_id, draft_tokens, logits.shape[-1])
+            if q_signal is None:
+                continue
+            state = runner.requests[req_id]
+            work.append((row, req_id, settings, Round(
+                int(batch.num_tokens_no_spec[row]), draft_tokens, q_signal, self.hidden[rows].clone(),
+                logits[rows].float().clone(), mask_seed(settings.seed, state.prompt_token_ids or []))))
+        return work
+
+    def request(self, runner, req_id: str) -> ServeSettings | None:
+        """The request's settings where DropMatch verifies it; None where vLLM's own sampler does."""
+        state = runner.requests[req_id]
+        params = state.sampling_params
+        if params is None or params.temperature >= SAMPLING_EPS or params.logprobs is not None:
+            return None
+        if req_id not in self.per_request:
+            try:
+                self.per_request[req_id] = self.settings.updated(request_settings(params.extra_args))
+            except ConfigError as error:  # validated at admission (params.py); kept lossless if it slips through
+                self._warn(req_id, f"request {req_id}: {error}; verified losslessly")
+                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule="lossless"))
+        settings = self.per_request[req_id]
+        return None if settings.lossless else settings
+
+    def q_signal(self, req_id: str, draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        settings = self.per_request[req_id]
+        if self.draft_steps is not None:
+            probs = self.draft_probs.get(req_id)
+            if probs is not None and probs.shape[0] >= draft_tokens.shape[0]:
+                return probs[: draft_tokens.shape[0]]
+            self._warn(req_id, f"request {req_id}: no draft distribution kept for this step; verified losslessly")
+            return None
+        if self.method != "ngram" and settings.rule.rule in READS_DRAFT:
+            self._warn(req_id, f"request {req_id}: rule {settings.rule.rule!r} reads the draft's distribution, which "
+                               f"method {self.method!r} does not give; verified losslessly")
+            return None
+        return torch.nn.functional.one_hot(draft_tokens, vocab).float()
+
+    def rejudge(self, output, work: list) -> None:
+        """Writes each re-verified request's row of output.sampled_token_ids: its accepted drafts, then
+        the target's token after them, then vLLM's placeholder (-1)."""
+        by_rule: dict = {}
+        for item in work:
+            by_rule.setdefault(item[2].rule, []).append(item)
+        for rule, items in by_rule.items():
+            verdicts = verify_greedy(self.head, rule, [round_ for _, _, _, round_ in items])
+            for (row, _, _, round_), verdict in zip(items, verdicts):
+                accepted = round_.draft_tokens[: verdict.num_accepted].tolist()
+                tokens = output.sampled_token_ids[row]
+                tokens.fill_(-1)
+                tokens[: verdict.num_accepted + 1] = torch.tensor(accepted + [verdict.next_token], dtype=tokens.dtype)
+                self.stats.add(verdict.reasons)
+        if work:
+            self.stats.write()
+        self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
+            self.per_request.clear()
+            self.warned.clear()
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            LOG.warning(message)
+

