@@ -112,3 +112,26 @@ def test_a_one_round_run_shows_its_results_in_the_page(server):
     """A run of one verification round (one new token) updates the page without an error (its
     step slider once got a maximum equal to its minimum, which Gradio refuses, failing the event)."""
     BrowserVisitor(server.local_url, max_new_tokens=1).visit(0)
+
+
+@pytest.mark.slow
+def test_the_real_servers_memory_stays_flat_over_many_visitors(monkeypatch):
+    """`python app.py` on the embedded pair: after warm-up, 60 API clients (one /compare each) and 30
+    browser tabs (page, load events, a run, closed) grow its resident memory by at most 20 MB (before
+    the janitor: about 0.45 MB per API client and 0.85 MB per tab, 50 MB here). A tab's session is
+    kept 5 s after it closes here (60 s by default), so that few are held when the growth is read."""
+    import psutil
+
+    from soak_server import ApiVisitor, soak, start_server
+
+    monkeypatch.setenv("DROPMATCH_SESSION_GRACE_S", "5")
+    server, url = start_server(bare=False)
+    try:
+        process = psutil.Process(server.pid)
+        api_growth = soak(ApiVisitor(url, one_client=False), process, requests=60, warm_up=10, every=1000)
+        browser_growth = soak(BrowserVisitor(url), process, requests=30, warm_up=5, every=1000)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    print(f"RSS growth: {api_growth:.1f} MB over 60 API clients, {browser_growth:.1f} MB over 30 tabs")
+    assert api_growth + browser_growth <= 20, (api_growth, browser_growth)

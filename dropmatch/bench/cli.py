@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")
     parser.add_argument("--no-identity-check", action="store_true",
                         help="skip comparing lossless greedy output with the target's generate()")
+    parser.add_argument("--engine", choices=("studio", "vllm"), default="studio",
+                        help="vllm: through vLLM's CPU build in .venv-vllm (no SD, vLLM's SD, DropMatch), at --concurrency")
+    parser.add_argument("--concurrency", default="1,4,16", help="--engine vllm: requests served at once, comma-separated")
     return parser
 
 
@@ -125,6 +129,8 @@ def check_sandbox() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.engine == "vllm":
+        return _through_vllm(args)
     try:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -153,6 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BenchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _through_vllm(args) -> int:
+    """The vLLM benchmark (dropmatch.serving.vllm.bench) in its own venv, with this command's settings."""
+    python = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        print("error: --engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm", file=sys.stderr)
+        return 2
+    lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != "lossless"]
+    p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
+    command = [str(python), "-m", "dropmatch.serving.vllm.bench", "--prompts", args.prompts, "--max-new-tokens",
+               str(args.max_new_tokens), "--concurrency", args.concurrency, "--p", p, "--rule",
+               (lossy or ["dropmatch"])[0].strip()]
+    if args.limit:
+        command += ["--limit", str(args.limit)]
+    if args.json:
+        command += ["--json", args.json]
+    return subprocess.call(command)
 
 
 def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:

@@ -24,6 +24,7 @@ from dropmatch import judging  # noqa: E402
 from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
 
 STEPS: list = []
+ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify
 
 
 def record_steps() -> None:
@@ -31,7 +32,11 @@ def record_steps() -> None:
     original = dm_runner._Verifier.rejudge
 
     def rejudge(self, output, work):
+        before = output.sampled_token_ids.clone()
         original(self, output, work)
+        judged_rows = {row for row, _, _, _ in work}
+        untouched = [row for row in range(before.shape[0]) if row not in judged_rows]
+        ROWS_CHANGED.append(int((before[untouched] != output.sampled_token_ids[untouched]).any(-1).sum()))
         for row, req_id, settings, round_ in work:
             STEPS.append((settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head))
 
@@ -78,9 +83,18 @@ def generate(llm, run: dict) -> list[list[int]]:
     params = SamplingParams(max_tokens=run["max_tokens"], temperature=run.get("temperature", 0.0),
                             seed=run.get("seed"), extra_args=extra)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in run["prompts"]]
+    if run.get("samples"):  # the first prompt, `samples` times in one batch (unseeded: vLLM's CPU build
+        # fails a seeded request's verification with "CPU Generator does not use offset")
+        outputs = llm.generate(prompts[:1] * run["samples"], params, use_tqdm=False)
+        return [out.outputs[0].token_ids for out in outputs]
     if run.get("alone"):
         return [llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids for prompt in prompts]
     return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def drafted_tokens(llm) -> float:
+    """vLLM's own count of drafted tokens it verified so far."""
+    return sum(float(m.value) for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_draft_tokens")
 
 
 def main() -> int:
@@ -89,12 +103,16 @@ def main() -> int:
     spec = json.loads(sys.argv[1])
     record_steps()
     extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
-    llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
+    llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0, disable_log_stats=False,
               speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
-    result = {"outputs": {}, "steps": {}}
+    result = {"outputs": {}, "steps": {}, "drafted": {}}
     for run in spec["runs"]:
         STEPS.clear()
+        ROWS_CHANGED.clear()
+        before = drafted_tokens(llm)
         result["outputs"][run["name"]] = [list(map(int, ids)) for ids in generate(llm, run)]
+        result["drafted"][run["name"]] = drafted_tokens(llm) - before
+        result.setdefault("steps_with_rows", {})[run["name"]] = [len(ROWS_CHANGED), sum(ROWS_CHANGED)]
         if spec.get("recheck"):
             result["steps"][run["name"]] = recheck()
     print("RESULT " + json.dumps(result), flush=True)

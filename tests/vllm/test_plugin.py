@@ -63,35 +63,47 @@ def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dic
             "alone": alone}
 
 
-SAMPLED = {"name": "sampled", "prompts": None, "max_tokens": 24, "temperature": 0.8, "seed": 7}
+SAMPLES = 400  # seeded samples of one prompt for the distribution test
+
+
+@lru_cache(maxsize=None)
+def story_prompt() -> tuple:
+    """A story the answer has begun: its likely next words (" was", ",") occur earlier in it, so
+    prompt lookup drafts after them and the token after is verified by vLLM's rejection sampler."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir())
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Write a story."}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+    return tuple(chat) + tuple(tokenizer.encode("Once upon a time there was a cat. The cat"))
 
 
 def sampled() -> dict:
-    return {**SAMPLED, "prompts": [list(p) for p in prompts()[:2]]}
+    """Sampled at temperature 1, two tokens, `SAMPLES` times."""
+    return {"name": "sampled", "prompts": [list(story_prompt())], "max_tokens": 2, "temperature": 1.0,
+            "samples": SAMPLES}
 
 
 @pytest.fixture(scope="module")
 def plain():
-    return run_engine(None, None, [greedy("greedy"), sampled()])
+    return run_engine(None, None, [greedy("greedy")])
 
 
 @pytest.fixture(scope="module")
 def vllm_ngram():
-    return run_engine("ngram", None, [sampled(), greedy("greedy")])
+    return run_engine("ngram", None, [greedy("greedy")])
 
 
 @pytest.fixture(scope="module")
 def dropmatch_ngram():
-    """Engine-wide DropMatch at p = 0; requests raise p for themselves. The sampled run comes first,
-    as in vllm_ngram: vLLM's seeded sampling with speculation depends on the engine's history and on
-    the batch (measured: the same seed gives other tokens after other runs, or alone), so the two
-    engines are compared from the same start."""
+    """Engine-wide DropMatch at p = 0; requests raise p for themselves; sampled requests beside."""
     return run_engine("ngram", {"rule": "dropmatch", "p": 0.0}, [
-        sampled(), greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True)], recheck=True)
+        greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], recheck=True)
 
 
 @pytest.fixture(scope="module")
 def dropmatch_draft_model():
+    """DropMatch engine-wide at p = 0.3 with the exported draft model."""
     return run_engine("draft_model", {"rule": "dropmatch", "p": 0.3}, [greedy("lossy"), greedy("lossless", {
         "rule": "lossless"})], recheck=True)
 
@@ -125,11 +137,19 @@ def test_a_request_in_a_batch_of_mixed_lengths_gets_what_it_gets_alone(dropmatch
     assert dropmatch_ngram["outputs"]["lossy"] == dropmatch_ngram["outputs"]["lossy_alone"]
 
 
-def test_sampled_requests_keep_vllms_exact_sampler(vllm_ngram, dropmatch_ngram):
-    """(e) A sampled request on a DropMatch engine is verified by vLLM's own rejection sampler: with
-    the same seed, from a fresh engine, it gets the very tokens vLLM's speculative decoding gives it
-    without the plugin (a stronger check than a distribution test: the same draws, token for token)."""
-    assert dropmatch_ngram["outputs"]["sampled"] == vllm_ngram["outputs"]["sampled"]
+def test_sampled_requests_keep_vllms_own_sampler(dropmatch_ngram):
+    """(e) On a DropMatch engine, 400 sampled requests (each verified at least once: vLLM's counters)
+    are left to vLLM's own rejection sampler: in every step, every row the plugin did not re-verify
+    is exactly what that sampler wrote, and no sampled request is re-verified. A distribution test
+    is not feasible: vLLM 0.32's CPU build does not keep the target's distribution under sampled
+    speculation, plugin or not, and its empirical distribution moves between fresh engines
+    (measured, docs/serving.md); its seeded sampling with speculation differs between fresh engines
+    and fails a seeded request on CPU ("CPU Generator does not use offset")."""
+    assert dropmatch_ngram["drafted"]["sampled"] >= SAMPLES * 0.3, dropmatch_ngram["drafted"]
+    steps, changed = dropmatch_ngram["steps_with_rows"]["sampled"]
+    assert steps > 0 and changed == 0
+    assert dropmatch_ngram["steps"]["sampled"]["rounds"] == 0  # none of them re-verified
+    assert dropmatch_ngram["steps_with_rows"]["lossy"][1] == 0  # beside greedy DropMatch requests too
 
 
 def test_a_draft_models_lossless_requests_get_vllms_output(dropmatch_draft_model, vllm_ngram):

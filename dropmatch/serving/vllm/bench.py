@@ -1,0 +1,252 @@
+"""Throughput through vLLM: no speculation, vLLM's own lossless speculation, DropMatch at p = 0 (the
+plugin's cost) and DropMatch at p, greedy, at each concurrency, on the embedded target with the
+exported draft (or prompt lookup). Runs under .venv-vllm:
+
+    .venv-vllm/bin/python -m dropmatch.serving.vllm.bench --prompts runs/distill/dev.jsonl --limit 16 \\
+        --max-new-tokens 96 --concurrency 1,4,16 --json runs/vllm/bench.json
+    dropmatch-bench --engine vllm ...        # the same, started from .venv
+
+Each engine runs in its own process (vLLM keeps process-wide state), with max_num_seqs = the
+concurrency. Per run: tokens/s (new tokens over the wall time of the whole batch), vLLM's own
+speculation counters (acceptance = accepted / drafted tokens, tau = 1 + accepted / verification
+steps with drafts), and the quality the target sees (target NLL, off-nucleus rate, distinct-2 of
+the answers, scored by the target in fp32) against the reference band: the target's own samples
+(temperature 0.7, top-p 0.95) on the same prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+
+
+# ---------------------------------------------------------------- one engine, in a child process
+
+
+def engine_runs(job: dict) -> dict:
+    """Builds one engine from `job` and runs each of its variants over the prompts; what it measured."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM
+
+    extra = {"additional_config": {"dropmatch": {"rule": "lossless"}}} if job["plugin"] else {}
+    llm = LLM(job["target"], dtype="float32", enforce_eager=True, max_model_len=4096, seed=0,
+              max_num_seqs=job["concurrency"], disable_log_stats=False,
+              speculative_config=speculative(job["method"], job["draft"]) if job["speculative"] else None, **extra)
+    generate_all(llm, job["prompts"][:2], job["variants"][0], 8)  # warm-up: first-call costs out of the timing
+    return {variant["name"]: timed(llm, job["prompts"], variant, job["max_new_tokens"]) for variant in job["variants"]}
+
+
+def speculative(method: str, draft: str) -> dict:
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    return {"model": draft, "num_speculative_tokens": 4}
+
+
+def generate_all(llm, prompts: list, variant: dict, max_new_tokens: int) -> list[list[int]]:
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=variant.get("temperature", 0.0),
+                            top_p=variant.get("top_p", 1.0), seed=variant.get("seed"),
+                            extra_args={"dropmatch": variant["dropmatch"]} if variant.get("dropmatch") else None)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def counters(llm) -> dict[str, float]:
+    found = {name: 0.0 for name in SPEC_COUNTERS}
+    for metric in llm.get_metrics():
+        if metric.name in found:
+            found[metric.name] += float(metric.value)
+    return found
+
+
+def timed(llm, prompts: list, variant: dict, max_new_tokens: int) -> dict:
+    before = counters(llm)
+    start = time.perf_counter()
+    outputs = generate_all(llm, prompts, variant, max_new_tokens)
+    wall = time.perf_counter() - start
+    after = counters(llm)
+    drafts, drafted, accepted = (after[name] - before[name] for name in SPEC_COUNTERS)
+    new_tokens = sum(len(ids) for ids in outputs)
+    return {"outputs": outputs, "wall_s": wall, "tokens_per_s": new_tokens / wall, "new_tokens": new_tokens,
+            "acceptance": accepted / drafted if drafted else None, "tau": 1 + accepted / drafts if drafts else None}
+
+
+# ---------------------------------------------------------------- the whole benchmark
+
+
+def run_job(job: dict) -> dict:
+    done = subprocess.run([sys.executable, "-m", "dropmatch.serving.vllm.bench", "--job", json.dumps(job)],
+                          capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("JOB ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the engine for {job['label']} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(lines[-1][4:])
+
+
+def jobs_for(concurrency: int, args, base: dict) -> list[dict]:
+    lossy = {"rule": args.rule, "p": args.p}
+    greedy = {"dropmatch": None}
+    return [
+        {**base, "label": f"no speculation, C={concurrency}", "speculative": False, "plugin": False,
+         "variants": [{"name": "none", **greedy}]},
+        {**base, "label": f"vLLM speculation, C={concurrency}", "speculative": True, "plugin": False,
+         "variants": [{"name": "vllm", **greedy}]},
+        {**base, "label": f"DropMatch, C={concurrency}", "speculative": True, "plugin": True,
+         "variants": [{"name": "plugin_p0", "dropmatch": {"rule": args.rule, "p": 0.0}},
+                      {"name": "dropmatch", "dropmatch": lossy}]},
+    ]
+
+
+def chat_prompts(target: str, files: str, limit: int | None) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from ...bench.prompts import read_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = []
+    for path in files.split(","):
+        _, items = read_prompts(path, limit)
+        prompts += [list(tokenizer.apply_chat_template([{"role": "user", "content": item.prompt}],
+                                                       add_generation_prompt=True, tokenize=True, return_dict=False))
+                    for item in items]
+    return prompts
+
+
+def score(target: str, prompts: list, outputs: list) -> dict:
+    """Target NLL and off-nucleus rate (pooled over tokens) and mean distinct-2 of the answers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ...quality import distinct2
+    from ...sampling import target_view
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    log_probs, off = [], 0
+    with torch.inference_mode():
+        for prompt, answer in zip(prompts, outputs):
+            if not answer:
+                continue
+            ids = torch.tensor([prompt + answer])
+            logits = model(ids).logits[0, len(prompt) - 1: -1]
+            chosen, in_nucleus = target_view(logits, torch.tensor(answer))
+            log_probs += chosen.tolist()
+            off += int((~in_nucleus).sum())
+    return {"target_nll": -sum(log_probs) / len(log_probs), "off_nucleus_rate": off / len(log_probs),
+            "distinct2": sum(distinct2(a) for a in outputs if a) / max(sum(1 for a in outputs if a), 1)}
+
+
+def benchmark(args) -> dict:
+    from ...models.loading import embedded_target_source
+
+    target = embedded_target_source()[0]
+    draft = str(export_draft()) if args.method == "draft_model" else None
+    prompts = chat_prompts(target, args.prompts, args.limit)
+    base = {"target": target, "draft": draft, "method": args.method, "prompts": prompts,
+            "max_new_tokens": args.max_new_tokens}
+    reference = reference_band(base, prompts, max(args.concurrency))
+    runs = []
+    for concurrency in args.concurrency:
+        for job in jobs_for(concurrency, args, {**base, "concurrency": concurrency}):
+            print(f"running {job['label']} ...", file=sys.stderr, flush=True)
+            for name, measured in run_job(job).items():
+                runs.append({"name": name, "concurrency": concurrency, **measured})
+    return summarize(runs, reference, target, prompts, args)
+
+
+def reference_band(base: dict, prompts: list, concurrency: int) -> dict:
+    from ...bench.running import REFERENCE_TEMPERATURE, REFERENCE_TOP_P
+
+    job = {**base, "label": "reference samples", "concurrency": concurrency, "speculative": False, "plugin": False,
+           "variants": [{"name": "reference", "dropmatch": None, "temperature": REFERENCE_TEMPERATURE,
+                         "top_p": REFERENCE_TOP_P, "seed": 0}]}
+    print("running the reference samples ...", file=sys.stderr, flush=True)
+    samples = run_job(job)["reference"]["outputs"]
+    return {"temperature": REFERENCE_TEMPERATURE, "top_p": REFERENCE_TOP_P,
+            **score(base["target"], prompts, samples)}
+
+
+def summarize(runs: list[dict], reference: dict, target: str, prompts: list, args) -> dict:
+    from ...bench.summary import band_checks
+
+    by_key = {(run["name"], run["concurrency"]): run for run in runs}
+    for run in runs:
+        run.update(score(target, prompts, run["outputs"]))
+        run["band"] = band_checks(run, reference)
+        baseline = by_key.get(("none", run["concurrency"]))
+        run["identical_to_no_speculation"] = sum(a == b for a, b in zip(run["outputs"], baseline["outputs"]))
+        vllm = by_key.get(("vllm", run["concurrency"]))
+        run["tokens_per_s_vs_vllm"] = run["tokens_per_s"] / vllm["tokens_per_s"]
+        if run["acceptance"] is not None and vllm["acceptance"]:
+            run["acceptance_vs_vllm"] = run["acceptance"] / vllm["acceptance"]
+    settings = {"prompts": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+                "method": args.method, "rule": args.rule, "p": args.p, "num_prompts": len(prompts)}
+    return {"settings": settings, "reference": reference, "runs": runs}
+
+
+def export_draft() -> Path:
+    out = ROOT / "runs" / "vllm" / "draft"
+    if not (out / "model.safetensors").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "export_draft_vllm.py"), str(out)], check=True)
+    return out
+
+
+def table(document: dict) -> str:
+    lines = ["| C | run | tokens/s | vs vLLM SD | acceptance | tau | identical to no SD | target NLL | off-nucleus "
+             "| distinct-2 | band |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda value, spec: "-" if value is None else format(value, spec)  # noqa: E731
+    for run in document["runs"]:
+        band = run["band"] or {}
+        lines.append(f"| {run['concurrency']} | {run['name']} | {run['tokens_per_s']:.1f} | "
+                     f"{run['tokens_per_s_vs_vllm']:.2f}x | {fmt(run['acceptance'], '.3f')} | {fmt(run['tau'], '.2f')} | "
+                     f"{run['identical_to_no_speculation']}/{len(run['outputs'])} | {run['target_nll']:.3f} | "
+                     f"{run['off_nucleus_rate']:.3%} | {run['distinct2']:.3f} | "
+                     f"{', '.join(k for k, ok in band.items() if not ok) or 'inside'} |")
+    ref = document["reference"]
+    lines.append(f"\nreference band (target samples, T {ref['temperature']}, top-p {ref['top_p']}): target NLL "
+                 f"{ref['target_nll']:.3f}, off-nucleus {ref['off_nucleus_rate']:.3%}, distinct-2 {ref['distinct2']:.3f}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", default="runs/distill/dev.jsonl", help="prompt files, comma-separated")
+    parser.add_argument("--limit", type=int, default=16, help="prompts per file")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--concurrency", default="1,4,16", type=lambda text: [int(c) for c in text.split(",")])
+    parser.add_argument("--method", choices=("draft_model", "ngram"), default="draft_model")
+    parser.add_argument("--rule", default="dropmatch")
+    parser.add_argument("--p", type=float, default=0.3)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--job", help=argparse.SUPPRESS)  # one engine's runs, in a child process
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.job:
+        print("JOB " + json.dumps(engine_runs(json.loads(args.job))), flush=True)
+        return 0
+    try:
+        document = benchmark(args)
+    except (RuntimeError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(table(document))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
