@@ -55,6 +55,7 @@ def test_closed_tabs_leave_no_session_behind(server):
         visitor.visit(i)
     visitor.visit(12)  # its page load sweeps what the earlier tabs left
     assert wait_for(lambda: len(server.state_holder.session_data) <= 2), len(server.state_holder.session_data)
+    assert len(server._queue.pending_messages_per_session) <= 2  # nor Gradio's queue entries of theirs
 
 
 def test_api_clients_leave_no_session_behind(server):

@@ -11,7 +11,8 @@ The janitor drops a whole session
   that reconnects after a network blip and goes on keeps its run);
 - API_IDLE_S after its last use when no page was ever loaded in it (an API client: /compare keeps
   nothing between calls, so a later call simply starts a new session).
-It sweeps on page loads, tab closes and API calls: no thread of its own.
+It sweeps on page loads, tab closes and API calls: no thread of its own. (Gradio learns that a tab
+closed when its next heartbeat write fails, up to 15 s later.)
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class SessionJanitor:
                 self.closed.pop(session, None)
         for session in due:
             _drop(holder, session)
+            _drop_queue_entries(getattr(self.demo, "_queue", None), session)
         return len(due)
 
     def _due(self, session: str, holder, now: datetime.datetime) -> bool:
@@ -81,3 +83,12 @@ def _drop(holder, session: str) -> None:
     with holder.lock:
         holder.session_data.pop(session, None)
         holder.time_last_used.pop(session, None)
+
+
+def _drop_queue_entries(queue, session: str) -> None:
+    """Gradio's queue keeps a message queue and a set of event ids per session it ever saw; a dropped
+    session with no event pending needs neither (a later visit under that hash makes new ones)."""
+    if queue is None or queue.pending_event_ids_session.get(session):
+        return
+    queue.pending_messages_per_session.pop(session, None)
+    queue.pending_event_ids_session.pop(session, None)
