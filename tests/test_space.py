@@ -123,7 +123,7 @@ def test_a_running_server_stays_lean_over_a_hundred_compare_requests():
     """scripts/soak_server.py through the real server (the embedded pair, prompts of varied length):
     after 20 warm-up requests, 100 more /compare requests grow its resident memory by at most 20 MB.
     (Before oneDNN was kept to a fixed set of row counts, each new prompt length added megabytes.)"""
-    result = subprocess.run([sys.executable, "scripts/soak_server.py", "--requests", "100", "--warm-up", "20"],
+    result = subprocess.run([sys.executable, "scripts/soak_server.py", "--one-client", "--requests", "100", "--warm-up", "20"],
                             cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     last = result.stdout.strip().splitlines()[-1]
