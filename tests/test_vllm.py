@@ -1,4 +1,4 @@
-"""The vLLM integration's own suite (tests/vllm: the plugin on the embedded target through vLLM's
+"""The vLLM integration's own suite (tests/vllm_plugin: the plugin on the embedded target through vLLM's
 CPU build, in-process engines and `vllm serve`), run under .venv-vllm, which scripts/setup.sh
 --test makes: vLLM pins another transformers than the app's, so it cannot share .venv."""
 
@@ -16,7 +16,7 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 @pytest.mark.slow
 def test_the_vllm_integration_suite_passes_under_its_own_venv():
     assert VLLM_PYTHON.exists(), "no .venv-vllm: run bash scripts/setup.sh --test (or --vllm)"
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/vllm"], cwd=ROOT,
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/vllm_plugin"], cwd=ROOT,
                           capture_output=True, text=True, timeout=3600)
     print(done.stdout[-6000:])
     assert done.returncode == 0, done.stdout[-10000:] + done.stderr[-3000:]

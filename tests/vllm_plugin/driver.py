@@ -1,6 +1,6 @@
 """One vLLM engine on the embedded target, in this process, for the integration's tests: builds it
 from a JSON spec, generates, and prints one JSON line with what the tests compare. Run by
-tests/vllm/test_plugin.py as `python driver.py SPEC_JSON`, one engine per process (vLLM keeps
+tests/vllm_plugin/test_plugin.py as `python driver.py SPEC_JSON`, one engine per process (vLLM keeps
 process-wide state), under .venv-vllm's python.
 
 spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
