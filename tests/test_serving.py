@@ -113,3 +113,46 @@ def test_the_counters_of_all_workers_add_up(tmp_path):
         stats.write()
     (tmp_path / "worker-3.json").write_text("{trunc")  # a worker mid-write is read next time
     assert read_counts(tmp_path) == {"exact": 2, "majority": 1, "rejected": 1, "js": 1}
+
+
+def test_a_step_without_kept_hidden_states_is_left_to_vllms_sampler(caplog):
+    from types import SimpleNamespace
+
+    from dropmatch.serving.vllm.runner import _Verifier
+
+    verifier = _Verifier.__new__(_Verifier)  # no vLLM here: only the state collect() reads
+    verifier.hidden, verifier.warned = None, set()
+    metadata = SimpleNamespace(num_draft_tokens=[2], cu_num_draft_tokens=torch.tensor([2]),
+                               draft_token_ids=torch.tensor([5, 6]))
+    with caplog.at_level("WARNING", logger="dropmatch.vllm"):
+        assert verifier.collect(None, torch.zeros(3, 10), metadata) == []
+        assert verifier.collect(None, torch.zeros(3, 10), metadata) == []
+    assert [record.message for record in caplog.records] == [
+        "DropMatch: this step's hidden states were not kept; verified losslessly"]
+
+
+def test_the_vllm_benchmark_runs_every_rate_on_the_plugins_engine_and_refuses_bad_rates():
+    from dropmatch.serving.vllm import bench
+
+    args = bench.parse_args(["--p", "0,0.1,0.25", "--concurrency", "4", "--repeats", "3"])
+    jobs = bench.jobs_for(4, args, {"concurrency": 4, "repeats": args.repeats})
+    assert [[variant["name"] for variant in job["variants"]] for job in jobs] == [
+        ["none"], ["vllm"], ["plugin_p0", "dropmatch_p0.1", "dropmatch_p0.25"]]
+    assert [job["plugin"] for job in jobs] == [False, False, True]
+    assert jobs[2]["variants"][2]["dropmatch"] == {"rule": "dropmatch", "p": 0.25}
+    for bad in ("0.1,x", "1.0", "-0.1", ""):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--p", bad])
+
+
+def test_the_vllm_table_gives_the_median_speed_with_its_range_and_flags_unequal_repeats():
+    from dropmatch.serving.vllm import bench
+
+    run = {"concurrency": 4, "name": "vllm", "tokens_per_s": 20.0, "tokens_per_s_runs": [19.0, 20.0, 23.5],
+           "tokens_per_s_vs_vllm": 1.0, "acceptance": 0.2, "tau": 1.8, "identical_to_no_speculation": 2,
+           "outputs": [[1], [2]], "target_nll": 0.5, "off_nucleus_rate": 0.0, "distinct2": 0.9, "band": {},
+           "repeats_identical": True}
+    reference = {"temperature": 0.7, "top_p": 0.95, "target_nll": 0.6, "off_nucleus_rate": 0.0, "distinct2": 0.9}
+    assert "| 4 | vllm | 20.0 (19.0-23.5) | 1.00x |" in bench.table({"runs": [run], "reference": reference})
+    run["repeats_identical"] = False
+    assert "(repeats differ!)" in bench.table({"runs": [run], "reference": reference})

@@ -169,6 +169,12 @@ def _through_vllm(args) -> int:
         return 2
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != "lossless"]
     p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
+    if args.p_sweep:
+        try:
+            p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
+        except (ConfigError, BenchError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     command = [str(python), "-m", "dropmatch.serving.vllm.bench", "--prompts", args.prompts, "--max-new-tokens",
                str(args.max_new_tokens), "--concurrency", args.concurrency, "--p", p, "--rule",
                (lossy or ["dropmatch"])[0].strip()]

@@ -1,13 +1,14 @@
 """Throughput through vLLM: no speculation, vLLM's own lossless speculation, DropMatch at p = 0 (the
-plugin's cost) and DropMatch at p, greedy, at each concurrency, on the embedded target with the
-exported draft (or prompt lookup). Runs under .venv-vllm:
+plugin's cost) and DropMatch at each p asked, greedy, at each concurrency, on the embedded target with
+the exported draft (or prompt lookup). Runs under .venv-vllm:
 
     .venv-vllm/bin/python -m dropmatch.serving.vllm.bench --prompts runs/distill/dev.jsonl --limit 16 \\
-        --max-new-tokens 96 --concurrency 1,4,16 --json runs/vllm/bench.json
-    dropmatch-bench --engine vllm ...        # the same, started from .venv
+        --max-new-tokens 96 --concurrency 1,4,16 --p 0.1,0.2 --repeats 3 --json runs/vllm/bench.json
+    dropmatch-bench --engine vllm ...        # the same, started from .venv (--p-sweep gives the rates)
 
 Each engine runs in its own process (vLLM keeps process-wide state), with max_num_seqs = the
-concurrency. Per run: tokens/s (new tokens over the wall time of the whole batch), vLLM's own
+concurrency; the DropMatch runs share the plugin's engine. Per run: tokens/s (new tokens over the
+wall time of the whole batch; the median of --repeats batches, their range kept), vLLM's own
 speculation counters (acceptance = accepted / drafted tokens, tau = 1 + accepted / verification
 steps with drafts), and the quality the target sees (target NLL, off-nucleus rate, distinct-2 of
 the answers, scored by the target in fp32) against the reference band: the target's own samples
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -42,7 +44,8 @@ def engine_runs(job: dict) -> dict:
               max_num_seqs=job["concurrency"], disable_log_stats=False,
               speculative_config=speculative(job["method"], job["draft"]) if job["speculative"] else None, **extra)
     generate_all(llm, job["prompts"][:2], job["variants"][0], 8)  # warm-up: first-call costs out of the timing
-    return {variant["name"]: timed(llm, job["prompts"], variant, job["max_new_tokens"]) for variant in job["variants"]}
+    return {variant["name"]: timed(llm, job["prompts"], variant, job["max_new_tokens"], job.get("repeats", 1))
+            for variant in job["variants"]}
 
 
 def speculative(method: str, draft: str) -> dict:
@@ -69,15 +72,21 @@ def counters(llm) -> dict[str, float]:
     return found
 
 
-def timed(llm, prompts: list, variant: dict, max_new_tokens: int) -> dict:
+def timed(llm, prompts: list, variant: dict, max_new_tokens: int, repeats: int) -> dict:
+    """The batch `repeats` times: tokens/s is the median run's (the spread is kept), the counters
+    cover every run, and a greedy batch must give the same tokens each time."""
     before = counters(llm)
-    start = time.perf_counter()
-    outputs = generate_all(llm, prompts, variant, max_new_tokens)
-    wall = time.perf_counter() - start
+    walls, runs = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runs.append(generate_all(llm, prompts, variant, max_new_tokens))
+        walls.append(time.perf_counter() - start)
     after = counters(llm)
     drafts, drafted, accepted = (after[name] - before[name] for name in SPEC_COUNTERS)
-    new_tokens = sum(len(ids) for ids in outputs)
-    return {"outputs": outputs, "wall_s": wall, "tokens_per_s": new_tokens / wall, "new_tokens": new_tokens,
+    new_tokens = sum(len(ids) for ids in runs[0])
+    speeds = sorted(new_tokens / wall for wall in walls)
+    return {"outputs": runs[0], "wall_s": walls, "tokens_per_s": statistics.median(speeds),
+            "tokens_per_s_runs": speeds, "new_tokens": new_tokens, "repeats_identical": all(r == runs[0] for r in runs),
             "acceptance": accepted / drafted if drafted else None, "tau": 1 + accepted / drafts if drafts else None}
 
 
@@ -94,16 +103,15 @@ def run_job(job: dict) -> dict:
 
 
 def jobs_for(concurrency: int, args, base: dict) -> list[dict]:
-    lossy = {"rule": args.rule, "p": args.p}
     greedy = {"dropmatch": None}
+    lossy = [{"name": f"dropmatch_p{p:g}", "dropmatch": {"rule": args.rule, "p": p}} for p in args.p if p > 0]
     return [
         {**base, "label": f"no speculation, C={concurrency}", "speculative": False, "plugin": False,
          "variants": [{"name": "none", **greedy}]},
         {**base, "label": f"vLLM speculation, C={concurrency}", "speculative": True, "plugin": False,
          "variants": [{"name": "vllm", **greedy}]},
         {**base, "label": f"DropMatch, C={concurrency}", "speculative": True, "plugin": True,
-         "variants": [{"name": "plugin_p0", "dropmatch": {"rule": args.rule, "p": 0.0}},
-                      {"name": "dropmatch", "dropmatch": lossy}]},
+         "variants": [{"name": "plugin_p0", "dropmatch": {"rule": args.rule, "p": 0.0}}, *lossy]},
     ]
 
 
@@ -152,7 +160,7 @@ def benchmark(args) -> dict:
     draft = str(export_draft()) if args.method == "draft_model" else None
     prompts = chat_prompts(target, args.prompts, args.limit)
     base = {"target": target, "draft": draft, "method": args.method, "prompts": prompts,
-            "max_new_tokens": args.max_new_tokens}
+            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     reference = reference_band(base, prompts, max(args.concurrency))
     runs = []
     for concurrency in args.concurrency:
@@ -167,6 +175,7 @@ def reference_band(base: dict, prompts: list, concurrency: int) -> dict:
     from ...bench.running import REFERENCE_TEMPERATURE, REFERENCE_TOP_P
 
     job = {**base, "label": "reference samples", "concurrency": concurrency, "speculative": False, "plugin": False,
+           "repeats": 1,
            "variants": [{"name": "reference", "dropmatch": None, "temperature": REFERENCE_TEMPERATURE,
                          "top_p": REFERENCE_TOP_P, "seed": 0}]}
     print("running the reference samples ...", file=sys.stderr, flush=True)
@@ -189,7 +198,8 @@ def summarize(runs: list[dict], reference: dict, target: str, prompts: list, arg
         if run["acceptance"] is not None and vllm["acceptance"]:
             run["acceptance_vs_vllm"] = run["acceptance"] / vllm["acceptance"]
     settings = {"prompts": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                "method": args.method, "rule": args.rule, "p": args.p, "num_prompts": len(prompts)}
+                "method": args.method, "rule": args.rule, "p": args.p, "repeats": args.repeats,
+                "num_prompts": len(prompts)}
     return {"settings": settings, "reference": reference, "runs": runs}
 
 
@@ -206,7 +216,11 @@ def table(document: dict) -> str:
     fmt = lambda value, spec: "-" if value is None else format(value, spec)  # noqa: E731
     for run in document["runs"]:
         band = run["band"] or {}
-        lines.append(f"| {run['concurrency']} | {run['name']} | {run['tokens_per_s']:.1f} | "
+        spread = run.get("tokens_per_s_runs", [])
+        speed = f"{run['tokens_per_s']:.1f}" + (f" ({spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1 else "")
+        if not run.get("repeats_identical", True):
+            speed += " (repeats differ!)"
+        lines.append(f"| {run['concurrency']} | {run['name']} | {speed} | "
                      f"{run['tokens_per_s_vs_vllm']:.2f}x | {fmt(run['acceptance'], '.3f')} | {fmt(run['tau'], '.2f')} | "
                      f"{run['identical_to_no_speculation']}/{len(run['outputs'])} | {run['target_nll']:.3f} | "
                      f"{run['off_nucleus_rate']:.3%} | {run['distinct2']:.3f} | "
@@ -217,6 +231,16 @@ def table(document: dict) -> str:
     return "\n".join(lines)
 
 
+def dropout_rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0.0 <= rate < 1.0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: dropout rates in [0, 1), comma-separated, e.g. 0.1,0.2")
+    return rates
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", default="runs/distill/dev.jsonl", help="prompt files, comma-separated")
@@ -225,7 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,4,16", type=lambda text: [int(c) for c in text.split(",")])
     parser.add_argument("--method", choices=("draft_model", "ngram"), default="draft_model")
     parser.add_argument("--rule", default="dropmatch")
-    parser.add_argument("--p", type=float, default=0.3)
+    parser.add_argument("--p", default=[0.3], type=dropout_rates,
+                        help="DropMatch's dropout rates, comma-separated: one run each on the plugin's engine")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each batch (tokens/s: the median)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--job", help=argparse.SUPPRESS)  # one engine's runs, in a child process
     return parser.parse_args(argv)

@@ -145,6 +145,9 @@ class _Verifier:
     def collect(self, runner, logits: torch.Tensor, metadata) -> list:
         """The requests of this step to re-verify: (batch row, request id, settings, Round)."""
         work = []
+        if self.hidden is None:  # a vLLM path that samples without sample_tokens: nothing to re-verify from
+            self._warn("no-hidden", "DropMatch: this step's hidden states were not kept; verified losslessly")
+            return work
         batch = runner.input_batch
         start = 0
         for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens)):
