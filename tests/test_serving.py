@@ -50,6 +50,21 @@ def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
     assert path_rows > 0 or not rule.uses_paths  # the batched first stage had work to share
 
 
+def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):
+    """verify_greedy judges a round piece by piece (up to each exact-test rejection): after the rule
+    accepts a position the later ones are judged too, as judging the whole round does."""
+    rule = RuleConfig("fixed_js", fixed_js_threshold=0.5)
+    rounds = rounds_of(tiny_engine.target)
+    continued = 0
+    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds)):
+        inputs = round_.judge_inputs()
+        alone = judging.judge_positions(tiny_engine.target, rule, None, inputs)
+        assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
+                                            torch.Generator(), exact=inputs.exact)
+        continued += "fixed_js" in verdict.reasons[:-1] and verdict.reasons[-1] != "unchecked"
+    assert continued > 0
+
+
 def test_at_p0_a_batch_verifies_losslessly(tiny_engine):
     """Every path is the clean row: greedy verdicts accept exactly the argmax prefix."""
     rounds = rounds_of(tiny_engine.target)

@@ -45,11 +45,46 @@ class Round:
 
 def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> list[Verdict]:
     """The verdict of each round under `rule` (greedy): how many drafted tokens it accepts, why each
-    ended as it did, and the token emitted after them (the target's argmax there)."""
+    ended as it did, and the token emitted after them (the target's argmax there).
+
+    Judged piece by piece, each piece a round's exact prefix and the one position after it that the
+    exact test rejected: greedy decisions scan left to right and each position's checks read that
+    position only, so this decides what judging the whole round decides (tested), while the
+    full-vocabulary signals are computed only where a rule reads them. A piece the rule accepts to
+    its end is followed by the next one, in the next batched pass."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
-    inputs = [one.judge_inputs() for one in rounds]
-    judged = judging.judge_batch(head, rule, rule.p if rule.uses_paths else None, inputs)
-    unused = torch.Generator()  # greedy decisions draw nothing
-    return [acceptance.decide(rule, True, done.signals, one.q_signal, one.clean_logits, unused, exact=one.exact)
-            for one, done in zip(inputs, judged)]
+    exact = [round_.judge_inputs().exact for round_ in rounds]
+    verdicts: list[list[Verdict]] = [[] for _ in rounds]
+    pending = list(range(len(rounds)))
+    starts = [0] * len(rounds)
+    while pending:
+        pieces = [_piece(rounds[i], exact[i], starts[i]) for i in pending]
+        inputs = [piece.judge_inputs() for piece in pieces]
+        judged = judging.judge_batch(head, rule, rule.p if rule.uses_paths else None, inputs)
+        unused = torch.Generator()  # greedy decisions draw nothing
+        still = []
+        for i, piece, one, done in zip(pending, pieces, inputs, judged):
+            verdict = acceptance.decide(rule, True, done.signals, piece.q_signal, piece.clean_logits, unused,
+                                        exact=one.exact)
+            verdicts[i].append(verdict)
+            starts[i] += one.num_drafted
+            if verdict.num_accepted == one.num_drafted and starts[i] < len(rounds[i].draft_tokens):
+                still.append(i)
+        pending = still
+    return [_joined(round_, parts) for round_, parts in zip(rounds, verdicts)]
+
+
+def _piece(round_: Round, exact: torch.Tensor, start: int) -> Round:
+    """The round's drafted positions from `start` through the first one the exact test rejects."""
+    rejected = (~exact[start:]).nonzero()
+    end = start + int(rejected[0]) + 1 if rejected.numel() else int(exact.numel())
+    return Round(round_.first_position + start, round_.draft_tokens[start:end], round_.q_signal[start:end],
+                 round_.hidden[start:end + 1], round_.clean_logits[start:end + 1], round_.mask_seed)
+
+
+def _joined(round_: Round, parts: list[Verdict]) -> Verdict:
+    """One round's verdict from its pieces' (positions after a rejection: unchecked)."""
+    reasons = tuple(reason for part in parts for reason in part.reasons)
+    reasons += ("unchecked",) * (len(round_.draft_tokens) - len(reasons))
+    return Verdict(sum(part.num_accepted for part in parts), reasons, parts[-1].next_token, parts[-1].next_kind)
