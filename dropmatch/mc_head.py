@@ -97,6 +97,19 @@ class PathStats:
                          path_js=self.path_js.expand(num_paths, *self.path_js.shape[1:]), threshold=self.threshold)
 
 
+def clean_path_stats(clean_logits: torch.Tensor, temperature: float, centroid: str, num_paths: int) -> PathStats:
+    """PathStats of K paths that are all the clean row (p = 0), clean_logits [g, V]: what path_stats
+    gives for them (a mean of equal rows is that row; their JS to it is exactly 0), without the
+    divergences over the vocabulary."""
+    if centroid not in CENTROIDS:
+        raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
+    scale = temperature if temperature > 0 else 1.0
+    probs = (clean_logits.float() / scale).softmax(-1).unsqueeze(0)  # [1, g, V]
+    tokens = clean_logits.argmax(-1).unsqueeze(0)
+    zeros = probs.new_zeros(probs.shape[:-1])
+    return PathStats(probs=probs, tokens=tokens, centroid=probs[0], path_js=zeros, threshold=zeros[0]).expanded(num_paths)
+
+
 def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "probs",
                support: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> PathStats:
     """path_logits [K, g, V] -> PathStats. temperature 0 (greedy) reads the logits at 1.

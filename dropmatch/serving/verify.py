@@ -36,11 +36,13 @@ class Round:
     clean_logits: torch.Tensor
     mask_seed: int
 
+    def exact(self) -> torch.Tensor:
+        """[g] greedy's lossless test: the target's argmax is the drafted token."""
+        return self.clean_logits[: self.draft_tokens.shape[0]].argmax(-1) == self.draft_tokens
+
     def judge_inputs(self) -> judging.JudgeInputs:
-        num_drafted = int(self.draft_tokens.shape[0])
-        exact = self.clean_logits[:num_drafted].argmax(-1) == self.draft_tokens  # greedy's lossless test
         return judging.JudgeInputs(self.first_position, self.draft_tokens, self.q_signal, self.hidden,
-                                   self.clean_logits.float(), exact, 0.0, self.mask_seed)
+                                   self.clean_logits.float(), self.exact(), 0.0, self.mask_seed)
 
 
 def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> list[Verdict]:
@@ -54,7 +56,7 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> 
     its end is followed by the next one, in the next batched pass."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
-    exact = [round_.judge_inputs().exact for round_ in rounds]
+    exact = [round_.exact() for round_ in rounds]
     verdicts: list[list[Verdict]] = [[] for _ in rounds]
     pending = list(range(len(rounds)))
     starts = [0] * len(rounds)
