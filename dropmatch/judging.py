@@ -296,7 +296,7 @@ def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor
     positions [n], which key their dropout masks with mask_seed); over [K, n, S + 1] when support
     [n, S] names the tokens the paths score (mc_head.path_support)."""
     if p == 0.0:  # every path is the clean row
-        return mc_head.clean_path_stats(clean_logits, temperature, rule.centroid, rule.num_paths)
+        return mc_head.path_stats(clean_logits.unsqueeze(0), temperature, rule.centroid).expanded(rule.num_paths)
     keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], mask_seed, hidden.device,
                                   hidden.dtype)
     if support is None:

@@ -97,19 +97,6 @@ class PathStats:
                          path_js=self.path_js.expand(num_paths, *self.path_js.shape[1:]), threshold=self.threshold)
 
 
-def clean_path_stats(clean_logits: torch.Tensor, temperature: float, centroid: str, num_paths: int) -> PathStats:
-    """PathStats of K paths that are all the clean row (p = 0), clean_logits [g, V]: what path_stats
-    gives for them (a mean of equal rows is that row; their JS to it is exactly 0), without the
-    divergences over the vocabulary."""
-    if centroid not in CENTROIDS:
-        raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
-    scale = temperature if temperature > 0 else 1.0
-    probs = (clean_logits.float() / scale).softmax(-1).unsqueeze(0)  # [1, g, V]
-    tokens = clean_logits.argmax(-1).unsqueeze(0)
-    zeros = probs.new_zeros(probs.shape[:-1])
-    return PathStats(probs=probs, tokens=tokens, centroid=probs[0], path_js=zeros, threshold=zeros[0]).expanded(num_paths)
-
-
 def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "probs",
                support: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> PathStats:
     """path_logits [K, g, V] -> PathStats. temperature 0 (greedy) reads the logits at 1.
@@ -128,7 +115,8 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
         scaled = torch.cat([scaled, tail.view(1, -1, 1).expand(scaled.shape[0], -1, 1)], -1)
     probs = scaled.softmax(-1)
     mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
-    path_js = js_divergence(probs, mean.unsqueeze(0))
+    # One path (p = 0 repeats the clean row) is its own centroid: its JS is exactly 0, no vocabulary pass.
+    path_js = probs.new_zeros(probs.shape[:-1]) if probs.shape[0] == 1 else js_divergence(probs, mean.unsqueeze(0))
     return PathStats(probs=probs, tokens=tokens, centroid=mean, path_js=path_js, threshold=path_js.max(0).values,
                      support=support)
 

@@ -10,7 +10,7 @@ import torch
 from dropmatch.acceptance import decide, rule_accepts, votes_needed
 from dropmatch.judging import position_signals, votes
 from dropmatch.config import RuleConfig
-from dropmatch.mc_head import clean_path_stats, dropout_paths, path_stats
+from dropmatch.mc_head import dropout_paths, path_stats
 from dropmatch.sampling import draw, js_divergence, sampling_probs, target_view
 
 V = 6
@@ -279,11 +279,9 @@ def test_a_top_token_draft_the_sampled_coin_rejects_is_rescued_by_the_paths_only
 
 @pytest.mark.parametrize("centroid", ["probs", "logits"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_paths_at_p0_have_the_stats_of_the_clean_row_bit_for_bit(centroid, temperature):
+def test_a_single_paths_divergence_to_its_centroid_is_exactly_zero(centroid, temperature):
+    """p = 0 judges one clean row repeated: its stats skip the JS pass and equal what the pass gives."""
     clean_logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 4
-    full = path_stats(clean_logits.unsqueeze(0), temperature, centroid).expanded(5)
-    short = clean_path_stats(clean_logits, temperature, centroid, 5)
-    assert short.probs.shape == (5, 3, 50) and not short.path_js.any()
-    for name in ("probs", "tokens", "centroid", "path_js", "threshold"):
-        assert torch.equal(getattr(short, name), getattr(full, name)), name
-    assert short.support is None
+    stats = path_stats(clean_logits.unsqueeze(0), temperature, centroid)
+    assert torch.equal(stats.path_js, js_divergence(stats.probs, stats.centroid.unsqueeze(0)))
+    assert torch.equal(stats.centroid, stats.probs[0]) and not stats.path_js.any() and not stats.threshold.any()

@@ -121,8 +121,8 @@ def test_the_real_servers_memory_stays_flat_over_many_visitors(monkeypatch):
     browser tabs (page, load events, a run, closed) grow its resident memory by at most 30 MB in all:
     before the janitor about 0.45 MB per API client and 0.85 MB per tab, 52 MB here; with it 13.4 MB
     were measured after 20 warm-up clients (20-23 MB after 10: the allocator's warm-up, which varies
-    from run to run; a 500-client soak shows it levelling off after ~150 clients). A tab's session is kept 5 s after it closes here
-    (60 s by default), so that few are held when the growth is read."""
+    from run to run; a 500-client soak shows it levelling off after ~150 clients). A tab's session
+    is kept 5 s after it closes here (60 s by default), so that few are held when the growth is read."""
     import psutil
 
     from soak_server import ApiVisitor, soak, start_server

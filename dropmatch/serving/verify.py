@@ -60,14 +60,13 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> 
     verdicts: list[list[Verdict]] = [[] for _ in rounds]
     pending = list(range(len(rounds)))
     starts = [0] * len(rounds)
+    unused = torch.Generator()  # greedy decisions draw nothing
     while pending:
-        pieces = [_piece(rounds[i], exact[i], starts[i]) for i in pending]
-        inputs = [piece.judge_inputs() for piece in pieces]
+        inputs = [_piece(rounds[i], exact[i], starts[i]) for i in pending]
         judged = judging.judge_batch(head, rule, rule.p if rule.uses_paths else None, inputs)
-        unused = torch.Generator()  # greedy decisions draw nothing
         still = []
-        for i, piece, one, done in zip(pending, pieces, inputs, judged):
-            verdict = acceptance.decide(rule, True, done.signals, piece.q_signal, piece.clean_logits, unused,
+        for i, one, done in zip(pending, inputs, judged):
+            verdict = acceptance.decide(rule, True, done.signals, one.q_signal, one.clean_logits, unused,
                                         exact=one.exact)
             verdicts[i].append(verdict)
             starts[i] += one.num_drafted
@@ -77,12 +76,14 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> 
     return [_joined(round_, parts) for round_, parts in zip(rounds, verdicts)]
 
 
-def _piece(round_: Round, exact: torch.Tensor, start: int) -> Round:
-    """The round's drafted positions from `start` through the first one the exact test rejects."""
+def _piece(round_: Round, exact: torch.Tensor, start: int) -> judging.JudgeInputs:
+    """The judge inputs of the round's drafted positions from `start` through the first one the exact
+    test (exact [g], computed once per round) rejects."""
     rejected = (~exact[start:]).nonzero()
     end = start + int(rejected[0]) + 1 if rejected.numel() else int(exact.numel())
-    return Round(round_.first_position + start, round_.draft_tokens[start:end], round_.q_signal[start:end],
-                 round_.hidden[start:end + 1], round_.clean_logits[start:end + 1], round_.mask_seed)
+    return judging.JudgeInputs(round_.first_position + start, round_.draft_tokens[start:end],
+                               round_.q_signal[start:end], round_.hidden[start:end + 1],
+                               round_.clean_logits[start:end + 1].float(), exact[start:end], 0.0, round_.mask_seed)
 
 
 def _joined(round_: Round, parts: list[Verdict]) -> Verdict:
