@@ -294,17 +294,21 @@ def judge(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, .
     """The reason of each drafted position [g], scanning left to right: exact, else the rule's
     first accepting check, else rejected; every position after a rejection is unchecked."""
     num_drafted = int(signals.draft_tokens.shape[0])
-    checks = rule_checks(cfg, signals) if num_drafted else []
-    exact_list = exact.tolist()
-    check_lists = [(reason, mask.tolist()) for reason, mask in checks]
+    ruled = rule_reasons(cfg, signals) if num_drafted else []
     reasons: list[str] = []
-    for i in range(num_drafted):
-        if exact_list[i]:
-            reasons.append("exact")
-            continue
-        reason = next((name for name, mask in check_lists if mask[i]), "rejected")
-        reasons.append(reason)
-        if reason == "rejected":
+    for is_exact, reason in zip(exact.tolist(), ruled):
+        reasons.append("exact" if is_exact else reason)
+        if reasons[-1] == "rejected":
             break
     reasons += ["unchecked"] * (num_drafted - len(reasons))
     return tuple(reasons)
+
+
+def rule_reasons(cfg: RuleKnobs, signals: Signals) -> list[str]:
+    """What the rule says of each position [g] by itself, the exact test aside: the reason of its
+    first accepting check, else "rejected"."""
+    reasons = ["rejected"] * int(signals.draft_tokens.shape[0])
+    for name, mask in reversed(rule_checks(cfg, signals)):  # reversed: the first accepting check wins
+        for i in mask.nonzero().flatten().tolist():
+            reasons[i] = name
+    return reasons

@@ -20,7 +20,7 @@ import torch
 
 from . import acceptance, mc_head
 from .acceptance import Signals
-from .sampling import entropy, js_divergence, signal_probs
+from .sampling import entropy, js_divergence, signal_probs, top_token
 
 PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
 
@@ -77,18 +77,21 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
                      paths: mc_head.PathStats | None = None) -> Signals:
     """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V]."""
     index = draft_tokens.unsqueeze(-1)
-    target_tokens = p_target.argmax(-1)
+    target_tokens = top_token(p_target)
     signals = dict(
         draft_tokens=draft_tokens,
         target_tokens=target_tokens,
         draft_prob=q_draft.gather(-1, index).squeeze(-1),
         target_prob=p_target.gather(-1, index).squeeze(-1),
         target_token_prob=p_target.gather(-1, target_tokens.unsqueeze(-1)).squeeze(-1),
-        js_draft_target=js_divergence(q_draft, p_target),
-        target_entropy=entropy(p_target),
     )
+    draft_entropy, target_entropy = entropy(q_draft), entropy(p_target)
+    signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
+                   target_entropy=target_entropy)
     if paths is not None:
-        signals.update(path_signals(draft_tokens, q_draft, paths))
+        # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
+        known = signals["js_draft_target"] if paths.centroid is p_target else None
+        signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known))
     return Signals(**signals)
 
 
@@ -107,14 +110,20 @@ def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, to
     )
 
 
-def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats) -> dict[str, torch.Tensor]:
+def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats,
+                 draft_entropy: torch.Tensor | None = None,
+                 js_draft_centroid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]
-    (on a reduced support the draft's distribution is reduced the same way before the divergence)."""
+    (on a reduced support the draft's distribution is reduced the same way before the divergence).
+    What the caller computed already over the full vocabulary: draft_entropy [m] H(q_draft), and
+    js_draft_centroid [m] (the centroid being a distribution it compared q_draft with)."""
     if paths.support is not None:
-        q_draft = mc_head.reduce_to_support(q_draft, paths.support)
+        q_draft, draft_entropy = mc_head.reduce_to_support(q_draft, paths.support), None
+    if js_draft_centroid is None:
+        js_draft_centroid = js_divergence(q_draft, paths.centroid, draft_entropy)
     return dict(
         path_tokens=paths.tokens,
-        js_draft_centroid=js_divergence(q_draft, paths.centroid),
+        js_draft_centroid=js_draft_centroid,
         js_threshold=paths.threshold,
         **votes(paths.tokens, draft_tokens),
     )
@@ -237,7 +246,7 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
         support = mc_head.path_support(inputs.clean_logits[stage], inputs.q_signal[stage], inputs.draft_tokens[stage],
                                        rule.path_support)
     stats = path_stats_at(target, inputs.hidden[stage], inputs.clean_logits[stage], rule, p, inputs.temperature,
-                          inputs.mask_seed, positions, support)
+                          [(inputs.mask_seed, position) for position in positions], support)
     found = stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats)
     if memo is not None:
         memo[key] = found
@@ -252,53 +261,48 @@ def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tup
 # ---------------------------------------------------------------- many sequences at once (a serving batch)
 
 
-def judge_batch(target: Head, rule, p: float | None, batch: list[JudgeInputs]) -> list[JudgedPositions]:
-    """judge_positions for one round of each of several sequences (a server's batch), as each would
-    be judged alone: the same signals, the same masks (keyed by each sequence's own mask_seed and
-    positions), the same stages. Only the cost differs: the first stage of every sequence (the K
-    rows of its first judged position, usually the only path work of a round) runs as one head
-    pass, one read of the head's weights for the batch instead of one per sequence."""
-    memos: list[dict] = [{} for _ in batch]
-    if rule.uses_paths and p and not rule.path_support:
-        firsts = []
-        for inputs, memo in zip(batch, memos):
-            if inputs.num_drafted == 0:
-                continue
-            _, signals = _signals(inputs, memo)
-            judged = reachable_judged(inputs.exact, acceptance.judged_by_paths(signals, rule))
-            if judged.numel():
-                firsts.append((inputs, memo, signals, int(judged[0])))
-        if firsts:
-            _first_stages(target, rule, p, firsts)
-    return [judge_positions(target, rule, p, inputs, memo=memo) for inputs, memo in zip(batch, memos)]
+def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs]) -> Signals:
+    """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
+    drafted positions together), the paths (when the rule reads them) at all of them in one head
+    pass, each position with its own sequence's masks (mask_seed, position): the same values
+    judge_positions gives each position in its own round, whatever else is in the batch.
+
+    No stages: a server's pieces are each one position the exact test rejected (serving/verify.py),
+    where the rule reads its paths anyway; judging a batch in one pass is what makes it cheap."""
+    draft_tokens = torch.cat([inputs.draft_tokens for inputs in batch])
+    q_signal = torch.cat([inputs.q_signal for inputs in batch])
+    clean_logits = torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch])
+    temperature = _one_temperature(batch)
+    p_signal = signal_probs(clean_logits, temperature)
+    paths = None
+    if rule.uses_paths and draft_tokens.numel():
+        hidden = torch.cat([inputs.hidden[: inputs.num_drafted] for inputs in batch])
+        keys = [(inputs.mask_seed, inputs.first_position + i) for inputs in batch for i in range(inputs.num_drafted)]
+        support = None
+        if rule.path_support and p != 0.0:  # as _stage_paths: the labelled approximation, row by row
+            support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
+        paths = path_stats_at(target, hidden, clean_logits, rule, p, temperature, keys, support, p_signal)
+    return position_signals(draft_tokens, q_signal, p_signal, paths)
 
 
-def _first_stages(target: Head, rule, p: float, firsts: list) -> None:
-    """One head pass over the first judged position of each (inputs, memo, signals, index): its
-    path stats and signals go into that sequence's memo, where judge_positions finds them."""
-    hidden = torch.stack([inputs.hidden[index] for inputs, _, _, index in firsts])  # [n, H]
-    clean_logits = torch.stack([inputs.clean_logits[index] for inputs, _, _, index in firsts])  # [n, V]
-    keep = torch.cat([mc_head.position_masks([inputs.first_position + index], rule.num_paths, p, hidden.shape[-1],
-                                             inputs.mask_seed, hidden.device, hidden.dtype)
-                      for inputs, _, _, index in firsts], dim=1)  # [K, n, H]
-    path_logits = target.path_logits(hidden, keep, p, clean_logits)  # [K, n, V]
-    for j, (inputs, memo, signals, index) in enumerate(firsts):
-        stats = mc_head.path_stats(path_logits[:, j:j + 1], inputs.temperature, rule.centroid)
-        stage = torch.tensor([index], device=inputs.draft_tokens.device)
-        memo[_paths_key(inputs, [inputs.first_position + index], rule, p)] = (
-            stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats))
+def _one_temperature(batch: list[JudgeInputs]) -> float:
+    temperatures = {inputs.temperature for inputs in batch}
+    if len(temperatures) > 1:
+        raise ValueError(f"one stacked judge step reads one temperature, got {sorted(temperatures)}")
+    return temperatures.pop() if temperatures else 0.0
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
-                  temperature: float, mask_seed: int, positions: list[int],
-                  support: torch.Tensor | None = None) -> mc_head.PathStats:
-    """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V], their sequence
-    positions [n], which key their dropout masks with mask_seed); over [K, n, S + 1] when support
-    [n, S] names the tokens the paths score (mc_head.path_support)."""
+                  temperature: float, keys: list[tuple[int, int]], support: torch.Tensor | None = None,
+                  clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+    """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
+    (mask_seed, sequence position) key their dropout masks); over [K, n, S + 1] when support [n, S]
+    names the tokens the paths score (mc_head.path_support). clean_probs [n, V]: signal_probs of
+    clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
     if p == 0.0:  # every path is the clean row
-        return mc_head.path_stats(clean_logits.unsqueeze(0), temperature, rule.centroid).expanded(rule.num_paths)
-    keep = mc_head.position_masks(positions, rule.num_paths, p, hidden.shape[-1], mask_seed, hidden.device,
-                                  hidden.dtype)
+        clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
+        return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)
+    keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype)
     if support is None:
         return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)
     path_logits = target.support_path_logits(hidden, keep, p, clean_logits, support)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import js_divergence
+from .sampling import js_divergence, top_token
 
 CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
 
@@ -44,9 +44,15 @@ def position_masks(positions: list[int], num_paths: int, p: float, hidden_size: 
     Each position draws from a stream keyed by (the run's mask key, position) alone, apart from
     sampling's: so a position's paths are the same whichever other positions are computed with it,
     and the rule lab re-judges a run's drafts with the very paths the engine drew."""
+    return keyed_masks([(key, position) for position in positions], num_paths, p, hidden_size, device, dtype)
+
+
+def keyed_masks(keys: list[tuple[int, int]], num_paths: int, p: float, hidden_size: int,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """position_masks of n positions of different runs: keys [n] of (run's mask key, position) -> [K, n, H]."""
     generator = torch.Generator(device=device)
     columns = []
-    for position in positions:
+    for key, position in keys:
         generator.manual_seed(_position_key(key, int(position)))
         keep = torch.full((num_paths, 1, hidden_size), 1.0 - p, device=device, dtype=torch.float32)
         columns.append(torch.bernoulli(keep, generator=generator))
@@ -90,6 +96,16 @@ class PathStats:
     threshold: torch.Tensor
     support: torch.Tensor | None = None
 
+    @classmethod
+    def of_clean_row(cls, clean_logits: torch.Tensor, clean_probs: torch.Tensor, num_paths: int) -> "PathStats":
+        """p = 0: every path is the clean row, clean_logits [g, V] with clean_probs [g, V] its
+        distribution (at the run's temperature): the paths' tokens are its argmax, their centroid is
+        clean_probs itself (the same tensor, so a caller may reuse what it computed from it), JS 0."""
+        zeros = clean_probs.new_zeros(clean_probs.shape[:-1])
+        one = cls(probs=clean_probs.unsqueeze(0), tokens=top_token(clean_logits).unsqueeze(0), centroid=clean_probs,
+                  path_js=zeros.unsqueeze(0), threshold=zeros)
+        return one.expanded(num_paths)
+
     def expanded(self, num_paths: int) -> "PathStats":
         """The stats of one path repeated as K identical paths (views, no copies): p = 0."""
         return PathStats(probs=self.probs.expand(num_paths, *self.probs.shape[1:]),
@@ -108,13 +124,16 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
     if centroid not in CENTROIDS:
         raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
     scale = temperature if temperature > 0 else 1.0
-    scaled = path_logits.float() / scale
-    tokens = path_logits.argmax(-1)
+    scaled = path_logits.float() / scale if scale != 1.0 else path_logits.float()  # x / 1 is x: no copy
+    tokens = top_token(path_logits)
     if support is not None:
         tokens = support.unsqueeze(0).expand(path_logits.shape[0], -1, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         scaled = torch.cat([scaled, tail.view(1, -1, 1).expand(scaled.shape[0], -1, 1)], -1)
     probs = scaled.softmax(-1)
-    mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
+    if probs.shape[0] == 1:  # one path (p = 0 repeats the clean row) is its own centroid, either way
+        mean = probs[0]
+    else:
+        mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
     # One path (p = 0 repeats the clean row) is its own centroid: its JS is exactly 0, no vocabulary pass.
     path_js = probs.new_zeros(probs.shape[:-1]) if probs.shape[0] == 1 else js_divergence(probs, mean.unsqueeze(0))
     return PathStats(probs=probs, tokens=tokens, centroid=mean, path_js=path_js, threshold=path_js.max(0).values,

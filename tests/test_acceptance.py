@@ -285,3 +285,31 @@ def test_a_single_paths_divergence_to_its_centroid_is_exactly_zero(centroid, tem
     stats = path_stats(clean_logits.unsqueeze(0), temperature, centroid)
     assert torch.equal(stats.path_js, js_divergence(stats.probs, stats.centroid.unsqueeze(0)))
     assert torch.equal(stats.centroid, stats.probs[0]) and not stats.path_js.any() and not stats.threshold.any()
+
+
+@pytest.mark.parametrize("centroid", ["probs", "logits"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_clean_rows_stats_are_what_one_path_of_it_gives(centroid, temperature):
+    """PathStats.of_clean_row (p = 0) reuses the clean distribution: the same stats, bit for bit, as
+    path_stats over the clean row repeated K times, its centroid the very tensor it was given."""
+    from dropmatch.mc_head import PathStats
+    from dropmatch.sampling import signal_probs
+
+    clean_logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(2)) * 4
+    clean_probs = signal_probs(clean_logits, temperature)
+    reused = PathStats.of_clean_row(clean_logits, clean_probs, 5)
+    computed = path_stats(clean_logits.unsqueeze(0), temperature, centroid).expanded(5)
+    for name in ("probs", "tokens", "centroid", "path_js", "threshold"):
+        assert torch.equal(getattr(reused, name), getattr(computed, name)), name
+    assert reused.centroid is clean_probs and reused.tokens.shape == (5, 3)
+
+
+def test_the_top_token_is_argmax_with_ties_and_nans():
+    """sampling.top_token (max's index) returns what argmax does: the first maximum, NaN the largest."""
+    from dropmatch.sampling import top_token
+
+    generator = torch.Generator().manual_seed(3)
+    values = torch.randint(0, 3, (64, 4099), generator=generator).float()  # ties everywhere
+    values[5, 100:200:9] = float("nan")
+    for rows in (values, values.softmax(-1), values[0], values[:, :7]):
+        assert torch.equal(top_token(rows), rows.argmax(-1))

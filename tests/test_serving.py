@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -26,8 +28,8 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
         logits = target.logits(hidden)
         top2 = logits.topk(2, dim=-1).indices
         draft = torch.where(torch.arange(gamma) % 2 == 1, top2[:gamma, 1], top2[:gamma, 0])
-        q_signal = torch.softmax(logits[:gamma] + torch.randn(logits[:gamma].shape, generator=generator), -1)
-        made.append(Round(int(prompt.shape[1]) - gamma, draft, q_signal, hidden, logits,
+        draft_logits = logits[:gamma] + torch.randn(logits[:gamma].shape, generator=generator)
+        made.append(Round(int(prompt.shape[1]) - gamma, draft, draft_logits, hidden, logits,
                           mask_seed(seed, prompt[0].tolist())))
     return made
 
@@ -171,3 +173,61 @@ def test_the_vllm_table_gives_the_median_speed_with_its_range_and_flags_unequal_
     assert "| 4 | vllm | 20.0 (19.0-23.5) | 1.00x |" in bench.table({"runs": [run], "reference": reference})
     run["repeats_identical"] = False
     assert "(repeats differ!)" in bench.table({"runs": [run], "reference": reference})
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_stacked_positions_get_the_signals_each_gets_alone(tiny_engine, p):
+    """judging.judge_stacked (every position of a batch in one call, each with its own masks) gives
+    each position the signals judge_positions gives it alone, path fields included."""
+    rule = RuleConfig("dropmatch", p=p)
+    rounds = rounds_of(tiny_engine.target)
+    pieces = []  # each round's positions the exact test rejected, one piece each
+    for round_ in rounds:
+        inputs = round_.judge_inputs()
+        for i in (~inputs.exact).nonzero().flatten().tolist():
+            pieces.append((round_, i, judging.JudgeInputs(
+                inputs.first_position + i, inputs.draft_tokens[i:i + 1], inputs.q_signal[i:i + 1],
+                inputs.hidden[i:i + 2], inputs.clean_logits[i:i + 2], inputs.exact[i:i + 1], 0.0, inputs.mask_seed)))
+    stacked = judging.judge_stacked(tiny_engine.target, rule, p, [piece for _, _, piece in pieces])
+    for j, (_, _, piece) in enumerate(pieces):
+        alone = judging.judge_positions(tiny_engine.target, rule, p, piece).signals
+        for name, value in vars(stacked).items():
+            expected = getattr(alone, name)
+            got, want = (value[:, j], expected[:, 0]) if name == "path_tokens" else (value[j], expected[0])
+            assert torch.allclose(got.float(), want.float(), atol=1e-6), (name, j)
+    assert len(pieces) >= len(rounds)
+
+
+def test_the_servers_own_verdict_is_the_exact_test_the_scan_starts_from(tiny_engine):
+    """A Round given the server's lossless verdict decides what it decides computing the exact test."""
+    rule = RuleConfig("dropmatch", p=0.3)
+    rounds = rounds_of(tiny_engine.target)
+    told = []
+    for round_ in rounds:
+        exact = round_.exact().tolist() + [False]
+        accepted = exact.index(False)
+        told.append(replace(round_, lossless=(accepted, int(round_.clean_logits[accepted].argmax()))))
+    assert verify_greedy(tiny_engine.target, rule, told) == verify_greedy(tiny_engine.target, rule, rounds)
+
+
+def test_a_lossy_rule_is_refused_where_vllm_edits_the_target_logits():
+    """Penalties, bad words and allowed tokens change the logits vLLM's exact test reads: a lossy rule
+    on such a request is refused at admission (one line), a lossless one is served."""
+    from types import SimpleNamespace
+
+    base = dict(temperature=0.0, extra_args={"dropmatch_p": 0.2}, presence_penalty=0.0, frequency_penalty=0.0,
+                repetition_penalty=1.0, bad_words=None, allowed_token_ids=None)
+    check_request(SimpleNamespace(**base))
+    for edit in ({"repetition_penalty": 1.2}, {"presence_penalty": 0.5}, {"bad_words": ["x"]},
+                 {"allowed_token_ids": [1, 2]}):
+        with pytest.raises(ValueError, match="^DropMatch: a lossy rule judges the model's own logits"):
+            check_request(SimpleNamespace(**{**base, **edit}))
+        check_request(SimpleNamespace(**{**base, **edit, "extra_args": {"dropmatch_rule": "lossless"}}))
+
+
+def test_vllms_output_row_reads_as_its_lossless_verdict():
+    from dropmatch.serving.vllm.runner import vllm_verdict
+
+    assert vllm_verdict([11, 12, 7, -1, -1]) == (2, 7)
+    assert vllm_verdict([9, -1, -1]) == (0, 9)
+    assert vllm_verdict([1, 2, 3]) == (2, 3)

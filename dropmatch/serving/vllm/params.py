@@ -27,6 +27,18 @@ def check_request(sampling_params) -> None:
         raise ValueError("DropMatch: a lossy rule verifies greedy requests only (temperature 0); this request samples "
                          f"at temperature {sampling_params.temperature:g}: drop its DropMatch settings or set "
                          "temperature 0")
+    if given and not settings.lossless and edits_target_logits(sampling_params):
+        raise ValueError("DropMatch: a lossy rule judges the model's own logits; this request's penalties, bad words "
+                         "or allowed tokens change them: drop those or its DropMatch settings")
+
+
+def edits_target_logits(sampling_params) -> bool:
+    """Whether vLLM's rejection sampler changes the request's target logits before its argmax
+    (penalties, bad words, allowed tokens): the rules judge the model's own logits, so such a
+    request keeps vLLM's own verdict."""
+    return bool(getattr(sampling_params, "presence_penalty", 0.0) or getattr(sampling_params, "frequency_penalty", 0.0)
+                or getattr(sampling_params, "repetition_penalty", 1.0) != 1.0
+                or getattr(sampling_params, "bad_words", None) or getattr(sampling_params, "allowed_token_ids", None))
 
 
 class DropMatchParams(_Base):

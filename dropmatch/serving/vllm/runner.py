@@ -10,8 +10,14 @@ sampled requests, requests asking for logprobs, rule "lossless", and every engin
 `additional_config={"dropmatch": ...}`.
 
 The draft's distributions (the JS rules read them): a lookup draft (method "ngram") is one-hot, as in
-our engine; a draft model's (method "draft_model", greedy drafting) are kept when it drafts, its
-tokens unchanged. Methods that give neither serve only the rules that do not read them.
+our engine; a draft model's (method "draft_model", greedy drafting) come from its logits, kept when
+it drafts (its tokens unchanged) and turned into distributions only at the positions judged.
+Methods that give neither serve only the rules that do not read them.
+
+Nothing of a step is copied: the rows are views of the step's own tensors, which vLLM's rejection
+sampler reads without changing (it indexes copies of the logits: vllm/v1/sample/rejection_sampler.py,
+0.32), and the exact test's verdict is vLLM's own (its output row), extended only where a rule
+accepts a token vLLM rejected.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from ...config import ConfigError
 from ...mc_head import mask_seed
 from ..verify import Round, verify_greedy
+from .params import edits_target_logits
 from .settings import ServeSettings, request_settings
 from .stats import StatsFile
 
@@ -77,9 +84,9 @@ class DropMatchRunner:
         verifier = getattr(self, "dropmatch", None)
         if verifier is None or verifier.draft_steps is None:
             return super().propose_draft_token_ids(*args, **kwargs)
-        verifier.draft_steps.clear()
+        verifier.draft_steps = []
         drafted = super().propose_draft_token_ids(*args, **kwargs)
-        verifier.keep_draft_probs(self.input_batch.req_ids)
+        verifier.keep_draft_rows(self.input_batch.req_ids)
         return drafted
 
 
@@ -92,9 +99,11 @@ class _Verifier:
         self.method = method
         self.head = VllmHead(runner.get_model())
         self.hidden = None
-        self.draft_steps: list[torch.Tensor] | None = None
-        self.draft_probs: dict[str, torch.Tensor] = {}
+        self.draft_steps: list[torch.Tensor] | None = None  # the draft's logits [batch, V], one per drafted position
+        self.draft_rows: dict[str, int] = {}  # request id -> its row in those, for the drafts being verified
+        self.drafted: list[torch.Tensor] = []  # the draft_steps the drafts being verified came from
         self.per_request: dict[str, ServeSettings] = {}
+        self.mask_seeds: dict[str, int] = {}
         self.stats = StatsFile.for_this_process()
         self.warned: set[str] = set()
 
@@ -118,7 +127,7 @@ class _Verifier:
         return verifier
 
     def capture_drafts(self, drafter) -> None:
-        """Wraps the draft model's greedy step: the same argmax tokens, and their softmax kept."""
+        """Wraps the draft model's greedy step: the same argmax tokens, and its logits kept."""
         if getattr(drafter, "use_local_argmax_reduction", False) or getattr(drafter, "use_heterogeneous_vocab", False):
             raise ValueError("DropMatch needs the draft model's full logits: turn off local argmax reduction "
                              "and use a draft with the target's vocabulary")
@@ -126,19 +135,16 @@ class _Verifier:
 
         def greedy_sample(hidden_states: torch.Tensor) -> torch.Tensor:
             logits = drafter.model.compute_logits(hidden_states)
-            self.draft_steps.append(logits.float().softmax(-1))
+            self.draft_steps.append(logits)
             return logits.argmax(dim=-1)
 
         drafter._greedy_sample = greedy_sample
 
-    def keep_draft_probs(self, req_ids: list) -> None:
-        """After a propose: request b's distributions over its drafted tokens, [num_spec, V]."""
-        self.draft_probs = {}
-        if not self.draft_steps:
-            return
-        steps = torch.stack(self.draft_steps, dim=1)  # [batch, num_spec, V]
-        for row, req_id in enumerate(req_ids[: steps.shape[0]]):
-            self.draft_probs[req_id] = steps[row]
+    def keep_draft_rows(self, req_ids: list) -> None:
+        """After a propose: which row of the kept logits is whose (the batch's order when it drafted)."""
+        self.drafted = self.draft_steps
+        rows = self.drafted[0].shape[0] if self.drafted else 0
+        self.draft_rows = {req_id: row for row, req_id in enumerate(req_ids[:rows])}
 
     # ------------------------------------------------------------ one step
 
@@ -158,20 +164,28 @@ class _Verifier:
             if settings is None or drafted == 0:
                 continue
             draft_tokens = metadata.draft_token_ids[first_draft:first_draft + drafted].long()
-            q_signal = self.q_signal(req_id, draft_tokens, logits.shape[-1])
-            if q_signal is None:
+            found, draft_logits = self.draft_logits(req_id, drafted)
+            if not found:
                 continue
-            state = runner.requests[req_id]
             work.append((row, req_id, settings, Round(
-                int(batch.num_tokens_no_spec[row]), draft_tokens, q_signal, self.hidden[rows].clone(),
-                logits[rows].float().clone(), mask_seed(settings.seed, state.prompt_token_ids or []))))
+                int(batch.num_tokens_no_spec[row]), draft_tokens, draft_logits, self.hidden[rows], logits[rows],
+                self.request_mask_seed(runner, req_id, settings))))
         return work
+
+    def request_mask_seed(self, runner, req_id: str, settings: ServeSettings) -> int:
+        if req_id not in self.mask_seeds:
+            self.mask_seeds[req_id] = mask_seed(settings.seed, runner.requests[req_id].prompt_token_ids or [])
+        return self.mask_seeds[req_id]
 
     def request(self, runner, req_id: str) -> ServeSettings | None:
         """The request's settings where DropMatch verifies it; None where vLLM's own sampler does."""
         state = runner.requests[req_id]
         params = state.sampling_params
         if params is None or params.temperature >= SAMPLING_EPS or params.logprobs is not None:
+            return None
+        if edits_target_logits(params):  # refused at admission (params.py); vLLM's own verdict if it slips through
+            self._warn(req_id, f"request {req_id}: penalties, bad words or allowed tokens change vLLM's target "
+                               "logits; verified losslessly")
             return None
         if req_id not in self.per_request:
             try:
@@ -182,29 +196,32 @@ class _Verifier:
         settings = self.per_request[req_id]
         return None if settings.lossless else settings
 
-    def q_signal(self, req_id: str, draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor | None:
+    def draft_logits(self, req_id: str, drafted: int) -> tuple[bool, tuple | None]:
+        """(whether the request can be judged, its draft's logits rows [V] at the drafted positions,
+        None for a lookup draft whose distribution is one-hot)."""
         settings = self.per_request[req_id]
         if self.draft_steps is not None:
-            probs = self.draft_probs.get(req_id)
-            if probs is not None and probs.shape[0] >= draft_tokens.shape[0]:
-                return probs[: draft_tokens.shape[0]]
+            row = self.draft_rows.get(req_id)
+            if row is not None and len(self.drafted) >= drafted:
+                return True, tuple(step[row] for step in self.drafted[:drafted])
             self._warn(req_id, f"request {req_id}: no draft distribution kept for this step; verified losslessly")
-            return None
+            return False, None
         if self.method != "ngram" and settings.rule.rule in READS_DRAFT:
             self._warn(req_id, f"request {req_id}: rule {settings.rule.rule!r} reads the draft's distribution, which "
                                f"method {self.method!r} does not give; verified losslessly")
-            return None
-        return torch.nn.functional.one_hot(draft_tokens, vocab).float()
+            return False, None
+        return True, None
 
     def rejudge(self, output, work: list) -> None:
         """Writes each re-verified request's row of output.sampled_token_ids: its accepted drafts, then
         the target's token after them, then vLLM's placeholder (-1)."""
         by_rule: dict = {}
-        for item in work:
-            by_rule.setdefault(item[2].rule, []).append(item)
+        emitted = output.sampled_token_ids.tolist() if work else []
+        for row, req_id, settings, round_ in work:
+            by_rule.setdefault(settings.rule, []).append((row, replace(round_, lossless=vllm_verdict(emitted[row]))))
         for rule, items in by_rule.items():
-            verdicts = verify_greedy(self.head, rule, [round_ for _, _, _, round_ in items])
-            for (row, _, _, round_), verdict in zip(items, verdicts):
+            verdicts = verify_greedy(self.head, rule, [round_ for _, round_ in items])
+            for (row, round_), verdict in zip(items, verdicts):
                 accepted = round_.draft_tokens[: verdict.num_accepted].tolist()
                 tokens = output.sampled_token_ids[row]
                 tokens.fill_(-1)
@@ -217,10 +234,19 @@ class _Verifier:
     def _forget_finished(self) -> None:
         if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
             self.per_request.clear()
+            self.mask_seeds.clear()
             self.warned.clear()
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:
             self.warned.add(key)
             LOG.warning(message)
+
+
+
+def vllm_verdict(emitted: list[int]) -> tuple[int, int]:
+    """A greedy request's row of vLLM's output (accepted drafts, the target's token, then -1s) as
+    (drafts its exact test accepted, the token after them)."""
+    tokens = [token for token in emitted if token != -1]
+    return len(tokens) - 1, tokens[-1]
 
