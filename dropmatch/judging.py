@@ -264,8 +264,8 @@ def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tup
 def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs]) -> Signals:
     """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
     drafted positions together), the paths (when the rule reads them) at all of them in one head
-    pass, each position with its own sequence's masks (mask_seed, position): the same values
-    judge_positions gives each position in its own round, whatever else is in the batch.
+    pass, each position with its own sequence's masks (mask_seed, position): the values
+    judge_positions gives each position it judges, whatever else is in the batch (tested).
 
     No stages: a server's pieces are each one position the exact test rejected (serving/verify.py),
     where the rule reads its paths anyway; judging a batch in one pass is what makes it cheap."""

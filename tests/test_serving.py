@@ -231,3 +231,41 @@ def test_vllms_output_row_reads_as_its_lossless_verdict():
     assert vllm_verdict([11, 12, 7, -1, -1]) == (2, 7)
     assert vllm_verdict([9, -1, -1]) == (0, 9)
     assert vllm_verdict([1, 2, 3]) == (2, 3)
+
+
+def test_the_counters_reach_the_file_soon_without_the_step_writing_it(tmp_path):
+    """write_soon only signals: the writer thread puts the counts in the file within its period."""
+    import time
+
+    stats = StatsFile(tmp_path / "worker-1.json", every=0.05)
+    stats.add(["exact", "js"])
+    stats.write_soon()
+    stats.add(["js"])
+    stats.write_soon()
+    deadline = time.monotonic() + 5
+    while read_counts(tmp_path) != {"exact": 1, "js": 2} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert read_counts(tmp_path) == {"exact": 1, "js": 2}
+    assert stats.writer is not None and stats.writer.daemon
+
+
+def test_rounds_of_engine_processes_merge_into_one_run_and_pair_their_ratios():
+    """--rounds: a variant's processes give one run (median speed, every run kept, outputs checked
+    across processes), and its ratio to vLLM's SD is the median of the per-round ratios."""
+    from dropmatch.serving.vllm import bench
+
+    def process(speed, outputs=((1, 2),)):
+        return {"tokens_per_s": speed, "tokens_per_s_runs": [speed - 1, speed], "wall_s": [1.0, 1.0],
+                "outputs": [list(o) for o in outputs], "repeats_identical": True, "acceptance": 0.2, "tau": 1.6}
+
+    vllm = bench.merged([process(10.0), process(20.0), process(12.0)])
+    plugin = bench.merged([process(9.0), process(21.0), process(11.4)])
+    assert vllm["tokens_per_s"] == 12.0 and vllm["tokens_per_s_rounds"] == [10.0, 20.0, 12.0]
+    assert len(vllm["tokens_per_s_runs"]) == 6 and vllm["repeats_identical"]
+    ratio, ratios = bench.ratio_to(plugin, vllm)
+    assert ratios == pytest.approx([0.9, 1.05, 0.95]) and ratio == pytest.approx(0.95)
+    assert not bench.merged([process(10.0), process(10.0, outputs=((1, 3),))])["repeats_identical"]
+    assert bench.parse_args(["--rounds", "3"]).rounds == 3
+    for bad in ("0", "x", "-1"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--rounds", bad])

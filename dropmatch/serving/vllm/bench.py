@@ -7,8 +7,10 @@ the exported draft (or prompt lookup). Runs under .venv-vllm:
     dropmatch-bench --engine vllm ...        # the same, started from .venv (--p-sweep gives the rates)
 
 Each engine runs in its own process (vLLM keeps process-wide state), with max_num_seqs = the
-concurrency; the DropMatch runs share the plugin's engine. Per run: tokens/s (new tokens over the
-wall time of the whole batch; the median of --repeats batches, their range kept), vLLM's own
+concurrency; the DropMatch runs share the plugin's engine. Speeds differ from one engine process to
+the next by more than within one, so --rounds N starts each engine N times, in turn, and the ratio
+to vLLM's SD is the median of the rounds' ratios. Per run: tokens/s (new tokens over the wall time
+of the whole batch; the median of --repeats batches, their range kept), vLLM's own
 speculation counters (acceptance = accepted / drafted tokens, tau = 1 + accepted / verification
 steps with drafts), and the quality the target sees (target NLL, off-nucleus rate, distinct-2 of
 the answers, scored by the target in fp32) against the reference band: the target's own samples
@@ -164,11 +166,34 @@ def benchmark(args) -> dict:
     reference = reference_band(base, prompts, max(args.concurrency))
     runs = []
     for concurrency in args.concurrency:
-        for job in jobs_for(concurrency, args, {**base, "concurrency": concurrency}):
-            print(f"running {job['label']} ...", file=sys.stderr, flush=True)
-            for name, measured in run_job(job).items():
-                runs.append({"name": name, "concurrency": concurrency, **measured})
+        measured: dict[str, list[dict]] = {}
+        for round_ in range(args.rounds):  # the engines in turn, so that a slow spell of the machine hits all
+            for job in jobs_for(concurrency, args, {**base, "concurrency": concurrency}):
+                print(f"running {job['label']} (round {round_ + 1} of {args.rounds}) ...", file=sys.stderr, flush=True)
+                for name, found in run_job(job).items():
+                    measured.setdefault(name, []).append(found)
+        runs += [{"name": name, "concurrency": concurrency, **merged(found)} for name, found in measured.items()]
     return summarize(runs, reference, target, prompts, args)
+
+
+def merged(measured: list[dict]) -> dict:
+    """One variant's measurements from its engine processes (one per round) as one run: tokens/s the
+    median of the processes' medians (each kept, in round order), the outputs and counters of the
+    first (greedy outputs must not differ: repeats_identical covers every process)."""
+    first = measured[0]
+    return {**first, "tokens_per_s": statistics.median(m["tokens_per_s"] for m in measured),
+            "tokens_per_s_rounds": [m["tokens_per_s"] for m in measured],
+            "tokens_per_s_runs": sorted(speed for m in measured for speed in m["tokens_per_s_runs"]),
+            "wall_s": [wall for m in measured for wall in m["wall_s"]],
+            "repeats_identical": all(m["repeats_identical"] and m["outputs"] == first["outputs"] for m in measured)}
+
+
+def ratio_to(run: dict, baseline: dict) -> tuple[float, list[float]]:
+    """tokens/s against a baseline's: the median of the per-round ratios (each round's processes ran
+    one after the other), and those ratios."""
+    ratios = [mine / theirs for mine, theirs in zip(run.get("tokens_per_s_rounds", [run["tokens_per_s"]]),
+                                                   baseline.get("tokens_per_s_rounds", [baseline["tokens_per_s"]]))]
+    return statistics.median(ratios), ratios
 
 
 def reference_band(base: dict, prompts: list, concurrency: int) -> dict:
@@ -194,11 +219,11 @@ def summarize(runs: list[dict], reference: dict, target: str, prompts: list, arg
         baseline = by_key.get(("none", run["concurrency"]))
         run["identical_to_no_speculation"] = sum(a == b for a, b in zip(run["outputs"], baseline["outputs"]))
         vllm = by_key.get(("vllm", run["concurrency"]))
-        run["tokens_per_s_vs_vllm"] = run["tokens_per_s"] / vllm["tokens_per_s"]
+        run["tokens_per_s_vs_vllm"], run["tokens_per_s_vs_vllm_rounds"] = ratio_to(run, vllm)
         if run["acceptance"] is not None and vllm["acceptance"]:
             run["acceptance_vs_vllm"] = run["acceptance"] / vllm["acceptance"]
     settings = {"prompts": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                "method": args.method, "rule": args.rule, "p": args.p, "repeats": args.repeats,
+                "method": args.method, "rule": args.rule, "p": args.p, "repeats": args.repeats, "rounds": args.rounds,
                 "num_prompts": len(prompts)}
     return {"settings": settings, "reference": reference, "runs": runs}
 
@@ -220,8 +245,10 @@ def table(document: dict) -> str:
         speed = f"{run['tokens_per_s']:.1f}" + (f" ({spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1 else "")
         if not run.get("repeats_identical", True):
             speed += " (repeats differ!)"
+        ratios = sorted(run.get("tokens_per_s_vs_vllm_rounds", []))
+        ratio = f"{run['tokens_per_s_vs_vllm']:.2f}x" + (f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else "")
         lines.append(f"| {run['concurrency']} | {run['name']} | {speed} | "
-                     f"{run['tokens_per_s_vs_vllm']:.2f}x | {fmt(run['acceptance'], '.3f')} | {fmt(run['tau'], '.2f')} | "
+                     f"{ratio} | {fmt(run['acceptance'], '.3f')} | {fmt(run['tau'], '.2f')} | "
                      f"{run['identical_to_no_speculation']}/{len(run['outputs'])} | {run['target_nll']:.3f} | "
                      f"{run['off_nucleus_rate']:.3%} | {run['distinct2']:.3f} | "
                      f"{', '.join(k for k, ok in band.items() if not ok) or 'inside'} |")
@@ -241,6 +268,12 @@ def dropout_rates(text: str) -> list[float]:
     return rates
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+    return int(text)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", default="runs/distill/dev.jsonl", help="prompt files, comma-separated")
@@ -252,6 +285,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--p", default=[0.3], type=dropout_rates,
                         help="DropMatch's dropout rates, comma-separated: one run each on the plugin's engine")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each batch (tokens/s: the median)")
+    parser.add_argument("--rounds", type=positive, default=1,
+                        help="engine processes per configuration, run in turn (speeds vary from process to process; "
+                             "the ratio to vLLM's SD is the median of the rounds' ratios)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--job", help=argparse.SUPPRESS)  # one engine's runs, in a child process
     return parser.parse_args(argv)

@@ -228,7 +228,7 @@ class _Verifier:
                 tokens[: verdict.num_accepted + 1] = torch.tensor(accepted + [verdict.next_token], dtype=tokens.dtype)
                 self.stats.add(verdict.reasons)
         if work:
-            self.stats.write()
+            self.stats.write_soon()
         self._forget_finished()
 
     def _forget_finished(self) -> None:

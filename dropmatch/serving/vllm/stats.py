@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,23 +29,48 @@ def stats_dir() -> Path:
 
 
 class StatsFile:
-    """One worker's counts, rewritten whole (atomically) after each step that re-verified something."""
+    """One worker's counts, rewritten whole (atomically). The serving step only counts: a writer
+    thread rewrites the file within `every` seconds of a change, so no file I/O waits in a step."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, every: float = 0.2):
         self.path = path
+        self.every = every
         self.reasons: Counter = Counter()
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.writer: threading.Thread | None = None
 
     @classmethod
     def for_this_process(cls) -> "StatsFile":
         return cls(stats_dir() / f"worker-{os.getpid()}.json")
 
     def add(self, reasons) -> None:
-        self.reasons.update(reasons)
+        with self.lock:
+            self.reasons.update(reasons)
 
     def write(self) -> None:
+        with self.lock:
+            text = json.dumps(dict(self.reasons))
         staging = self.path.with_suffix(".tmp")
-        staging.write_text(json.dumps(dict(self.reasons)))
+        staging.write_text(text)
         os.replace(staging, self.path)
+
+    def write_soon(self) -> None:
+        """The counts reach the file within `every` seconds, written by this worker's writer thread."""
+        self.changed.set()
+        if self.writer is None:
+            self.writer = threading.Thread(target=self._keep_writing, name="dropmatch-stats", daemon=True)
+            self.writer.start()
+
+    def _keep_writing(self) -> None:
+        while True:
+            self.changed.wait()
+            time.sleep(self.every)  # the steps of the next `every` seconds go into the same write
+            self.changed.clear()
+            try:
+                self.write()
+            except OSError:  # the folder went away (the server is stopping): nothing left to report to
+                return
 
 
 def read_counts(folder: Path | None = None) -> Counter:
