@@ -269,3 +269,21 @@ def test_rounds_of_engine_processes_merge_into_one_run_and_pair_their_ratios():
     for bad in ("0", "x", "-1"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--rounds", bad])
+
+
+def test_the_judge_step_cost_script_times_each_rate(capsys):
+    """scripts/judge_step_cost.py on a small head: one line of milliseconds a step per rate."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("judge_step_cost",
+                                                  Path(__file__).resolve().parents[1] / "scripts" / "judge_step_cost.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    threads = torch.get_num_threads()
+    try:
+        assert script.main(["--requests", "3", "--vocab", "300", "--hidden", "16", "--steps", "2", "--p", "0,0.2"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script runs on one thread, as vLLM's worker; the suite on all
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["p 0", "p 0.2"] and all("ms a step of 3" in l for l in lines)
