@@ -35,17 +35,21 @@ def main() -> None:
     from dropmatch.studio import Policy, Studio
     from dropmatch.ui import zerogpu
 
-    if zerogpu.active():  # the default pair loads (to "cuda") in this process, before launch
-        studio = Studio(load_pair, Engine, Policy.from_env(), inline=True)
+    inline = zerogpu.active()
+    studio = Studio(load_pair, Engine, Policy.from_env(), inline=inline)
+    if inline:  # the default pair loads (to "cuda") in this process, before launch
         zerogpu.start(studio, PRESETS[DEFAULTS.pair])
-    else:
-        studio = Studio(load_pair, Engine, Policy.from_env())
-        studio.preload(PRESETS[DEFAULTS.pair])
     downloads = Downloads()
     try:
+        demo = create_demo(studio, downloads)
         # None lets Gradio read GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a Space sets them.
-        create_demo(studio, downloads).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                              css=css(), max_file_size=MAX_RUN_FILE_BYTES)
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=css(),
+                    max_file_size=MAX_RUN_FILE_BYTES, prevent_thread_lock=True)
+        if not inline:
+            # Only now: launch probes its own URL and gives up on one HEAD slower than 3 s, which
+            # a slow CPU converting the embedded GGUF in the background can make it.
+            studio.preload(PRESETS[DEFAULTS.pair])
+        demo.block_thread()
     finally:
         downloads.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fake_engine import FakeEngine
+from local_server import serve_locally
 
 from dropmatch.config import PairSpec
 from dropmatch.studio import DEFAULT_PRESET, Policy, Studio, pair_from_choice
@@ -22,7 +23,7 @@ def running_app():
     import app
 
     demo = app.create_demo(fake_studio())
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    serve_locally(demo)
     try:
         yield Client(demo.local_url, verbose=False)
     finally:
@@ -119,6 +120,28 @@ def test_importing_the_app_loads_no_model():
     code = "import sys, app; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_app_answers_on_its_address_before_the_default_pair_starts_loading(monkeypatch):
+    """`python app.py` launches, and only then starts loading the embedded pair: Gradio's launch
+    probes its own address and gives up on one HEAD over 3 s, which a slow CPU converting the GGUF
+    in the background can make it take."""
+    import sys
+
+    import gradio
+    import httpx
+    from space_helpers import free_port
+
+    import app
+
+    port = free_port()
+    monkeypatch.setattr(sys, "argv", ["app.py", "--port", str(port)])
+    answered = []
+    monkeypatch.setattr(Studio, "preload", lambda self, spec: answered.append(
+        httpx.head(f"http://127.0.0.1:{port}/", timeout=30).status_code))
+    monkeypatch.setattr(gradio.Blocks, "block_thread", lambda self: self.close())
+    app.main()
+    assert answered == [200]
 
 
 def test_downloads_stay_in_one_folder_that_keeps_only_the_newest_runs(tmp_path):

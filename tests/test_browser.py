@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from local_server import serve_locally
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -22,7 +23,7 @@ def embedded_app():
     from dropmatch.studio import Policy, Studio
 
     demo = app.create_demo(Studio(load_pair, Engine, Policy()))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
+    serve_locally(demo, css=app.css())
     try:
         yield demo.local_url, json.loads(app.EXAMPLES_FILE.read_text())
     finally:

@@ -14,6 +14,7 @@ from dropmatch.replay import replay_html, replay_payload
 from dropmatch.ui.views import shipped_run_title
 
 from fake_engine import FakeEngine
+from local_server import serve_locally
 
 SHIPPED = recorded_runs()
 
@@ -71,7 +72,7 @@ def browser_app():
 
     downloads = Downloads(Path(tempfile.mkdtemp(prefix="dm-test-downloads-")))
     demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()), downloads)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
+    serve_locally(demo, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 from fake_engine import FakeEngine
+from local_server import serve_locally
 
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
@@ -31,7 +32,7 @@ def server(quick_janitor):
     import app
 
     demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    serve_locally(demo)
     try:
         yield demo
     finally:

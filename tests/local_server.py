@@ -1,0 +1,27 @@
+"""Serving a Gradio demo on loopback inside the test process."""
+
+from __future__ import annotations
+
+import gradio
+
+LAUNCH_TRIES = 3
+
+
+def serve_locally(demo: gradio.Blocks, **launch_kwargs) -> gradio.Blocks:
+    """`demo` launched on 127.0.0.1 without blocking; returns it (close it with `demo.close()`).
+
+    Gradio's launch probes its own URL and raises when one HEAD request takes over 3 s: its probe
+    retries a bad status but not a timeout. A busy CI machine can stall that long, so a failed probe
+    closes the server and launches again, up to LAUNCH_TRIES times; the tests' own checks of what
+    the server answers are untouched.
+    """
+    for attempt in range(1, LAUNCH_TRIES + 1):
+        try:
+            demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_kwargs)
+            return demo
+        except ValueError as error:
+            if "localhost is not accessible" not in str(error) or attempt == LAUNCH_TRIES:
+                raise
+            print(f"gradio's self-probe timed out (launch {attempt} of {LAUNCH_TRIES}); launching again")
+            demo.close()
+    raise AssertionError("unreachable")
