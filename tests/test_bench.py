@@ -338,3 +338,23 @@ def test_the_band_sees_repetition_and_every_run_reports_its_change_against_lossl
     assert band_checks(looping, reference) == {"nll": True, "off_nucleus": True, "repetition": False}
     assert band_text(band_checks(looping, reference)) == "outside: repetition"
     assert band_text(band_checks({**looping, "target_nll": 1.0}, reference)) == "outside: nll, repetition"
+
+
+def test_the_vllm_engine_gets_every_setting_of_the_command_it_was_started_with():
+    """`dropmatch-bench --engine vllm` forwards prompts, limit, tokens, concurrency, rates, rule,
+    repeats, rounds and the JSON path to the vLLM benchmark, whose parser takes them back."""
+    from dropmatch.bench.cli import build_parser, vllm_bench_args
+    from dropmatch.serving.vllm.bench import parse_args as vllm_parse_args
+
+    args = build_parser().parse_args([
+        "--engine", "vllm", "--prompts", "a.jsonl,b.jsonl", "--limit", "8", "--max-new-tokens", "64",
+        "--concurrency", "1,16", "--p-sweep", "0.1,0.2", "--rules", "lossless,dropmatch", "--repeats", "2",
+        "--rounds", "3", "--json", "out.json"])
+    forwarded = vllm_bench_args(args)
+    assert dict(zip(forwarded[::2], forwarded[1::2])) == {
+        "--prompts": "a.jsonl,b.jsonl", "--limit": "8", "--max-new-tokens": "64", "--concurrency": "1,16",
+        "--p": "0.1,0.2", "--rule": "dropmatch", "--repeats": "2", "--rounds": "3", "--json": "out.json"}
+    taken = vllm_parse_args(forwarded)
+    assert (taken.limit, taken.concurrency, taken.p, taken.repeats, taken.rounds) == (8, [1, 16], [0.1, 0.2], 2, 3)
+    bare = vllm_bench_args(build_parser().parse_args(["--engine", "vllm", "--prompts", "a.jsonl"]))
+    assert "--repeats" not in bare and "--rounds" not in bare and "--limit" not in bare

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=("studio", "vllm"), default="studio",
                         help="vllm: through vLLM's CPU build in .venv-vllm (no SD, vLLM's SD, DropMatch), at --concurrency")
     parser.add_argument("--concurrency", default="1,4,16", help="--engine vllm: requests served at once, comma-separated")
+    parser.add_argument("--repeats", default=None, help="--engine vllm: timed batches per engine (tokens/s: their median)")
+    parser.add_argument("--rounds", default=None,
+                        help="--engine vllm: start each engine this many times, in turn (ratios: the rounds' median)")
     return parser
 
 
@@ -167,22 +170,28 @@ def _through_vllm(args) -> int:
     if not python.exists():
         print("error: --engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm", file=sys.stderr)
         return 2
+    try:
+        command = [str(python), "-m", "dropmatch.serving.vllm.bench", *vllm_bench_args(args)]
+    except (ConfigError, BenchError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return subprocess.call(command)
+
+
+def vllm_bench_args(args) -> list[str]:
+    """This command's settings as dropmatch.serving.vllm.bench arguments (raises BenchError or
+    ConfigError on a bad --p-sweep)."""
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != "lossless"]
     p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
     if args.p_sweep:
-        try:
-            p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
-        except (ConfigError, BenchError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    command = [str(python), "-m", "dropmatch.serving.vllm.bench", "--prompts", args.prompts, "--max-new-tokens",
-               str(args.max_new_tokens), "--concurrency", args.concurrency, "--p", p, "--rule",
-               (lossy or ["dropmatch"])[0].strip()]
-    if args.limit:
-        command += ["--limit", str(args.limit)]
-    if args.json:
-        command += ["--json", args.json]
-    return subprocess.call(command)
+        p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
+    forwarded = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens),
+                 "--concurrency", args.concurrency, "--p", p, "--rule", (lossy or ["dropmatch"])[0].strip()]
+    for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--rounds", args.rounds),
+                        ("--json", args.json)):
+        if value:
+            forwarded += [flag, str(value)]
+    return forwarded
 
 
 def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
