@@ -130,12 +130,12 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
         tokens = support.unsqueeze(0).expand(path_logits.shape[0], -1, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         scaled = torch.cat([scaled, tail.view(1, -1, 1).expand(scaled.shape[0], -1, 1)], -1)
     probs = scaled.softmax(-1)
-    if probs.shape[0] == 1:  # one path (p = 0 repeats the clean row) is its own centroid, either way
-        mean = probs[0]
+    if probs.shape[0] == 1:
+        # One path (p = 0 repeats the clean row) is its own centroid, either way: JS exactly 0, no vocabulary pass.
+        mean, path_js = probs[0], probs.new_zeros(probs.shape[:-1])
     else:
         mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
-    # One path (p = 0 repeats the clean row) is its own centroid: its JS is exactly 0, no vocabulary pass.
-    path_js = probs.new_zeros(probs.shape[:-1]) if probs.shape[0] == 1 else js_divergence(probs, mean.unsqueeze(0))
+        path_js = js_divergence(probs, mean.unsqueeze(0))
     return PathStats(probs=probs, tokens=tokens, centroid=mean, path_js=path_js, threshold=path_js.max(0).values,
                      support=support)
 
