@@ -1,7 +1,8 @@
 """What one serving step's re-verification costs on this machine, apart from any server: verify_greedy
-(serving/verify.py) over a batch of greedy requests on a random LM head of the embedded target's
-shape (V 49152, H 576), one thread as vLLM's CPU worker runs. Each request drafts gamma tokens, the
-first 0, 1 or 2 of them the target's own choice; the draft's logits are random rows.
+(serving/verify.py) with the plugin's VllmHead over a batch of greedy requests, on a random LM head
+of the embedded target's shape (V 49152, H 576), one thread as vLLM's CPU worker runs. Each request
+drafts gamma tokens, the first 0, 1 or 2 of them the target's own choice; the draft's logits are
+random rows.
 
     .venv/bin/python scripts/judge_step_cost.py [--requests 16] [--p 0,0.15] [--steps 10]
 
@@ -24,29 +25,26 @@ import torch  # noqa: E402
 
 from dropmatch.config import RuleConfig  # noqa: E402
 from dropmatch.serving.verify import Round, verify_greedy  # noqa: E402
+from dropmatch.serving.vllm.runner import VllmHead  # noqa: E402  (imports no vLLM)
 
 
-class RandomHead:
-    """judging.Head over a random weight [V, H]: path logits of dropout copies of the hidden rows."""
+class RandomLM:
+    """What VllmHead reads of a vLLM model: compute_logits, here over a random LM head weight [V, H]."""
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.weight.T
 
-    def path_logits(self, hidden, keep, p, clean_logits):
-        rows = hidden.unsqueeze(0) * keep / (1.0 - p)
-        return self.logits(rows.reshape(-1, rows.shape[-1])).reshape(keep.shape[0], hidden.shape[0], -1)
 
-
-def rounds_of(head: RandomHead, requests: int, gamma: int, generator: torch.Generator) -> list[Round]:
+def rounds_of(model: RandomLM, requests: int, gamma: int, generator: torch.Generator) -> list[Round]:
     """Rounds as a server hands them over: views of the step's rows, the server's own verdict given."""
-    hidden_size, vocab = head.weight.shape[1], head.weight.shape[0]
+    vocab, hidden_size = model.weight.shape
     made = []
     for i in range(requests):
         hidden = torch.randn(gamma + 1, hidden_size, generator=generator)
-        logits = head.logits(hidden)
+        logits = model.compute_logits(hidden)
         target = logits.argmax(-1)
         drafts = torch.randint(0, vocab, (gamma,), generator=generator)
         drafts[: i % 3] = target[: i % 3]
@@ -69,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    head = RandomHead(torch.randn(args.vocab, args.hidden, generator=generator) * 0.05)
-    rounds = rounds_of(head, args.requests, args.gamma, generator)
+    model = RandomLM(torch.randn(args.vocab, args.hidden, generator=generator) * 0.05)
+    head = VllmHead(model)  # the plugin's own head: path rows through compute_logits, as in vLLM
+    rounds = rounds_of(model, args.requests, args.gamma, generator)
     for p in (float(text) for text in args.p.split(",")):
         rule = RuleConfig("dropmatch", p=p)
         verify_greedy(head, rule, rounds)  # first-call costs out of the timing
