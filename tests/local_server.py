@@ -1,6 +1,8 @@
-"""Serving a Gradio demo on loopback inside the test process."""
+"""Serving a Gradio demo on loopback inside the test process, and waiting for what it does."""
 
 from __future__ import annotations
+
+import time
 
 import gradio
 
@@ -25,3 +27,13 @@ def serve_locally(demo: gradio.Blocks, **launch_kwargs) -> gradio.Blocks:
             print(f"gradio's self-probe timed out (launch {attempt} of {LAUNCH_TRIES}); launching again")
             demo.close()
     raise AssertionError("unreachable")
+
+
+def wait_for(condition, timeout_s: float = 20.0, poll_s: float = 0.1) -> bool:
+    """Whether `condition()` became true within `timeout_s` (asked every `poll_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return condition()

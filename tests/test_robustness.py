@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 from fake_engine import FakeEngine
-from local_server import serve_locally
+from local_server import serve_locally, wait_for
 
 from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.models import ModelLoadError
@@ -21,16 +21,6 @@ def launch(studio: Studio):
 
     demo = app.create_demo(studio)
     return serve_locally(demo)
-
-
-def wait_until(condition, timeout_s: float, poll_s: float = 0.05) -> bool:
-    """Whether `condition()` became true within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(poll_s)
-    return condition()
 
 
 def rounds_stop(engine: FakeEngine, quiet_s: float = 1.0):
@@ -82,9 +72,9 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
         long_prompt = " ".join(f"w{i}" for i in range(400))
         job = client.submit(prompt=long_prompt, max_new_tokens=400, api_name="/compare")
         # Waited for, not slept on: a busy CI machine may take seconds to start the run.
-        assert wait_until(lambda: engine.rounds_made > 0, timeout_s=60), "the long run never started"
+        assert wait_for(lambda: engine.rounds_made > 0, timeout_s=60, poll_s=0.05), "the long run never started"
         job.cancel()
-        assert wait_until(rounds_stop(engine), timeout_s=5), "the run was still making rounds 5 s after the cancel"
+        assert wait_for(rounds_stop(engine), timeout_s=5, poll_s=0.05), "the run was still making rounds 5 s after the cancel"
         after_cancel = engine.rounds_made
         time.sleep(2.0)
         assert engine.rounds_made == after_cancel, f"{engine.rounds_made - after_cancel} rounds after the cancel"

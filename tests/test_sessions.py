@@ -10,7 +10,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 from fake_engine import FakeEngine
-from local_server import serve_locally
+from local_server import serve_locally, wait_for
 
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
@@ -37,15 +37,6 @@ def server(quick_janitor):
         yield demo
     finally:
         demo.close()
-
-
-def wait_for(condition, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def test_closed_tabs_leave_no_session_behind(server):
