@@ -31,25 +31,21 @@ def mask_seed(seed: int, prompt_ids) -> int:
 def mc_generator(key: int, device: torch.device | str = "cpu") -> torch.Generator:
     """The random stream of p = auto's calibration masks for a run's mask key (mask_seed), apart from
     the stream that sampling and acceptance draw from (as the drafted positions' masks are, see
-    position_masks): so drawing masks never shifts a sampled token, and at p = 0 a path rule's run
+    keyed_masks): so drawing masks never shifts a sampled token, and at p = 0 a path rule's run
     equals lossless SD's."""
     derived = (key * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (2**63 - 1)
     return torch.Generator(device=device).manual_seed(derived)
 
 
-def position_masks(positions: list[int], num_paths: int, p: float, hidden_size: int, key: int,
-                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """K Bernoulli(1 - p) keep masks [K, n, H] for the drafted tokens at these sequence positions [n].
-
-    Each position draws from a stream keyed by (the run's mask key, position) alone, apart from
-    sampling's: so a position's paths are the same whichever other positions are computed with it,
-    and the rule lab re-judges a run's drafts with the very paths the engine drew."""
-    return keyed_masks([(key, position) for position in positions], num_paths, p, hidden_size, device, dtype)
-
-
 def keyed_masks(keys: list[tuple[int, int]], num_paths: int, p: float, hidden_size: int,
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """position_masks of n positions of different runs: keys [n] of (run's mask key, position) -> [K, n, H]."""
+    """K Bernoulli(1 - p) keep masks [K, n, H] for n drafted tokens, keys [n] of (a run's mask key,
+    the token's sequence position).
+
+    Each position draws from a stream keyed by (the run's mask key, position) alone, apart from
+    sampling's: so a position's paths are the same whichever other positions (or runs, in a served
+    batch) are computed with it, and the rule lab re-judges a run's drafts with the very paths the
+    engine drew."""
     generator = torch.Generator(device=device)
     columns = []
     for key, position in keys:

@@ -345,7 +345,7 @@ def generate(args) -> float:
     dtype = generation_dtype(args.generate_dtype, device)
     model, tokenizer, _ = load_embedded_target(device, dtype)
     loaded = time.time()  # the budget counts generation only, not the one-time GGUF conversion
-    deadline = loaded + args.minutes * 60
+    deadline = budget_end(loaded, args.minutes)
     path = Path(args.work) / "generated.npz"
     records, runs = load_generated(path)
     answered = {tuple(r["ids"][: r["prompt_len"]].tolist()) for r in records}
@@ -355,7 +355,7 @@ def generate(args) -> float:
     questions = questions[: DEV_GSM8K.start] + questions[DEV_GSM8K.stop :]  # the dev set's are never trained on
     written = written_prompts(args.seed)
     asked = self_instruct(model, tokenizer, args.self_instruct, args.seed + len(runs), args.batch,
-                          loaded + args.minutes * 60 * 0.15) if args.self_instruct else []
+                          budget_end(loaded, args.minutes * 0.15)) if args.self_instruct else []
     print(f"prompts: {len(questions)} GSM8K train, {len(written)} written, {len(asked)} self-instruct, "
           f"for example {random.Random(args.seed).sample(asked, min(3, len(asked)))}", flush=True)
     sources = {}
@@ -378,7 +378,18 @@ def generate(args) -> float:
     counts = {s: sum(r["source"] == s for r in records) for s in SOURCES}
     print(f"generated {run['answers']} answers ({run['answer_tokens']} answer tokens) in {time.time() - started:.0f} s; "
           f"{path} now holds {len(records)} answers {counts}", flush=True)
-    return max(0.0, deadline - time.time())
+    return max(0.0, deadline - time.time()) if math.isfinite(deadline) else 0.0
+
+
+def budget_end(start: float, minutes: float) -> float:
+    """When a budget of `minutes` from `start` ends; a budget of 0 minutes never ends (the counts,
+    --limit, --self-instruct and --steps, bound the work instead: what a test gives)."""
+    return start + minutes * 60 if minutes > 0 else math.inf
+
+
+def budget_used(start: float, minutes: float) -> float:
+    """The share of a time budget used so far (0 for a budget of 0 minutes, which never ends)."""
+    return (time.time() - start) / (minutes * 60) if minutes > 0 else 0.0
 
 
 def right_padded(records: list[dict], max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -435,11 +446,21 @@ def optimizer_step(optimizer, loss: torch.Tensor, params, max_norm: float = 1.0)
 
 def time_to_evaluate(step: int, args, started: float) -> bool:
     """Every args.eval_every steps, at the last step, and when the time budget has run out."""
-    return step % args.eval_every == 0 or step == args.steps or time.time() - started >= args.minutes * 60
+    return step % args.eval_every == 0 or step == args.steps or budget_used(started, args.minutes) >= 1
 
 
 def batched(records: list, size: int) -> list[list]:
     return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def check_enough_answers(records: list, runs: list[dict], held_out: int, path: Path) -> None:
+    """Ends the script with one line when training cannot start: no held-out answer, or none left over."""
+    if held_out < 1:
+        raise SystemExit("error: --held-out must be at least 1 (the best checkpoint is chosen on held-out answers)")
+    if len(records) <= held_out:
+        budget = f"after {round(sum(run.get('seconds', 0) for run in runs))} s of generation"
+        raise SystemExit(f"error: {len(records)} answers in {path} {budget}, and --held-out keeps {held_out}: "
+                         "none left to train on; raise --generate-minutes (or --limit)")
 
 
 def split_held_out(records: list, count: int) -> tuple[list, list]:
@@ -464,14 +485,14 @@ def held_out_agreement(draft, target_model, head_weight, head_rows, held_batches
 def train(args) -> None:
     """Distil the draft against the target's live distributions on WORK/generated.npz."""
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    device, work = torch.device(args.device), Path(args.work)
     autocast = device.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = autocast
-    work = Path(args.work)
+    records, generation_runs = load_generated(work / "generated.npz")
+    check_enough_answers(records, generation_runs, args.held_out, work / "generated.npz")
     target_model, tokenizer, _ = load_embedded_target(device, torch.float32)
     target_model.requires_grad_(False)
     rng = random.Random(args.seed)
-    records, generation_runs = load_generated(work / "generated.npz")
     held_out, own = split_held_out(shuffled_answers(records, rng), args.held_out)
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     head_rows = frequent_tokens(own, args.head_size, vocab_size, list(stop_token_ids(tokenizer, target_model))).to(device)
@@ -491,13 +512,13 @@ def train(args) -> None:
     started = time.time()
 
     def schedule(step: int) -> float:
-        progress = max(step / args.steps, (time.time() - started) / (args.minutes * 60))
+        progress = max(step / args.steps, budget_used(started, args.minutes))
         return min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     best, step, history = -1.0, 0, []
     bar = tqdm(total=args.steps, desc="distil (online)", mininterval=5)
     draft.train()
-    while step < args.steps and time.time() - started < args.minutes * 60:
+    while step < args.steps and budget_used(started, args.minutes) < 1:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * schedule(step)
         loss, agree = online_loss(draft, target_model, head_weight, head_rows,
@@ -527,7 +548,7 @@ def gpu(args) -> None:
     """The shipped recipe in one command: generate, train, export. Generation time left over
     (every prompt answered before its budget ended) goes to training."""
     unused = generate(argparse.Namespace(**{**vars(args), "minutes": args.generate_minutes, "batch": args.generate_batch}))
-    minutes = args.train_minutes + unused / 60
+    minutes = args.train_minutes + unused / 60 if args.train_minutes > 0 else 0.0
     if unused > 0:
         print(f"every prompt answered with {unused:.0f} s of the generation budget left: training for {minutes:.2f} minutes")
     train(argparse.Namespace(**{**vars(args), "minutes": minutes}))
@@ -547,11 +568,12 @@ def main() -> None:
     generating.add_argument("--max-new-tokens", type=int, default=384)
     generating.add_argument("--self-instruct", type=int, default=12288, help="questions the target is asked to write")
     generating.add_argument("--limit", type=int, default=0, help="at most this many prompts per source (0: all)")
-    generating.add_argument("--generate-minutes", type=float, default=3.0)
+    generating.add_argument("--generate-minutes", type=float, default=3.0,
+                            help="time budget of generation (self-instruct gets 15%% of it); 0: none, the counts bound it")
     generating.add_argument("--generate-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                             help="auto: bfloat16 on a GPU, float32 on the CPU")
     training = argparse.ArgumentParser(add_help=False)
-    training.add_argument("--train-minutes", type=float, default=3.5)
+    training.add_argument("--train-minutes", type=float, default=3.5, help="time budget of training; 0: none, --steps bounds it")
     training.add_argument("--layers-from", default="0,1", help="target blocks the draft blocks start from")
     training.add_argument("--head-size", type=int, default=8192)
     training.add_argument("--steps", type=int, default=100_000, help="at most; the time budget usually ends first")

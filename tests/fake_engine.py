@@ -22,6 +22,7 @@ class FakeEngine:
         self.stop_ids = frozenset({EOS})
         self.delay_s = delay_s
         self.rounds_made = 0  # every round of every run, counted as it is made
+        self.runs_active = 0  # speculative runs started and not yet ended (returned, stopped or closed)
 
     def _id(self, word: str) -> int:
         if word not in self.ids:
@@ -57,6 +58,13 @@ class FakeEngine:
     def speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event=None, keep_states=False):
         """Rounds of gamma drafts: lossless accepts half of each round, lossy rules all but the last.
         It has no hidden states to keep (keep_states is ignored): the rule lab says so."""
+        self.runs_active += 1
+        try:
+            return (yield from self._speculative(prompt_ids, decode, rule, stop_event))
+        finally:
+            self.runs_active -= 1
+
+    def _speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event):
         answer = self.answer(prompt_ids)[: decode.max_new_tokens]
         lossy = rule.rule != "lossless"
         p = (0.1 if rule.p is None else rule.p) if rule.uses_paths else None

@@ -118,9 +118,11 @@ def _soft_paths() -> torch.Tensor:
 def test_js_accepts_a_draft_as_close_to_the_centroid_as_the_paths_are():
     """js: accept iff JS(draft || centroid) <= max path JS."""
     paths = _soft_paths()
-    close = torch.tensor([[0.0, 2.0, 2.0, NEG, NEG, NEG]])  # the centroid itself: JS 0
+    close = paths.softmax(-1).mean(0).log()  # the centroid (the paths' mean distribution) itself: JS 0
     far = torch.tensor([[NEG, NEG, NEG, 10.0, NEG, NEG]])  # disjoint support: JS ln 2
     clean = one_hot_logits([1, 0])
+    stats = path_stats(paths, 0.0, "probs")
+    assert float(js_divergence(close.softmax(-1), stats.centroid)) < 1e-7 < float(stats.threshold)
     assert greedy_round(RuleConfig("js"), [2], close, clean, paths).reasons == ("js",)
     assert greedy_round(RuleConfig("js"), [3], far, clean, paths).reasons == ("rejected",)
 
@@ -280,11 +282,15 @@ def test_a_top_token_draft_the_sampled_coin_rejects_is_rescued_by_the_paths_only
 @pytest.mark.parametrize("centroid", ["probs", "logits"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_a_single_paths_divergence_to_its_centroid_is_exactly_zero(centroid, temperature):
-    """p = 0 judges one clean row repeated: its stats skip the JS pass and equal what the pass gives."""
+    """p = 0 judges one clean row repeated: its stats skip the JS pass, are exactly zero, and equal
+    (to rounding) what the JS pass gives for two copies of the same row."""
     clean_logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 4
     stats = path_stats(clean_logits.unsqueeze(0), temperature, centroid)
-    assert torch.equal(stats.path_js, js_divergence(stats.probs, stats.centroid.unsqueeze(0)))
     assert torch.equal(stats.centroid, stats.probs[0]) and not stats.path_js.any() and not stats.threshold.any()
+    general = path_stats(clean_logits.unsqueeze(0).expand(2, -1, -1), temperature, centroid)  # the JS pass
+    torch.testing.assert_close(stats.centroid, general.centroid, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stats.probs[0], general.probs[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stats.threshold, general.threshold, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("centroid", ["probs", "logits"])

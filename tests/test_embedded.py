@@ -42,12 +42,23 @@ def test_embedded_lossless_greedy_is_token_identical_to_target_generate(embedded
     assert sum(r.num_accepted for r in trace.rounds) > 0
 
 
-def test_embedded_pair_loads_offline_in_a_few_seconds_once_converted(embedded_engine):
+def test_once_converted_the_embedded_pair_loads_offline_without_reading_the_gguf_again(embedded_engine, monkeypatch):
+    """The conversion (about 20 s) happens once per cache: a later load reads the cached safetensors,
+    and any attempt to read a GGUF (transformers' gguf_file=) fails this test."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from dropmatch.models import load_embedded_pair
 
-    started = time.perf_counter()
-    load_embedded_pair(torch.device("cpu"))
-    assert time.perf_counter() - started < 15
+    for auto in (AutoModelForCausalLM, AutoTokenizer):
+        real = auto.from_pretrained
+
+        def from_pretrained(*args, _real=real, **kwargs):
+            assert "gguf_file" not in kwargs, "the GGUF was read again: the converted cache was not used"
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(auto, "from_pretrained", from_pretrained)
+    pair = load_embedded_pair(torch.device("cpu"))
+    assert pair.target.fingerprint() == embedded_engine.target.fingerprint()
 
 
 def test_embedded_dropmatch_with_auto_p_runs_and_explains_itself(embedded_engine):
@@ -76,8 +87,10 @@ def test_embedded_mc_work_is_timed_and_shown_as_a_share_of_the_round(embedded_en
 
 
 def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path):
-    """scripts/distill_draft.py gpu on the CPU with tiny budgets: target answers, distillation
-    against the live target, export; the exported folder loads as the embedded pair's draft."""
+    """scripts/distill_draft.py gpu on the CPU with tiny budgets in counts (prompts, questions, steps;
+    no time budget, so the verdict is the same on any machine): target answers, distillation against
+    the live target, export; the exported folder loads as the embedded pair's draft. Training with
+    more held-out answers than there are says so in one line; generate resumes."""
     import subprocess
     import sys
     from pathlib import Path
@@ -91,7 +104,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     command = [sys.executable, str(root / "scripts" / "distill_draft.py"), "gpu", "--device", "cpu",
                "--work", str(tmp_path / "work"), "--out", str(tmp_path / "draft"), "--gsm8k-train", str(gsm8k),
                "--self-instruct", "4", "--limit", "3", "--batch-generate", "4", "--max-new-tokens", "12",
-               "--generate-minutes", "1", "--train-minutes", "0.2", "--batch", "2", "--held-out", "2",
+               "--generate-minutes", "0", "--train-minutes", "0", "--batch", "2", "--held-out", "2",
                "--eval-every", "2", "--steps", "4"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -101,6 +114,14 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     pair = load_embedded_pair(torch.device("cpu"), draft_dir=tmp_path / "draft")
     assert pair.draft.head_weight.shape == (8192, 576)
     assert [run["answers"] for run in recipe["generation"]] == [recipe["answers"] + 2]  # + the 2 held out
+
+    # more held-out answers than were generated: one line, no traceback
+    too_many = [sys.executable, str(root / "scripts" / "distill_draft.py"), "train", "--device", "cpu",
+                "--work", str(tmp_path / "work"), "--held-out", "1000", "--steps", "1"]
+    done = subprocess.run(too_many, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith("error:") and "raise --generate-minutes" in last, last
 
     # generate resumes: earlier answers are kept, their prompts are not asked again
     distill = _distill_module(root)
@@ -176,10 +197,11 @@ def test_embedded_path_rules_at_p_zero_are_lossless_sd(embedded_engine, temperat
         assert [r.head_rows for r in trace.rounds] == [r.head_rows for r in lossless.rounds], rule
 
 
-def test_the_rule_lab_reproduces_the_embedded_runs_and_redraws_a_96_token_run_quickly(embedded_engine):
+def test_the_rule_lab_reproduces_the_embedded_runs_and_rejudges_a_96_token_run_under_every_rule(embedded_engine):
     """On the real pair: re-judging a DropMatch run (p = 0.3: dense bf16 paths; p = auto: sparse ones)
     with its own settings gives its decisions; a control change on a 96-token lossless run (prepare
-    through the heads + every rule) is timed and printed (goal < 1 s here; asserted loosely)."""
+    through the heads + every rule) gives a row per drafted token, every rule a column. Its time is
+    printed, not asserted (the benchmark's figure, docs/results.md)."""
     from dropmatch import lab
 
     engine = embedded_engine
@@ -197,4 +219,6 @@ def test_the_rule_lab_reproduces_the_embedded_runs_and_redraws_a_96_token_run_qu
     matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(None, p=0.2), engine.token_text)
     seconds = time.perf_counter() - start
     print(f"rule lab: {len(matrix['rows'])} drafted tokens x {len(matrix['rules'])} rules re-judged in {seconds:.2f} s")
-    assert len(matrix["rows"]) >= 40 and seconds < 5.0
+    drafted = sum(len(r.drafted) for r in trace.rounds)
+    assert len(matrix["rows"]) == drafted >= 40
+    assert all(len(row["cells"]) == len(matrix["rules"]) for row in matrix["rows"]) and len(matrix["rules"]) > 3

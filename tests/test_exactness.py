@@ -38,11 +38,40 @@ def _table(rows: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def bigram_engine(tmp_path_factory):
+def bigram_pair(tmp_path_factory):
+    """The bigram pair as the real loader loads it (real Llamas, the real adapter)."""
     from tiny_models import save_bigram_pair
 
     target, draft = save_bigram_pair(tmp_path_factory.mktemp("bigram"), _table(TARGET_ROWS), _table(DRAFT_ROWS))
-    return Engine(load_hub_pair(PairSpec(str(target), str(draft)), torch.device("cpu")))
+    return load_hub_pair(PairSpec(str(target), str(draft)), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def bigram_engine(bigram_pair):
+    """The engine over the real adapter: what the exact joint is read from."""
+    return Engine(bigram_pair)
+
+
+@pytest.fixture(scope="module")
+def fast_engine(bigram_pair):
+    """The same pair with its decoders replaced by the table they compute (tiny_models.fast_bigram_pair):
+    what the thousands of seeded runs go through."""
+    from tiny_models import fast_bigram_pair
+
+    return Engine(fast_bigram_pair(bigram_pair))
+
+
+def test_the_fast_bigram_pair_computes_the_real_models_hidden_states_and_logits(bigram_pair):
+    """Every token of the three after the prompt: the table's hidden row and logits equal the real
+    decoder's, for target and draft, so the sampled runs below are runs of the real pair."""
+    from tiny_models import fast_bigram_pair
+
+    fast = fast_bigram_pair(bigram_pair)
+    ids = torch.tensor(PROMPT + list(TOKENS) * 2)
+    for real, quick in ((bigram_pair.target, fast.target), (bigram_pair.draft, fast.draft)):
+        real_hidden, quick_hidden = real.hidden(ids, real.new_cache()), quick.hidden(ids, quick.new_cache())
+        torch.testing.assert_close(quick_hidden, real_hidden, rtol=0, atol=1e-6)
+        torch.testing.assert_close(quick.logits(quick_hidden), real.logits(real_hidden), rtol=0, atol=1e-4)
 
 
 def exact_joint(engine: Engine, decode: DecodeConfig, length: int = 3) -> dict[tuple[int, ...], float]:
@@ -105,12 +134,12 @@ CONFIGS = {  # every draft source, gamma fixed and auto, top-p < 1, draft confid
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_lossless_sampling_through_the_engine_equals_the_targets_own_sampling(bigram_engine, name):
+def test_lossless_sampling_through_the_engine_equals_the_targets_own_sampling(bigram_engine, fast_engine, name):
     """The joint distribution of the first three tokens of lossless SD at T = 0.8 equals the
     target's own (exact) distribution, for every draft source, gamma = auto, top-p and draft confidence."""
     decode = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, **CONFIGS[name])
     exact = exact_joint(bigram_engine, decode)
-    counts = sampled_joint(bigram_engine, decode, RUNS)
+    counts = sampled_joint(fast_engine, decode, RUNS)
     statistic, df = chi_square(counts, exact, RUNS)
     threshold = chi_square_quantile(df, ALPHA)
     assert detectable_bias(exact, RUNS, df, ALPHA) <= 0.02, "too few runs to catch a bias of 0.02"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from html.parser import HTMLParser
 
 import pytest
@@ -93,6 +92,8 @@ def _stage(page) -> str:
     return page.locator(".dm-rp").get_attribute("data-stage")
 
 
+# Resolves after the page has drawn `n` animation frames: a wait counted in frames, not seconds.
+ANIMATION_FRAMES = "n => new Promise(done => { let left = n; const f = () => (--left <= 0 ? done() : requestAnimationFrame(f)); requestAnimationFrame(f); })"
 SHOWN_STEM = next(iter(SHIPPED.values())).stem if SHIPPED else ""
 
 
@@ -124,12 +125,13 @@ def test_pause_stops_the_frames_and_a_key_advances_one_stage(browser_app):
     page = _open(browser, url, f"?run={SHOWN_STEM}")
     page.select_option("[data-act=speed]", "0.25")
     page.click("[data-act=play]")
-    time.sleep(1.0)
+    page.wait_for_function("document.querySelector('.dm-rp').dataset.stage !== '0,0'", timeout=60_000)
     page.click("[data-act=play]")  # pause
     paused_at = _stage(page)
+    clock = page.locator("[data-counter=clock]").first.inner_text()
     assert paused_at != "0,0" and page.locator(".dm-rp").get_attribute("data-playing") == "0"
-    time.sleep(1.0)
-    assert _stage(page) == paused_at  # no frame after the pause
+    page.evaluate(ANIMATION_FRAMES, 30)  # playing, 30 frames would move the clock (and redraw it)
+    assert _stage(page) == paused_at and page.locator("[data-counter=clock]").first.inner_text() == clock
     page.keyboard.press("Home")
     assert _stage(page) == "0,0"
     page.locator("body").click(position={"x": 5, "y": 5})  # focus on the page, not on a control

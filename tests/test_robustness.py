@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
-import time
 
 import psutil
 import pytest
@@ -23,18 +22,6 @@ def launch(studio: Studio):
     return serve_locally(demo)
 
 
-def rounds_stop(engine: FakeEngine, quiet_s: float = 1.0):
-    """A condition: the engine made no round in the last `quiet_s` (twenty of its 50 ms rounds)."""
-    seen = {"count": engine.rounds_made, "since": time.monotonic()}
-
-    def stopped() -> bool:
-        if engine.rounds_made != seen["count"]:
-            seen.update(count=engine.rounds_made, since=time.monotonic())
-        return time.monotonic() - seen["since"] >= quiet_s
-
-    return stopped
-
-
 def test_twenty_concurrent_users_each_get_their_own_answer():
     """20 simultaneous /compare calls on loopback: all complete, none lost, none mixed up."""
     from gradio_client import Client
@@ -47,22 +34,20 @@ def test_twenty_concurrent_users_each_get_their_own_answer():
             client = Client(demo.local_url, verbose=False)
             return client.predict(prompt=prompt, max_new_tokens=64, run_autoregressive=False, api_name="/compare")
 
-        started = time.time()
         with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
             answers = list(pool.map(ask, prompts, timeout=300))
         assert len(answers) == 20
         for prompt, answer in zip(prompts, answers):
             assert answer["prompt"] == prompt
             assert answer["lossless"]["text"] == prompt and answer["lossy"]["text"] == prompt
-        print(f"20 concurrent requests served in {time.time() - started:.1f} s")
     finally:
         demo.close()
 
 
 def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_user():
     """A long /compare run (400 tokens, 50 ms a round: over 20 s) is cancelled once it has made a
-    round: within 5 s it stops, makes no further round in the next 2 s, and the next request is served
-    within a few seconds."""
+    round: its run ends (the engine's generator returns or is closed, so it can make no further
+    round) and the next request is served. The waits are hang guards (60 s each), not timings."""
     from gradio_client import Client
 
     engine = FakeEngine(delay_s=0.05)
@@ -71,17 +56,17 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
         client = Client(demo.local_url, verbose=False)
         long_prompt = " ".join(f"w{i}" for i in range(400))
         job = client.submit(prompt=long_prompt, max_new_tokens=400, api_name="/compare")
-        # Waited for, not slept on: a busy CI machine may take seconds to start the run.
         assert wait_for(lambda: engine.rounds_made > 0, timeout_s=60, poll_s=0.05), "the long run never started"
         job.cancel()
-        assert wait_for(rounds_stop(engine), timeout_s=5, poll_s=0.05), "the run was still making rounds 5 s after the cancel"
-        after_cancel = engine.rounds_made
-        time.sleep(2.0)
-        assert engine.rounds_made == after_cancel, f"{engine.rounds_made - after_cancel} rounds after the cancel"
-        started = time.time()
-        answer = client.predict(prompt="short one", run_autoregressive=False, api_name="/compare")
+        assert wait_for(lambda: engine.runs_active == 0, timeout_s=60, poll_s=0.05), "the cancelled run never ended"
+        stopped_after = engine.rounds_made
+        # uncancelled, the comparison makes over 130 rounds (lossless alone, at the largest gamma, 80)
+        assert stopped_after < 50, f"{stopped_after} rounds: the run went on to its end"
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(client.predict, prompt="short one", run_autoregressive=False,
+                                 api_name="/compare").result(timeout=60)
         assert answer["lossless"]["text"] == "short one"
-        assert time.time() - started < 5, f"the next request waited {time.time() - started:.1f} s"
+        assert engine.runs_active == 0
     finally:
         demo.close()
 
@@ -131,18 +116,59 @@ def test_fifty_runs_in_one_process_keep_memory_flat(tiny_engine):
     assert growth_mb < 30, f"memory grew by {growth_mb:.1f} MB over 50 runs"
 
 
-def test_user_text_never_reaches_a_shell_eval_or_path():
-    """The app and engine contain no eval/exec/os.system/shell=True, and open no file named by a user."""
+def test_no_code_of_the_app_runs_a_shell_or_evaluates_text():
+    """No eval/exec/os.system/shell=True/Popen in app.py or any module of the package, subpackages
+    included (quality.py's sandbox is the one place that runs model-written code, on purpose)."""
     import pathlib
     import re
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    sources = [root / "app.py", *sorted((root / "dropmatch").glob("*.py"))]
+    sources = [root / "app.py", *sorted((root / "dropmatch").rglob("*.py"))]
+    assert any(path.parent.name == "ui" for path in sources) and any(path.parent.name == "vllm" for path in sources)
     forbidden = re.compile(r"(?<![.\w])eval\(|(?<![.\w])exec\(|os\.system|shell=True|subprocess\.Popen\(")
     for path in sources:
         if path.name == "quality.py":
             continue  # the HumanEval sandbox runs model code in a limited child process on purpose
         assert not forbidden.search(path.read_text()), path
+
+
+def test_the_app_opens_no_file_a_user_named(tmp_path):
+    """Through the served app: a prompt that is a file's path, and custom model ids that name a model
+    folder on this machine, open nothing under that folder (every open and directory listing of the
+    process is recorded by an audit hook while the requests run); the ids are refused in one line."""
+    import sys
+
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    folder = tmp_path / "user-named"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    secret = folder / "secret.txt"
+    secret.write_text("do not read")
+    opened: list[str] = []
+    recording = [False]
+
+    def audit(event: str, args: tuple) -> None:
+        if recording[0] and event in ("open", "os.listdir", "os.scandir") and args and args[0] is not None:
+            opened.append(str(args[0]))
+
+    sys.addaudithook(audit)  # hooks cannot be removed: this one records only while `recording`
+    demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    try:
+        client = Client(demo.local_url, verbose=False)
+        recording[0] = True
+        answer = client.predict(prompt=str(secret), run_autoregressive=False, api_name="/compare")
+        assert answer["lossless"]["text"] == str(secret)  # the path is text to the app, nothing more
+        with pytest.raises(AppError, match="is not a hub id"):
+            client.predict(prompt=str(secret), pair="Custom hub ids", target_id=str(folder), draft_id=str(folder),
+                           api_name="/compare")
+        recording[0] = False
+    finally:
+        recording[0] = False
+        demo.close()
+    touched = [path for path in opened if "user-named" in path]
+    assert not touched, touched
 
 
 def test_a_gpu_without_bf16_gets_fp16_and_the_cpu_float32():

@@ -234,18 +234,16 @@ def test_vllms_output_row_reads_as_its_lossless_verdict():
 
 
 def test_the_counters_reach_the_file_soon_without_the_step_writing_it(tmp_path):
-    """write_soon only signals: the writer thread puts the counts in the file within its period."""
-    import time
+    """write_soon only signals: the writer thread puts the counts in the file (waited for up to 60 s,
+    1,200 of its 50 ms periods: a guard against a writer that never writes, not a timing)."""
+    from local_server import wait_for
 
     stats = StatsFile(tmp_path / "worker-1.json", every=0.05)
     stats.add(["exact", "js"])
     stats.write_soon()
     stats.add(["js"])
     stats.write_soon()
-    deadline = time.monotonic() + 5
-    while read_counts(tmp_path) != {"exact": 1, "js": 2} and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert read_counts(tmp_path) == {"exact": 1, "js": 2}
+    assert wait_for(lambda: read_counts(tmp_path) == {"exact": 1, "js": 2}, timeout_s=60, poll_s=0.02), read_counts(tmp_path)
     assert stats.writer is not None and stats.writer.daemon
 
 

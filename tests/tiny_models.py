@@ -122,3 +122,44 @@ def save_bigram_pair(root: Path, target_table: dict, draft_table: dict) -> tuple
         tokenizer.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+class LengthCache:
+    """What a bigram model's cache needs to hold: how many positions it has seen (a next-token row
+    depends on the last token only, which the engine always passes)."""
+
+    def __init__(self):
+        self.length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length += tokens_to_remove  # transformers 5's sign: a negative count removes
+
+
+def fast_bigram_pair(pair):
+    """The loaded bigram pair (save_bigram_pair, through load_hub_pair) with each model's decoder
+    replaced by what it computes: the final hidden state of a token is its one-hot row (embedding
+    one-hot, blocks adding zero, the norm undoing its scale). Everything after the decoder (the head,
+    path logits, the cache's length and crops) is the real adapter's. About a third of the cost of
+    the real forward, for the tests that need thousands of runs; tests/test_exactness.py checks that
+    both give the same hidden states."""
+    from dataclasses import replace
+
+    from dropmatch.models.causal_lm import CausalLM
+
+    class FastBigram(CausalLM):
+        def __init__(self, real: CausalLM):
+            super().__init__(real.model, real.name, real.vocab_size)
+            self.rows = torch.eye(real.model.config.vocab_size, real.hidden_size)
+
+        def new_cache(self):
+            return LengthCache()
+
+        @torch.inference_mode()
+        def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+            cache.length += int(input_ids.numel())
+            return self.rows[input_ids]
+
+    return replace(pair, target=FastBigram(pair.target), draft=FastBigram(pair.draft))

@@ -38,19 +38,21 @@ def record_steps() -> None:
         untouched = [row for row in range(before.shape[0]) if row not in judged_rows]
         ROWS_CHANGED.append(int((before[untouched] != output.sampled_token_ids[untouched]).any(-1).sum()))
         for row, req_id, settings, round_ in work:
-            STEPS.append((settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head))
+            STEPS.append((req_id, settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head))
 
     dm_runner._Verifier.rejudge = rejudge
 
 
-def recheck() -> dict:
+def recheck() -> tuple[dict, dict[str, list[int]]]:
     """Each recorded round judged alone by the project's judge step (judge_positions, no batching)
     with the same head, hidden rows and masks; the emitted row must match, and every emitted token
-    must be the target's argmax there or accepted by the rule."""
+    must be the target's argmax there or accepted by the rule. Also: per request id, the sequence
+    positions of the tokens the rule accepted beyond the exact test."""
     from dropmatch import acceptance
 
     mismatches, lossy, exact, not_allowed, q_not_draft = 0, 0, 0, 0, 0
-    for rule, round_, emitted, head in STEPS:
+    lossy_positions: dict[str, list[int]] = {}
+    for req_id, rule, round_, emitted, head in STEPS:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
         inputs = round_.judge_inputs()
         judged = judging.judge_positions(head, rule, rule.p if rule.uses_paths else None, inputs)
@@ -63,9 +65,12 @@ def recheck() -> dict:
         for i, reason in enumerate(verdict.reasons[: verdict.num_accepted]):
             exact += reason == "exact"
             lossy += reason != "exact"
+            if reason != "exact":
+                lossy_positions.setdefault(req_id, []).append(round_.first_position + i)
             not_allowed += reason == "exact" and got[i] != argmax[i]
-    return {"rounds": len(STEPS), "mismatches": mismatches, "lossy": lossy, "exact": exact,
-            "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft}
+    counts = {"rounds": len(STEPS), "mismatches": mismatches, "lossy": lossy, "exact": exact,
+              "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft}
+    return counts, lossy_positions
 
 
 def speculative_config(kind: str | None, draft_dir: str | None) -> dict | None:
@@ -76,7 +81,8 @@ def speculative_config(kind: str | None, draft_dir: str | None) -> dict | None:
     return None
 
 
-def generate(llm, run: dict) -> list[list[int]]:
+def generate(llm, run: dict) -> list:
+    """vLLM's RequestOutputs of the run, one per prompt (per sample for `samples`)."""
     from vllm import SamplingParams, TokensPrompt
 
     extra = {"dropmatch": run["dropmatch"]} if run.get("dropmatch") is not None else None
@@ -85,11 +91,10 @@ def generate(llm, run: dict) -> list[list[int]]:
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in run["prompts"]]
     if run.get("samples"):  # the first prompt, `samples` times in one batch (unseeded: vLLM's CPU build
         # fails a seeded request's verification with "CPU Generator does not use offset")
-        outputs = llm.generate(prompts[:1] * run["samples"], params, use_tqdm=False)
-        return [out.outputs[0].token_ids for out in outputs]
+        return llm.generate(prompts[:1] * run["samples"], params, use_tqdm=False)
     if run.get("alone"):
-        return [llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids for prompt in prompts]
-    return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+        return [llm.generate([prompt], params, use_tqdm=False)[0] for prompt in prompts]
+    return llm.generate(prompts, params, use_tqdm=False)
 
 
 def drafted_tokens(llm) -> float:
@@ -110,11 +115,19 @@ def main() -> int:
         STEPS.clear()
         ROWS_CHANGED.clear()
         before = drafted_tokens(llm)
-        result["outputs"][run["name"]] = [list(map(int, ids)) for ids in generate(llm, run)]
+        outputs = generate(llm, run)
+        result["outputs"][run["name"]] = [list(map(int, out.outputs[0].token_ids)) for out in outputs]
         result["drafted"][run["name"]] = drafted_tokens(llm) - before
         result.setdefault("steps_with_rows", {})[run["name"]] = [len(ROWS_CHANGED), sum(ROWS_CHANGED)]
         if spec.get("recheck"):
-            result["steps"][run["name"]] = recheck()
+            counts, positions = recheck()
+            result["steps"][run["name"]] = counts
+            # the engine core's request id is the output's id plus "-" and a random suffix
+            by_output = {}
+            for req_id, found in positions.items():
+                by_output.setdefault(req_id.rsplit("-", 1)[0], []).extend(found)
+            result.setdefault("lossy_positions", {})[run["name"]] = [sorted(by_output.get(out.request_id, []))
+                                                                     for out in outputs]
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

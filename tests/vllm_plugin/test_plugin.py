@@ -49,6 +49,7 @@ def draft_dir() -> str:
 
 
 def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False) -> dict:
+    """One engine in its own process (driver.py): its JSON result."""
     spec = {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
             "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None}
     done = subprocess.run([sys.executable, str(HERE / "driver.py"), json.dumps(spec)], capture_output=True, text=True,
@@ -84,28 +85,59 @@ def sampled() -> dict:
             "samples": SAMPLES}
 
 
-@pytest.fixture(scope="module")
-def plain():
-    return run_engine(None, None, [greedy("greedy")])
+def engine_specs() -> dict[str, tuple]:
+    """name -> run_engine's arguments, for every engine of this module."""
+    return {
+        "plain": (None, None, [greedy("greedy")]),
+        "vllm_ngram": ("ngram", None, [greedy("greedy")]),
+        # engine-wide DropMatch at p = 0; requests raise p for themselves; sampled requests beside
+        "dropmatch_ngram": ("ngram", {"rule": "dropmatch", "p": 0.0}, [
+            greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
+        # DropMatch engine-wide at p = 0.3 with the exported draft model
+        "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3}, [
+            greedy("lossy"), greedy("lossless", {"rule": "lossless"})], True),
+    }
 
 
 @pytest.fixture(scope="module")
-def vllm_ngram():
-    return run_engine("ngram", None, [greedy("greedy")])
+def engines():
+    """Every engine of this module (and the API server) started up front, two processes at a time:
+    each runs one torch thread (vLLM's CPU worker sets it), so two share a 2-core machine without
+    waiting on each other. name -> a future of its result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    draft_dir(), prompts(), story_prompt()  # made once, here, before the threads read them
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {name: pool.submit(run_engine, *spec) for name, spec in engine_specs().items()}
+    futures["server"] = pool.submit(start_server)
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if futures["server"].done() and futures["server"].exception() is None:
+            stop_server(*futures["server"].result()[1:])
 
 
 @pytest.fixture(scope="module")
-def dropmatch_ngram():
+def plain(engines):
+    return engines["plain"].result()
+
+
+@pytest.fixture(scope="module")
+def vllm_ngram(engines):
+    return engines["vllm_ngram"].result()
+
+
+@pytest.fixture(scope="module")
+def dropmatch_ngram(engines):
     """Engine-wide DropMatch at p = 0; requests raise p for themselves; sampled requests beside."""
-    return run_engine("ngram", {"rule": "dropmatch", "p": 0.0}, [
-        greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], recheck=True)
+    return engines["dropmatch_ngram"].result()
 
 
 @pytest.fixture(scope="module")
-def dropmatch_draft_model():
+def dropmatch_draft_model(engines):
     """DropMatch engine-wide at p = 0.3 with the exported draft model."""
-    return run_engine("draft_model", {"rule": "dropmatch", "p": 0.3}, [greedy("lossy"), greedy("lossless", {
-        "rule": "lossless"})], recheck=True)
+    return engines["dropmatch_draft_model"].result()
 
 
 def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(plain, vllm_ngram, dropmatch_ngram):
@@ -127,8 +159,20 @@ def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, request):
 
 
 def test_lossy_outputs_differ_from_lossless_only_where_the_rule_accepted(dropmatch_ngram, vllm_ngram):
+    """Each greedy DropMatch output equals vLLM's lossless one up to the first token the rule accepted
+    beyond the exact test, and departs there (that token is not the target's argmax); an output with
+    no such token equals the lossless one; some outputs depart."""
     lossy, lossless = dropmatch_ngram["outputs"]["lossy"], vllm_ngram["outputs"]["greedy"]
-    assert lossy != lossless  # the rule accepted tokens the target would not have chosen
+    departed = 0
+    for prompt, ours, theirs, accepted in zip(prompts(), lossy, lossless, dropmatch_ngram["lossy_positions"]["lossy"]):
+        differing = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        if not accepted:
+            assert ours == theirs
+            continue
+        first_lossy = accepted[0] - len(prompt)  # its index in the output
+        assert differing and differing[0] == first_lossy, (differing[:1], first_lossy)
+        departed += 1
+    assert departed > 0, "the rule accepted no token beyond the exact test"
 
 
 def test_a_request_in_a_batch_of_mixed_lengths_gets_what_it_gets_alone(dropmatch_ngram):
@@ -158,7 +202,7 @@ def test_a_draft_models_lossless_requests_get_vllms_output(dropmatch_draft_model
     assert dropmatch_draft_model["outputs"]["lossless"] == vllm_ngram["outputs"]["greedy"]
 
 
-# ---------------------------------------------------------------- vllm serve
+# ---------------------------------------------------------------- vLLM's OpenAI-compatible server
 
 
 def free_port() -> int:
@@ -169,9 +213,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    """`vllm serve` on the embedded target with the exported draft and DropMatch engine-wide."""
+def start_server() -> tuple:
+    """vLLM's OpenAI-compatible API server (the module `vllm serve` runs) on the embedded target with
+    the exported draft and DropMatch engine-wide, answering /health (waited for up to 600 s: a guard
+    against a server that never comes up, which fails the tests that use it). (url, process, log)."""
     import os
     import time
 
@@ -184,24 +229,36 @@ def server():
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir(), "--port", str(port), "--dtype",
                "float32", "--enforce-eager", "--max-model-len", "2048", "--speculative-config", json.dumps(spec),
                "--additional-config", json.dumps({"dropmatch": LOSSY})]
-    log = open(ROOT / "runs" / "vllm" / "serve.log", "w")
+    log_path = ROOT / "runs" / "vllm" / "serve.log"
+    log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (ROOT / "runs" / "vllm" / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
+    deadline = time.monotonic() + 600
+    healthy = False
+    while not healthy and time.monotonic() < deadline and process.poll() is None:
+        try:
+            healthy = httpx.get(url + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            pass
+        if not healthy:
+            time.sleep(2)
+    if not healthy:
+        stop_server(process, log)
+        raise AssertionError("the API server never answered /health: " + log_path.read_text()[-3000:])
+    return url, process, log
+
+
+def stop_server(process, log) -> None:
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def server(engines):
+    """The API server's address (start_server), once it answers /health."""
+    return engines["server"].result()[0]
 
 
 def metric(text: str, name: str) -> float:
@@ -209,8 +266,8 @@ def metric(text: str, name: str) -> float:
     return sum(values)
 
 
-def test_vllm_serve_answers_with_dropmatch_and_counts_its_lossy_acceptances(server):
-    """(d) One OpenAI-compatible completion through `vllm serve` with the plugin: an answer, and
+def test_the_openai_server_answers_with_dropmatch_and_counts_its_lossy_acceptances(server):
+    """(d) One OpenAI-compatible completion through vLLM's API server with the plugin: an answer, and
     /metrics shows the draft tokens DropMatch accepted beyond the exact test."""
     import httpx
     from transformers import AutoTokenizer
