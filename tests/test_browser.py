@@ -22,12 +22,14 @@ def embedded_app():
     from dropmatch.models import load_pair
     from dropmatch.studio import Policy, Studio
 
-    demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+    studio = Studio(load_pair, Engine, Policy())
+    demo = app.create_demo(studio)
     serve_locally(demo, css=app.css())
     try:
         yield demo.local_url, json.loads(app.EXAMPLES_FILE.read_text())
     finally:
         demo.close()
+        studio.close()  # its model thread's torch threads would slow every later test's torch work
 
 
 def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):

@@ -133,6 +133,7 @@ CONFIGS = {  # every draft source, gamma fixed and auto, top-p < 1, draft confid
 }
 
 
+@pytest.mark.slow  # 6,000 seeded runs a configuration
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_lossless_sampling_through_the_engine_equals_the_targets_own_sampling(bigram_engine, fast_engine, name):
     """The joint distribution of the first three tokens of lossless SD at T = 0.8 equals the

@@ -127,8 +127,12 @@ def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     target, draft = tiny_dirs
     studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
-    *_, result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target), draft_id=str(draft),
-                                          gamma="4", p="0.3", max_new_tokens=20, run_autoregressive=False))
+    try:
+        *_, result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target),
+                                              draft_id=str(draft), gamma="4", p="0.3", max_new_tokens=20,
+                                              run_autoregressive=False))
+    finally:
+        studio.close()
     matrix = result["lab"]
     assert matrix["version"] == lab.LAB_VERSION and matrix["settings"]["p"] == pytest.approx(0.3)
     assert [rule["name"] for rule in matrix["rules"]][0] == "lossless" and len(matrix["rows"]) >= 5
@@ -166,6 +170,7 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
         other = dataclasses.replace(record, lossless=dataclasses.replace(lossless, **changed))
         status = rejudge_view(studio, other, *knobs)["lab_status"]
         assert "other weights or another dtype" in status and "\n" not in status, status
+    studio.close()
     altered = load_hub_pair(PairSpec(str(target), str(draft)))
     with torch.no_grad():
         next(altered.target.model.parameters()).view(-1)[0] += 1.0
