@@ -170,8 +170,11 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
             if cell["reason"] not in reasons:
                 raise SchemaError(f"lab.rows[{i}].cells[{j}].reason: unknown reason {cell['reason']!r}")
     _check_list(lab.get("summary"), "lab.summary")
+    names = {rule["name"] for rule in rules}
     for i, part in enumerate(lab["summary"]):
         _check_keys(part, LAB_SUMMARY, f"lab.summary[{i}]")
+        if part["rule"] not in names:  # the summary's view labels each line by its rule's entry
+            raise SchemaError(f"lab.summary[{i}].rule: {part['rule']!r} is not one of lab.rules")
 
 
 def _check_keys(value, schema: dict, where: str) -> None:

@@ -112,6 +112,7 @@ def test_presets_name_the_embedded_pair_first():
     assert pair_from_choice(DEFAULT_PRESET) == PairSpec()
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_importing_the_app_loads_no_model():
     """Nothing heavy at import time: importing app.py pulls in neither transformers nor torch models."""
     import subprocess

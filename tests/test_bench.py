@@ -41,6 +41,7 @@ def one_prompt(tmp_path) -> Path:
     (["--limit", "0"], "--limit"),
     (["--max-new-tokens", "nan"], "max new tokens"),
 ])
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message):
     out = bench("--prompts", str(one_prompt), *extra)
     assert out.returncode == 2
@@ -49,6 +50,7 @@ def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, mess
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -57,6 +59,7 @@ def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path):
         assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and message in out.stderr
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     """JSON per rule: tau, acceptance_rate, tokens_per_s, speedup_vs_ar, mc_overhead, identity, quality."""
     target, draft = tiny_dirs
@@ -94,6 +97,7 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert (out_html.parent / plotlyjs_name()).stat().st_size > 1_000_000, "plotly.js was not written beside the report"
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path):
     """--frontier: one point per (rule, centroid, knob value) with the promised fields, for all prompts
     and per benchmark; the reference band of the target's own samples; the HTML draws the frontier."""
@@ -138,6 +142,7 @@ def test_gsm8k_scoring_reads_the_final_number():
     assert not quality.gsm8k_correct("no idea", "#### 18")
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_humaneval_sandbox_passes_a_correct_solution_and_fails_wrong_ones():
     problem = json.loads((PROMPTS / "humaneval_40.jsonl").read_text().splitlines()[0])
     correct = "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```"
@@ -196,6 +201,7 @@ def test_humaneval_sandbox_keeps_a_canary_outside_its_folder_and_the_network_out
     assert quality.humaneval_passes(problem, correct)
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_without_bubblewrap_humaneval_scoring_is_refused_with_a_message(monkeypatch, tmp_path):
     """No bwrap on the PATH: scoring raises, and the benchmark refuses HumanEval in one line naming the package."""
     monkeypatch.setattr(quality.shutil, "which", lambda name: None)
@@ -221,6 +227,7 @@ def test_distinct2_and_overlap_see_repetition_and_difference():
     assert quality.token_overlap([1, 2, 3], [4, 5, 6]) == 0.0
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_a_count_after_the_file_limits_that_file(one_prompt):
     from dropmatch.bench import parse_file
 

@@ -212,6 +212,7 @@ def test_charts_follow_the_pages_theme(browser_app, theme):
     page.close()
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 @pytest.mark.browser
 def test_first_visits_share_one_shipped_view_and_write_no_run_to_disk(browser_app):
     """Every first visit shows the shipped run (its step slider and its replay work), read from memory:

@@ -72,6 +72,7 @@ def _with(path: list, value) -> dict:
     (["lab", "rows", 0, "cells"], [], "cells for"),
     (["lab", "settings"], KeyError, "lab.settings: expected an object"),
     (["lab", "rows", 0, "cells", 0, "reason"], "telepathy", "unknown reason 'telepathy'"),
+    (["lab", "rules", 1, "name"], "", "lab.summary[1].rule: 'naive' is not one of lab.rules"),  # found by the fuzz below
 ])
 def test_a_field_of_the_wrong_type_or_shape_gets_one_line_naming_it(tmp_path, path, value, message):
     _assert_one_line(tmp_path, json.dumps(_with(path, value)), message)
@@ -117,7 +118,9 @@ def _nodes(value, path=()):
 NODES = [path for path in _nodes(VALID) if path]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: the same 200 examples every run, so the verdict is the code's, not the draw's (a case a
+# random draw once found is kept in the list above)
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, len(NODES) - 1), st.one_of(st.just(KeyError), JSON_VALUES)),
                 min_size=1, max_size=3))
 def test_randomly_mutated_run_files_never_let_an_exception_escape(tmp_path, mutations):

@@ -39,6 +39,7 @@ def server(quick_janitor):
         demo.close()
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_closed_tabs_leave_no_session_behind(server):
     """Six browser tabs, each loading the page and running, then closing: a few sessions at most
     remain (Gradio alone keeps all six, and each holds its run's views; scripts/soak_server.py
@@ -51,6 +52,7 @@ def test_closed_tabs_leave_no_session_behind(server):
     assert len(server._queue.pending_messages_per_session) <= 2  # nor Gradio's queue entries of theirs
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_api_clients_leave_no_session_behind(server):
     """Ten clients, one /compare each: their sessions go once idle, swept by the next call."""
     from gradio_client import Client
@@ -102,6 +104,7 @@ def test_a_closed_tab_keeps_its_session_for_the_grace_period():
     assert janitor.sweep() == 0 and holder["tab"][state._id] == "a run"
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_a_one_round_run_shows_its_results_in_the_page(server):
     """A run of one verification round (one new token) updates the page without an error (its
     step slider once got a maximum equal to its minimum, which Gradio refuses, failing the event)."""

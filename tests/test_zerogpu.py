@@ -75,6 +75,7 @@ def _emulated(code: str, *args: str, timeout: int = 600) -> subprocess.Completed
                           timeout=timeout)
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_on_emulated_zerogpu_the_pair_loads_in_the_main_process_and_the_model_work_runs_in_the_worker(tiny_dirs):
     target, draft = map(str, tiny_dirs)
     out = _emulated(ON_ZEROGPU, target, draft)
@@ -93,11 +94,13 @@ def test_on_emulated_zerogpu_the_pair_loads_in_the_main_process_and_the_model_wo
     assert not found["costs_measured"]  # gamma = auto's costs were timed in the worker, not at load here
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_the_emulator_refuses_spaces_imported_after_torch():
     out = _emulated("import torch\nimport spaces\n")
     assert out.returncode != 0 and "must be imported before torch" in out.stderr
 
 
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_app_imports_nothing_heavy_before_spaces():
     """app.py's own imports, with the emulator as `spaces`, load no torch before spaces."""
     out = _emulated("import app, sys; print(list(sys.modules).index('spaces') < list(sys.modules).index('torch')"
