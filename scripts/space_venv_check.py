@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from space_helpers import fake_hub_cache, free_port, offline_env  # noqa: E402
+from space_helpers import fake_hub_cache, free_port, listening_addresses, offline_env  # noqa: E402
 
 
 def make_venv(folder: Path) -> Path:
@@ -39,7 +39,6 @@ def make_venv(folder: Path) -> Path:
 
 
 def serve_and_ask(python: Path, hub: Path, work: Path) -> str:
-    import psutil
     from gradio_client import Client
 
     port = free_port()
@@ -48,14 +47,10 @@ def serve_and_ask(python: Path, hub: Path, work: Path) -> str:
     with log_path.open("w") as log:
         server = subprocess.Popen([str(python), "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 600
-            listening = []
-            while time.monotonic() < deadline and not listening:
-                if server.poll() is not None:
-                    raise SystemExit("FAIL: the app ended before it listened:\n" + log_path.read_text()[-3000:])
-                listening = [c.laddr for c in psutil.Process(server.pid).net_connections()
-                             if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-                time.sleep(0.5)
+            try:
+                listening = listening_addresses(server, port, log_path)
+            except RuntimeError as error:
+                raise SystemExit(f"FAIL: {error}") from None
             if not listening or listening[0].ip not in ("0.0.0.0", "::"):
                 raise SystemExit(f"FAIL: not listening on every interface at port {port}: {listening}")
             result = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 FAKE_COMMIT = "0" * 40
@@ -40,3 +42,20 @@ def offline_env(hub_cache: Path, model_cache: Path, **extra: str) -> dict[str, s
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), DROPMATCH_CACHE=str(model_cache),
                GRADIO_ANALYTICS_ENABLED="False", **extra)
     return env
+
+
+def listening_addresses(server: subprocess.Popen, port: int, log: Path, timeout_s: float = 600) -> list:
+    """The addresses `server` listens on at `port`, once it listens (waited for up to timeout_s: a
+    hang guard, it listens within seconds). A server that ends first raises, with its log's end."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("the app ended before it listened:\n" + log.read_text()[-3000:])
+        listening = [c.laddr for c in psutil.Process(server.pid).net_connections()
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        if listening:
+            return listening
+        time.sleep(0.5)
+    return []

