@@ -32,6 +32,7 @@ class RuleKnobs(Protocol):
     typical_delta: float
     fixed_js_threshold: float
     rescue_argmax: bool
+    judge_threshold: float | None
 
 
 CORRECTION, BONUS = "correction", "bonus"
@@ -58,6 +59,7 @@ class Reason:
 class Rule:
     """An acceptance rule. check: Signals, RuleKnobs -> [(reason, accepted mask [g])].
     uses_paths: reads the K Monte-Carlo dropout paths (and so the dropout rate p).
+    uses_judge: reads the trained judge's scores (trained_judge.py).
     knob: the RuleConfig field the benchmark's frontier sweeps (None: not swept)."""
 
     name: str
@@ -67,6 +69,12 @@ class Rule:
     colour: str
     check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
     knob: str | None = None
+    uses_judge: bool = False
+
+    @property
+    def judges_mismatches(self) -> bool:
+        """Judges only where the exact test cannot accept (judged_by_paths): the path and judge rules."""
+        return self.uses_paths or self.uses_judge
 
 
 REASONS: dict[str, Reason] = {}
@@ -91,6 +99,10 @@ def path_rules() -> tuple[str, ...]:
     return tuple(name for name, rule in RULES.items() if rule.uses_paths)
 
 
+def judge_rules() -> tuple[str, ...]:
+    return tuple(name for name, rule in RULES.items() if rule.uses_judge)
+
+
 for _reason in (
     Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
     Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True),
@@ -102,6 +114,8 @@ for _reason in (
            "underline dotted", lossy=True),
     Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#b2ebf2", "#005662",
            "underline wavy", lossy=True),
+    Reason("judge", "judge", "accepted by the trained judge (scored unimportant)", "#ad1457", "#f8bbd0",
+           "#880e4f", "overline", lossy=True),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -116,7 +130,8 @@ class Signals:
     draft token under the draft and the clean target; target_token_prob [g]; js_draft_target,
     target_entropy [g]; path_tokens [K, g] (each path's top token); js_draft_centroid,
     js_threshold [g]; majority_tokens [g] (the paths' top token, -1 when two tie at the top),
-    majority_votes [g] (its votes), draft_votes [g].
+    majority_votes [g] (its votes), draft_votes [g]; judge_scores [g] the trained judge's probability
+    that accepting the token changes the answer (None unless the rule reads the judge).
     """
 
     draft_tokens: torch.Tensor
@@ -132,6 +147,7 @@ class Signals:
     majority_tokens: torch.Tensor | None = None
     majority_votes: torch.Tensor | None = None
     draft_votes: torch.Tensor | None = None
+    judge_scores: torch.Tensor | None = None
 
 
 def judged_by_paths(signals: Signals, cfg: RuleKnobs) -> torch.Tensor:
@@ -151,7 +167,7 @@ def rule_checks(cfg: RuleKnobs, signals: Signals) -> list[tuple[str, torch.Tenso
     """The rule's ordered (reason, accepted mask [g]) list, the exact test aside."""
     rule = RULES[cfg.rule]
     checks = rule.check(signals, cfg)
-    if rule.uses_paths:
+    if rule.judges_mismatches:
         judged = judged_by_paths(signals, cfg)
         checks = [(reason, mask & judged) for reason, mask in checks]
     return checks
@@ -193,6 +209,15 @@ def _dropmatch(s: Signals, cfg: RuleKnobs) -> Check:
     return _js(s, cfg) + _majority(s, cfg)
 
 
+def _judge(s: Signals, cfg: RuleKnobs) -> Check:
+    return [("judge", s.judge_scores < cfg.judge_threshold)]
+
+
+def _dropmatch_judge(s: Signals, cfg: RuleKnobs) -> Check:
+    """The combination: DropMatch's tests, then the trained judge; any of them accepts."""
+    return _dropmatch(s, cfg) + _judge(s, cfg)
+
+
 def typical_floor(target_entropy: torch.Tensor, cfg: RuleKnobs) -> torch.Tensor:
     """[g] the probability typical acceptance asks of a draft token: min(eps, delta * exp(-H(p_target)))."""
     return torch.clamp(cfg.typical_delta * torch.exp(-target_entropy), max=cfg.typical_eps)
@@ -218,6 +243,10 @@ for _rule in (
          knob="typical_eps"),
     Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, colour="#00838f",
          check=_fixed_js, knob="fixed_js_threshold"),
+    Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, colour="#ad1457", check=_judge,
+         knob="judge_threshold", uses_judge=True),
+    Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
+         check=_dropmatch_judge, knob="p", uses_judge=True),
 ):
     register_rule(_rule)
 

@@ -57,6 +57,7 @@ class Settings:
     typical_eps: float = 0.3
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
     path_support: int = 0  # 0: the paths score every token; k: only k likely tokens (an approximation)
+    judge_threshold: str = "auto"  # the trained judge's: "auto" is the one chosen on its validation split
 
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
         """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
@@ -68,7 +69,8 @@ class Settings:
         rule = RuleConfig(rule=self.rule, num_paths=self.k, p=parse_p(self.p), centroid=self.centroid,
                           majority_fraction=self.majority_fraction, fixed_js_threshold=self.fixed_js_threshold,
                           typical_eps=self.typical_eps, rescue_argmax=self.rescue_argmax,
-                          path_support=self.path_support)
+                          path_support=self.path_support, judge_threshold=parse_auto("judge threshold",
+                                                                                     self.judge_threshold))
         return decode, rule
 
     def pair_spec(self) -> "PairSpec":
@@ -196,6 +198,9 @@ class RuleConfig:
     # approximation: the paths score only the drafted token and the k - 1 tokens likeliest under the
     # clean target or the draft, the rest in one bucket with the clean row's mass (mc_head.path_support).
     path_support: int = DEFAULTS.path_support
+    # The trained judge's rules: accept a mismatch the judge scores below this. None: the judge's own,
+    # chosen on its validation split (trained_judge.py); the engine fills it in.
+    judge_threshold: float | None = None
 
     def __post_init__(self):
         names = rule_names()
@@ -227,10 +232,19 @@ class RuleConfig:
         if 0 < support < MIN_PATH_SUPPORT:
             raise ConfigError(f"path support must be 0 (every token) or at least {MIN_PATH_SUPPORT}, got {support}")
         object.__setattr__(self, "path_support", support)
+        if self.judge_threshold is not None:
+            threshold = _number("judge threshold", self.judge_threshold)
+            if not 0.0 <= threshold <= 1.0:
+                raise ConfigError(f"judge threshold must be in [0, 1] (a probability), got {threshold:g}")
+            object.__setattr__(self, "judge_threshold", threshold)
 
     @property
     def uses_paths(self) -> bool:
         return RULES[self.rule].uses_paths
+
+    @property
+    def uses_judge(self) -> bool:
+        return RULES[self.rule].uses_judge
 
 
 def rule_names() -> tuple[str, ...]:
@@ -240,9 +254,14 @@ def rule_names() -> tuple[str, ...]:
 
 def parse_p(text) -> float | None:
     """'auto' (or None/empty) -> None, else a float checked by RuleConfig."""
+    return parse_auto("p (dropout rate)", text)
+
+
+def parse_auto(name: str, text) -> float | None:
+    """'auto' (or None/empty) -> None, else a number (RuleConfig checks its range)."""
     if text is None or (isinstance(text, str) and text.strip().lower() in ("", "auto")):
         return None
-    return _number("p (dropout rate)", text)
+    return _number(name, text)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ nothing about transformers' caches: models.CausalLM owns those.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from . import acceptance, drafting, judging, lab, mc_head
 from .config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
 from .sampling import draw, sampling_probs, target_view
+from .trained_judge import TrainedJudge, judge_for
 from .trace import DraftedToken, GenerationTrace, RoundStates, RoundTrace
 
 TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
@@ -94,7 +96,9 @@ class _Judgement:
 class Engine:
     """Speculative and autoregressive decoding over one loaded pair, batch size 1."""
 
-    def __init__(self, pair: LoadedPair):
+    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None):
+        """judge: the trained judge for the judge rules; by default the shipped one where it was
+        trained on this target (the embedded pair), else none (those rules then refuse in one line)."""
         self.pair = pair
         self.target: CausalLM = pair.target
         self.draft: CausalLM = pair.draft
@@ -106,6 +110,7 @@ class Engine:
         self._costs: drafting.StepCosts | None = None
         self.target.prepare_paths()  # at load, not inside some later request
         self.weights = f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
+        self.judge = judge or judge_for(self.target.name, self.target.hidden_size)
 
     def computed_by(self) -> tuple[str, str, str]:
         """(weights fingerprint "target+draft", device type, the target's dtype): what a trace records
@@ -150,7 +155,19 @@ class Engine:
     def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
         """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads."""
         prepared = lab.prepare(trace, self.target, self.draft)
-        return lab.rejudge(prepared, self.target, settings, self.token_text)
+        return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
+
+    def with_judge(self, rule: RuleConfig) -> RuleConfig:
+        """The rule with the judge's validation-chosen threshold filled in where it reads the judge and
+        sets none; ConfigError (one line) when it reads the judge and this pair has none."""
+        if not rule.uses_judge:
+            return rule
+        if self.judge is None:
+            raise ConfigError(f"the rule {rule.rule!r} needs a trained judge for this target; "
+                              "only the embedded pair ships one (assets/judge)")
+        if rule.judge_threshold is None:
+            rule = dataclasses.replace(rule, judge_threshold=self.judge.threshold)
+        return rule
 
     # ------------------------------------------------------------ runs
 
@@ -197,6 +214,7 @@ class Engine:
         """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop.
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
         self.check_fits(prompt_ids, decode)
+        rule = self.with_judge(rule)
         costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
@@ -274,7 +292,7 @@ class Engine:
         exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
         inputs = judging.JudgeInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
                                      decode.temperature, run.mask_seed)
-        judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now)
+        judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now, judge=self.judge)
         host = _to_host({**vars(judged.signals), "exact": exact,
                          **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
         signals = acceptance.Signals(**{name: host[name] for name in vars(judged.signals)})
@@ -369,7 +387,8 @@ class Engine:
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
             first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
             draft_source=decode.draft_source if mode == "sd" else "model", rescue_argmax=rule.rescue_argmax,
-            path_support=rule.path_support, **dict(zip(("weights", "device", "dtype"), self.computed_by())),
+            path_support=rule.path_support, judge_threshold=rule.judge_threshold if rule.uses_judge else None,
+            **dict(zip(("weights", "device", "dtype"), self.computed_by())),
         )
 
 
@@ -446,6 +465,7 @@ def _records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
             majority_token=value["majority_tokens"][i] if has_paths else None,
             majority_votes=value["majority_votes"][i] if has_paths else None,
             draft_votes=value["draft_votes"][i] if has_paths else None,
+            judge_score=value["judge_scores"][i] if value.get("judge_scores") is not None else None,
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
             target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
             path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])

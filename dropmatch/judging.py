@@ -20,7 +20,9 @@ import torch
 
 from . import acceptance, mc_head
 from .acceptance import Signals
-from .sampling import entropy, js_divergence, signal_probs, top_token
+from .config import ConfigError
+from .trained_judge import TrainedJudge
+from .sampling import entropy, fast_js_error, js_divergence, js_divergence_accurate, signal_probs, top_token
 
 PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
 
@@ -121,12 +123,30 @@ def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_he
         q_draft, draft_entropy = mc_head.reduce_to_support(q_draft, paths.support), None
     if js_draft_centroid is None:
         js_draft_centroid = js_divergence(q_draft, paths.centroid, draft_entropy)
+    js_draft_centroid, threshold = settle_close_calls(q_draft, paths, js_draft_centroid)
     return dict(
         path_tokens=paths.tokens,
         js_draft_centroid=js_draft_centroid,
-        js_threshold=paths.threshold,
+        js_threshold=threshold,
         **votes(paths.tokens, draft_tokens),
     )
+
+
+def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats,
+                       js_draft_centroid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(JS(q || centroid) [m], the threshold max_i JS(p_i || centroid) [m]), both again with
+    js_divergence_accurate where the fast values lie closer than the fast form's error bound
+    (sampling.fast_js_error): float32 cancellation can then not flip the JS rule's comparison."""
+    threshold = paths.threshold
+    close = ((js_draft_centroid - threshold).abs() <= fast_js_error(paths.centroid.shape[-1])).nonzero().flatten()
+    if close.numel() == 0:
+        return js_draft_centroid, threshold
+    js_draft_centroid, threshold = js_draft_centroid.clone(), threshold.clone()
+    centroid = paths.centroid[close]
+    js_draft_centroid[close] = js_divergence_accurate(q_draft[close], centroid).to(js_draft_centroid.dtype)
+    path_js = js_divergence_accurate(paths.probs[:, close], centroid.unsqueeze(0))  # [K, c]
+    threshold[close] = path_js.max(0).values.to(threshold.dtype)
+    return js_draft_centroid, threshold
 
 
 def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
@@ -167,20 +187,37 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
 
 
 def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
-                    clock: Callable[[], float] | None = None, memo: dict | None = None) -> JudgedPositions:
+                    clock: Callable[[], float] | None = None, memo: dict | None = None,
+                    judge: TrainedJudge | None = None) -> JudgedPositions:
     """Everything `rule` (a config.RuleConfig) reads at one round's drafted positions, its paths
     included, at dropout rate p (None when the rule reads no paths).
 
-    clock: a function giving seconds (synchronised with the device) that times the Monte-Carlo work.
-    memo: what was computed already for these positions (the signals; the paths by K, p and
-    centroid): the lab judges several rules on the same positions and computes each once."""
+    clock: a function giving seconds (synchronised with the device) that times the Monte-Carlo work
+    (and the trained judge's, which is part of the judge step). memo: what was computed already for
+    these positions (the signals; the paths by K, p and centroid): the lab judges several rules on the
+    same positions and computes each once. judge: the trained judge, for the rules that read it."""
     p_signal, signals = _signals(inputs, memo)
     start = clock() if clock else 0.0
+    if rule.uses_judge:
+        signals = with_judge_scores(signals, inputs, judge)
     path_rows, path_probs = 0, []
     if rule.uses_paths and inputs.num_drafted > 0:
         signals, path_rows, path_probs = _checked_paths(target, inputs, signals, rule, p, memo)
     t_mc = clock() - start if clock else 0.0
     return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
+
+
+def with_judge_scores(signals: Signals, inputs: JudgeInputs, judge: TrainedJudge | None) -> Signals:
+    """The signals with the trained judge's score of each drafted token, from the target's hidden
+    state on reading it (inputs.hidden[i + 1] for drafted token i: AutoJudge's features)."""
+    return Signals(**{**vars(signals), "judge_scores": judge_scores(judge, inputs.hidden[1 : inputs.num_drafted + 1])})
+
+
+def judge_scores(judge: TrainedJudge | None, hidden_after: torch.Tensor) -> torch.Tensor:
+    """[n] the trained judge's scores of n drafted tokens from hidden_after [n, H]; one line if none."""
+    if judge is None:
+        raise ConfigError("the judge rules need a trained judge for this target; only the embedded pair has one")
+    return judge.scores(hidden_after)
 
 
 def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
@@ -261,7 +298,8 @@ def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tup
 # ---------------------------------------------------------------- many sequences at once (a serving batch)
 
 
-def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs]) -> Signals:
+def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
+                  judge: TrainedJudge | None = None) -> Signals:
     """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
     drafted positions together), the paths (when the rule reads them) at all of them in one head
     pass, each position with its own sequence's masks (mask_seed, position): the values
@@ -282,7 +320,11 @@ def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs])
         if rule.path_support and p != 0.0:  # as _stage_paths: the labelled approximation, row by row
             support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
         paths = path_stats_at(target, hidden, clean_logits, rule, p, temperature, keys, support, p_signal)
-    return position_signals(draft_tokens, q_signal, p_signal, paths)
+    signals = position_signals(draft_tokens, q_signal, p_signal, paths)
+    if rule.uses_judge:
+        hidden_after = torch.cat([inputs.hidden[1 : inputs.num_drafted + 1] for inputs in batch])
+        signals = Signals(**{**vars(signals), "judge_scores": judge_scores(judge, hidden_after)})
+    return signals
 
 
 def _one_temperature(batch: list[JudgeInputs]) -> float:

@@ -26,6 +26,7 @@ from .mc_head import mask_seed
 from .models import CausalLM
 from .sampling import signal_probs
 from .trace import GenerationTrace
+from .trained_judge import TrainedJudge
 
 LAB_VERSION = 1
 
@@ -77,11 +78,15 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
 
 @torch.inference_mode()
 def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
-            token_text: Callable[[int], str], rules: tuple[str, ...] | None = None) -> dict:
+            token_text: Callable[[int], str], rules: tuple[str, ...] | None = None,
+            judge: TrainedJudge | None = None) -> dict:
     """The lab's matrix (JSON-ready): one row per drafted token, one cell per rule, and per rule the
-    share of drafted tokens it accepts and its acceptance length per round on these drafts."""
+    share of drafted tokens it accepts and its acceptance length per round on these drafts. The judge
+    rules take part where a trained judge is given (it reads the run's stored hidden states)."""
     start = time.perf_counter()
-    rules = rules or tuple(acceptance.RULES)
+    rules = rules or tuple(name for name, rule in acceptance.RULES.items() if judge is not None or not rule.uses_judge)
+    if judge is not None and settings.judge_threshold is None:
+        settings = dataclasses.replace(settings, judge_threshold=judge.threshold)
     memo: dict = {}
     columns = []  # per rule: per round, (reasons, host signals)
     for name in rules:
@@ -89,7 +94,7 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
         p = cfg.p if cfg.uses_paths else None
         column = []
         for rnd in prepared:
-            judged = judge_positions(target, cfg, p, rnd, memo=memo)
+            judged = judge_positions(target, cfg, p, rnd, memo=memo, judge=judge)
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
             column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
         columns.append((cfg, column))
@@ -99,7 +104,8 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
         "settings": {"num_paths": settings.num_paths, "p": settings.p, "majority_fraction": settings.majority_fraction,
                      "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
                      "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta,
-                     "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support},
+                     "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support,
+                     "judge_threshold": settings.judge_threshold},
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,
@@ -145,8 +151,11 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
         lines.append(f"typical: p(x) {target_prob:.3f} vs floor {floor:.3f}")
     elif cfg.rule == "fixed_js":
         lines.append(f"JS(draft, target) {float(signals.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}")
-    elif cfg.uses_paths:
+    if cfg.uses_paths and reason != "exact":
         lines.append(_path_info(cfg, signals, i, token_text))
+    if cfg.uses_judge and reason != "exact" and signals.judge_scores is not None:
+        lines.append(f"judge: P(changes the answer) {float(signals.judge_scores[i]):.3f} vs threshold "
+                     f"{cfg.judge_threshold:.3f}")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import js_divergence, top_token
+from .sampling import js_divergence, scaled_logits, top_token
 
 CENTROIDS = ("probs", "logits")  # mean of the path distributions (the method's) / softmax of the mean logits
 
@@ -65,11 +65,18 @@ def dropout_masks(hidden: torch.Tensor, num_paths: int, p: float, generator: tor
     return torch.bernoulli(keep, generator=generator).to(hidden.dtype)
 
 
+def masked_rows(hidden: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """The Monte-Carlo paths' head inputs h * m / (1 - p) (inverted dropout: the expectation kept):
+    hidden [n, H], keep [K, n, H] 0/1 -> [K, n, H] in hidden's dtype. The one place this is written:
+    the engine's head, the calibration and the vLLM plugin all call it."""
+    return hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1.0 - p)
+
+
 def dropout_paths(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:
     """hidden [n, H] -> K dropout copies [K, n, H] (inverted dropout, expectation kept)."""
     if p == 0.0:
         return hidden.unsqueeze(0).expand(num_paths, *hidden.shape)
-    return hidden.unsqueeze(0) * dropout_masks(hidden, num_paths, p, generator) / (1.0 - p)
+    return masked_rows(hidden, dropout_masks(hidden, num_paths, p, generator), p)
 
 
 @dataclass(frozen=True)
@@ -119,8 +126,7 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
     temperature) of every other token, taken from the clean row: it becomes the last column."""
     if centroid not in CENTROIDS:
         raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
-    scale = temperature if temperature > 0 else 1.0
-    scaled = path_logits.float() / scale if scale != 1.0 else path_logits.float()  # x / 1 is x: no copy
+    scaled = scaled_logits(path_logits, temperature)
     tokens = top_token(path_logits)
     if support is not None:
         tokens = support.unsqueeze(0).expand(path_logits.shape[0], -1, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -154,8 +160,7 @@ def path_support(clean_logits: torch.Tensor, q_signal: torch.Tensor, draft_token
 def tail_log_mass(clean_logits: torch.Tensor, support: torch.Tensor, temperature: float) -> torch.Tensor:
     """[n] the log of the clean target's probability mass outside the support (at the scaled
     temperature), as a logit on the same scale as the support's: log-sum-exp of the other tokens."""
-    scale = temperature if temperature > 0 else 1.0
-    scaled = clean_logits.float() / scale
+    scaled = scaled_logits(clean_logits, temperature)
     everything = scaled.logsumexp(-1)
     inside = scaled.gather(-1, support).logsumexp(-1)
     share_outside = (-torch.expm1(inside - everything)).clamp_min(torch.finfo(torch.float32).tiny)

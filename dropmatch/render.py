@@ -135,6 +135,8 @@ def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: st
     if d.path_tokens:
         lines.append("K paths: " + " | ".join(_q(token_text(t)) for t in d.path_tokens))
         lines.append(f"JS = {d.js:.4f}, threshold = {d.threshold:.4f}, votes = {d.draft_votes}/{len(d.path_tokens)}")
+    if d.judge_score is not None:
+        lines.append(f"trained judge: P(changes the answer) = {d.judge_score:.3f}")
     return "\n".join(lines)
 
 
@@ -204,7 +206,8 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
     return f'<table class="dm-stats">{body}</table>'
 
 
-def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8) -> str:
+def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
+            judge_threshold: float | None = None) -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     k = len(d.path_tokens)
@@ -223,13 +226,22 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
         return f"{tok} has target probability {d.target_prob:.3f}, above the typical-acceptance floor."
     if d.reason == "fixed_js":
         return f"JS(draft ‖ target) = {d.js_target:.4f} is under the fixed threshold, so {tok} is accepted."
+    if d.reason == "judge":
+        return (f"{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
+                f"P(it changes the answer) = {d.judge_score:.3f} < threshold {_threshold(judge_threshold)}.")
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
     why = [f"the target prefers {target} (p = {d.target_token_prob:.2f}; {tok} has p = {d.target_prob:.3f})"]
     if d.path_tokens:
         why.append(f"JS {d.js:.4f} > threshold {d.threshold:.4f}")
         why.append(f"only {d.draft_votes} of {k} paths chose it")
+    if d.judge_score is not None:
+        why.append(f"the judge scores it important (P = {d.judge_score:.3f} ≥ {_threshold(judge_threshold)})")
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
+
+
+def _threshold(value: float | None) -> str:
+    return "the judge's" if value is None else f"{value:.3f}"
 
 
 def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
@@ -238,7 +250,8 @@ def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
     return f"majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes}"
 
 
-def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8) -> str:
+def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8,
+              judge_threshold: float | None = None) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -262,7 +275,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

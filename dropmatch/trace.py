@@ -18,7 +18,7 @@ TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likel
 class DraftedToken:
     """One drafted position of a round and why it was accepted or rejected.
 
-    reason: exact | js | majority | naive | typical | fixed_js | rejected | unchecked
+    reason: exact | js | majority | naive | typical | fixed_js | judge | rejected | unchecked
     (unchecked: after the first rejection nothing more is looked at).
     Path fields are empty / None for rules that use no Monte-Carlo paths.
     """
@@ -36,6 +36,7 @@ class DraftedToken:
     majority_token: int | None = None
     majority_votes: int | None = None
     draft_votes: int | None = None
+    judge_score: float | None = None  # the trained judge's P(accepting it changes the answer); judge rules only
     draft_top: TopTokens = ()
     target_top: TopTokens = ()
     path_top: tuple[TopTokens, ...] = ()
@@ -156,6 +157,7 @@ class GenerationTrace:
     draft_source: str = "model"
     rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
     path_support: int = 0  # the paths scored this many tokens (0: every token)
+    judge_threshold: float | None = None  # the judge rules' threshold (None: the rule reads no judge)
     # What computed the run: CausalLM.fingerprint of target and draft ("target+draft"; empty in runs
     # written before), and the target's device type and dtype. The rule lab re-judges only with the same.
     weights: str = ""

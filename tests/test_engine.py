@@ -283,43 +283,65 @@ def test_a_pair_too_big_for_memory_is_refused_with_a_message(tiny_dirs, monkeypa
         load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu"))
 
 
-@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("path_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("p", [0.02, 0.9])
-def test_path_logits_equal_the_head_of_the_dropped_out_hidden_states(tiny_engine, p, sparse, monkeypatch):
-    """Sparse (clean logits minus the dropped share) or dense (one matmul, bf16 where available),
-    path logits are W (h * keep) / (1 - p) up to rounding; the branch follows the measured costs."""
+def test_path_logits_equal_the_head_of_the_dropped_out_hidden_states(tiny_engine, p, path_dtype, monkeypatch):
+    """Sparse (fp32 paths, few dropped entries: clean logits minus the dropped share) or dense (one
+    matmul, in bf16 where the device has it), path logits are W (h * keep) / (1 - p) up to rounding."""
     from dropmatch import mc_head
-    from dropmatch.models.causal_lm import PathCosts
 
     target = tiny_engine.target
-    per_entry = 1e-9 if sparse else 1.0  # the costs decide: a cheap or a dear sparse product
-    monkeypatch.setattr(target, "_path_costs", PathCosts(dense_seconds=1e-3, sparse_seconds_per_entry=per_entry))
+    monkeypatch.setattr(target, "_path_dtype", path_dtype)
+    monkeypatch.setattr(target, "_path_weight", None)
     hidden = torch.randn(1, target.head_weight.shape[1], generator=torch.Generator().manual_seed(1))
     keep = mc_head.dropout_masks(hidden, 5, p, torch.Generator().manual_seed(2))
     dropped = int(torch.count_nonzero(hidden * (1 - keep)))
-    assert target._sparse_pays(dropped) == sparse
+    assert target.sparse_pays(dropped) == (path_dtype == torch.float32 and p == 0.02)
     expected = target.logits(hidden.unsqueeze(0) * keep / (1 - p))
     got = target.path_logits(hidden, keep, p, target.logits(hidden))
     scale = float(expected.abs().max())  # sparse at p = 0.9 divides fp32 rounding by 0.1
-    tolerance = 1e-5 * scale if sparse or target._path_dtype == torch.float32 else 5e-2 * scale
+    tolerance = 1e-5 * scale if path_dtype == torch.float32 else 5e-2 * scale
     assert got.shape == expected.shape and float((got - expected).abs().max()) <= tolerance
 
 
-def test_path_costs_are_measured_at_load_and_choose_the_cheaper_product(tiny_engine, monkeypatch):
-    """prepare_paths (run by the engine at load) measured both products here; with given costs the
-    choice is sparse below the break-even count of dropped entries, dense above it, and never sparse
-    where even a handful of entries cost more than the dense pass."""
-    from dropmatch.models.causal_lm import PathCosts
+def test_the_path_product_follows_the_device_and_the_count_of_dropped_entries_never_a_timing(tiny_engine,
+                                                                                            monkeypatch):
+    """Native bf16: always the dense bf16 pass. fp32 paths on a CPU: sparse below half the hidden
+    size of dropped entries, dense from there; and nothing in the choice reads a clock."""
+    import time as time_module
 
     target = tiny_engine.target
-    measured = target._path_costs
-    assert measured is not None and measured.dense_seconds > 0 and measured.sparse_seconds_per_entry > 0
-    # break-even at 1,000 entries (1 ms dense, 1 us per entry)
-    monkeypatch.setattr(target, "_path_costs", PathCosts(dense_seconds=1e-3, sparse_seconds_per_entry=1e-6))
-    assert [target._sparse_pays(n) for n in (1, 16, 999, 1001, 5000)] == [True, True, True, False, False]
-    # 64 entries cost 6.4 ms > 1 ms: sparse cannot pay at all
-    monkeypatch.setattr(target, "_path_costs", PathCosts(dense_seconds=1e-3, sparse_seconds_per_entry=1e-4))
-    assert not any(target._sparse_pays(n) for n in (1, 5, 9))
+    half = target.hidden_size // 2
+    monkeypatch.setattr(target, "_path_dtype", torch.bfloat16)
+    assert not any(target.sparse_pays(n) for n in (1, half - 1, half))
+    monkeypatch.setattr(target, "_path_dtype", torch.float32)
+    assert [target.sparse_pays(n) for n in (1, half - 1, half, 5 * half)] == [True, True, False, False]
+
+    def no_clock():
+        raise AssertionError("the path product read a clock")
+
+    monkeypatch.setattr(time_module, "perf_counter", no_clock)
+    monkeypatch.setattr(time_module, "time", no_clock)
+    target.prepare_paths()
+    hidden = torch.randn(2, target.hidden_size, generator=torch.Generator().manual_seed(3))
+    keep = torch.ones(5, 2, target.hidden_size)
+    keep[:, :, :3] = 0.0
+    target.path_logits(hidden, keep, 0.1, target.logits(hidden))
+
+
+def test_two_loads_of_a_pair_take_the_same_path_precision_and_decide_every_slot_alike(tiny_dirs, tiny_engine):
+    """A second load of the same weights: the same fingerprint (which names the path dtype) and, at a
+    p where paths decide, the same reasons, tokens and JS values round by round."""
+    again = Engine(load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu")))
+    assert again.target._path_dtype == tiny_engine.target._path_dtype
+    assert again.computed_by() == tiny_engine.computed_by()
+    ids = tiny_engine.encode(PROMPTS[0])
+    decode, rule = DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("dropmatch", p=0.2)
+    first, second = (run_to_end(engine.speculative(ids, decode, rule)) for engine in (tiny_engine, again))
+    assert first.output_ids == second.output_ids
+    assert [[(d.reason, d.js, d.threshold) for d in r.drafted] for r in first.rounds] == \
+        [[(d.reason, d.js, d.threshold) for d in r.drafted] for r in second.rounds]
+    assert sum(d.reason in ("js", "majority") for r in first.rounds for d in r.drafted) > 0
 
 
 def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tiny_engine):

@@ -6,11 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dropmatch.acceptance import REASONS, RULES, decide
+from dropmatch.acceptance import REASONS, RULES, Signals, decide
 from dropmatch.judging import position_signals
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats
 from dropmatch.sampling import js_divergence, sampling_probs, signal_probs
+from judges import random_judge
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples every run
 
@@ -32,7 +33,8 @@ def rounds(draw):
                 q_logits=q_logits)
 
 
-def verdict_for(case, rule: str, greedy: bool = True, drafted=None, centroid: str = "probs"):
+def verdict_for(case, rule: str, greedy: bool = True, drafted=None, centroid: str = "probs",
+                judge_threshold: float = 0.5):
     generator = torch.Generator().manual_seed(case["seed"])
     masks = torch.Generator().manual_seed(case["seed"] + 1)  # the dropout masks' own stream, as in the engine
     gamma, num_paths = case["gamma"], case["num_paths"]
@@ -45,8 +47,11 @@ def verdict_for(case, rule: str, greedy: bool = True, drafted=None, centroid: st
         drafted = case["q_logits"].argmax(-1) if greedy else torch.multinomial(q_sample, 1, generator=generator)[:, 0]
     signals = position_signals(drafted, signal_probs(case["q_logits"], temperature),
                                signal_probs(clean[:gamma], temperature), stats)
-    verdict = decide(RuleConfig(rule, num_paths=num_paths, p=case["p"]), greedy, signals, q_sample,
-                     sampling_probs(clean, temperature, 1.0), generator)
+    if RULES[rule].uses_judge:  # a random judge reads the hidden state after each drafted token
+        scores = random_judge(case["hidden"].shape[1], case["seed"]).scores(case["hidden"][1 : gamma + 1])
+        signals = Signals(**{**vars(signals), "judge_scores": scores})
+    verdict = decide(RuleConfig(rule, num_paths=num_paths, p=case["p"], judge_threshold=judge_threshold), greedy,
+                     signals, q_sample, sampling_probs(clean, temperature, 1.0), generator)
     return verdict, signals, stats, clean
 
 
@@ -84,13 +89,15 @@ def test_every_rule_keeps_the_lossless_greedy_prefix(case, rule):
 
 
 @SETTINGS
-@given(rounds(), st.sampled_from(["naive", "js", "majority", "dropmatch"]), st.booleans(), st.sampled_from(["probs", "logits"]))
+@given(rounds(), st.sampled_from(["naive", "js", "majority", "dropmatch", "dropmatch_judge"]), st.booleans(),
+       st.sampled_from(["probs", "logits"]))
 def test_with_p_zero_every_path_rule_decides_like_lossless_greedy_or_sampled(case, rule, greedy, centroid):
     """At p = 0 every path is the clean row: a path rule adds no acceptance, so its round (and the
-    random draws it makes) equal lossless SD's, under greedy and sampling alike."""
+    random draws it makes) equal lossless SD's, under greedy and sampling alike (the combination with
+    the judge at threshold 0, where the judge accepts nothing)."""
     case = {**case, "p": 0.0}
     lossless, *_ = verdict_for(case, "lossless", greedy)
-    lossy, *_ = verdict_for(case, rule, greedy, centroid=centroid)
+    lossy, *_ = verdict_for(case, rule, greedy, centroid=centroid, judge_threshold=0.0)
     assert lossy == lossless, f"{rule} at p = 0 (greedy={greedy}, {centroid}) differs from lossless: {lossy} vs {lossless}"
 
 

@@ -6,14 +6,14 @@ the cache operations (length, crop) so that the engine never touches transformer
 from __future__ import annotations
 
 import hashlib
-import time
 import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..config import PairSpec
-from .cpu_kernels import PACKED_ROWS, RowLinear, fast_dtype, onednn_chunks, row_linear
+from ..mc_head import masked_rows
+from .cpu_kernels import RowLinear, fast_dtype, onednn_chunks, row_linear
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
@@ -49,24 +49,6 @@ class RestrictedHead(torch.nn.Module):
         return full
 
 
-@dataclass(frozen=True)
-class PathCosts:
-    """What path logits cost on this machine, measured at load (CausalLM.prepare_paths): one dense
-    pass over a few rows (memory-bound: about flat in the row count), and the sparse product per
-    dropped entry it reads a head column for."""
-
-    dense_seconds: float
-    sparse_seconds_per_entry: float
-
-    def sparse_seconds(self, num_dropped: int) -> float:
-        return self.sparse_seconds_per_entry * num_dropped
-
-    def sparse_can_pay(self, min_entries: int = 64) -> bool:
-        """Whether a sparse product of min_entries dropped entries (a handful of paths at a small p)
-        would beat the dense pass; if not, the transposed head is not worth its memory."""
-        return self.sparse_seconds(min_entries) < self.dense_seconds
-
-
 class CausalLM:
     """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits."""
 
@@ -85,7 +67,6 @@ class CausalLM:
         self._path_dtype = fast_dtype(self.device)
         self._path_weight = None  # a low-precision copy of the head, made on first use
         self._head_columns = None  # the head transposed [H, V], made on first sparse use
-        self._path_costs: PathCosts | None = None  # measured by prepare_paths
         self._fingerprint: str | None = None
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._logit_scale = getattr(model.config, "logit_scale", None)
@@ -151,22 +132,22 @@ class CausalLM:
         """Logits [K, n, V] of the Monte-Carlo paths h * keep / (1 - p), for hidden [n, H],
         keep [K, n, H] (0/1 dropout masks) and the clean rows' logits [n, V].
 
-        On a CPU, where this machine's measured costs say it is cheaper (few dropped entries, no
-        fast bf16 matmul), they are computed from the clean logits:
-        W (h * keep) / (1 - p) = (W h - W (h * (1 - keep))) / (1 - p), where the second product is
-        sparse: it reads only the head columns of the dropped entries, so its cost grows with p
-        instead of being a whole extra pass over the head. Otherwise all rows go through the head
-        in one matmul, in bf16 where the hardware has it (the dropout noise is orders of magnitude
-        above bf16 rounding)."""
-        if self._sparse_possible():  # counting the dropped entries is a sync: only where sparse may pay
+        The precision follows the device's capability alone (fast_dtype, in the fingerprint every
+        trace records), never a timing, so two loads on one machine judge a slot alike: where the
+        hardware multiplies bf16 natively, all rows go through the head in one bf16 matmul (the
+        dropout noise is orders of magnitude above bf16 rounding). Elsewhere the product is fp32, and
+        on a CPU with few dropped entries (a count, not a timing: sparse_pays) it is computed from the
+        clean logits: W (h * keep) / (1 - p) = (W h - W (h * (1 - keep))) / (1 - p), where the second
+        product reads only the head columns of the dropped entries."""
+        if self._sparse_possible():  # counting the dropped entries is a sync: only where sparse may run
             dropped = hidden.unsqueeze(0) * (1.0 - keep)  # [K, n, H]
-            if self._sparse_pays(int(torch.count_nonzero(dropped))):
+            if self.sparse_pays(int(torch.count_nonzero(dropped))):
                 return self._sparse_path_logits(dropped, clean_logits, p)
         return self._dense_path_logits(hidden.unsqueeze(0), keep, p)
 
     def _dense_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
         """All path rows through the head in one matmul, in the path dtype: hidden [1, n, H], keep [K, n, H]."""
-        path_hidden = hidden * keep / (1.0 - p)
+        path_hidden = masked_rows(hidden[0], keep, p)
         if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
             return self.logits(path_hidden)
         self._make_path_weight()
@@ -178,37 +159,12 @@ class CausalLM:
 
     def prepare_paths(self) -> None:
         """Made once, at load (the engine calls it), so that a server's memory does not jump at the
-        first prompt whose paths need them: the head's low-precision copy for dense path rows (the
-        embedded target's: 57 MB in bf16) and, where the sparse product is possible, the measured
-        costs that choose between the two on this machine (PathCosts)."""
+        first prompt whose paths need it: the head's low-precision copy for dense path rows (the
+        embedded target's: 57 MB in bf16), or, where the sparse fp32 product may run, the head
+        transposed (113 MB for the embedded target)."""
         self._make_path_weight()
-        if self._path_costs is None and self._sparse_possible():
-            self._path_costs = self._measure_path_costs()
-            if not self._path_costs.sparse_can_pay():
-                self._head_columns = None  # 113 MB for the embedded target: not kept where sparse never wins
-
-    @torch.inference_mode()
-    def _measure_path_costs(self, repeats: int = 5) -> PathCosts:
-        """The best of `repeats` timings of one dense path pass over PACKED_ROWS rows and of the
-        sparse product with hidden_size / 2 dropped entries, on random hidden states."""
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        hidden = torch.randn(PACKED_ROWS, self.hidden_size, generator=generator, device=self.device)
-        keep = (torch.rand(hidden.shape, generator=generator, device=self.device) > 0.5 / PACKED_ROWS).float()
-        entries = int(torch.count_nonzero(1.0 - keep))
-        clean = self.logits(hidden)
-
-        def best(compute) -> float:
-            compute()  # warm: first calls allocate and pick kernels
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                compute()
-                times.append(time.perf_counter() - start)
-            return min(times)
-
-        dense = best(lambda: self._dense_path_logits(hidden.unsqueeze(0), keep.unsqueeze(0), 0.5))
-        sparse = best(lambda: self._sparse_path_logits((hidden * (1.0 - keep)).unsqueeze(0), clean, 0.5))
-        return PathCosts(dense_seconds=dense, sparse_seconds_per_entry=sparse / max(entries, 1))
+        if self._sparse_possible() and self._head_columns is None:
+            self._head_columns = self._head_weight.detach().T.contiguous()  # [H, V]
 
     @torch.inference_mode()
     def support_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor,
@@ -235,21 +191,18 @@ class CausalLM:
         removed = (flat @ self._head_columns).reshape(*dropped.shape[:-1], -1)
         return (clean_logits.unsqueeze(0) - removed[..., : self.vocab_size]) / (1.0 - p)
 
-    def _sparse_pays(self, num_dropped: int) -> bool:
-        """The sparse product reads one fp32 head column per dropped entry, the dense pass the whole
-        head once: which is cheaper depends on the machine (bf16 matrix units make the dense pass
-        several times faster), so the choice follows the costs prepare_paths measured here."""
-        if not self._sparse_possible():
-            return False
-        self.prepare_paths()
-        costs = self._path_costs
-        return costs.sparse_can_pay() and costs.sparse_seconds(num_dropped) < costs.dense_seconds
+    def sparse_pays(self, num_dropped: int) -> bool:
+        """Whether the sparse product runs for num_dropped dropped entries: it reads one fp32 head
+        column per entry where the dense fp32 pass reads all hidden_size of them once, and a sparse
+        product streams about half as fast, so it pays below half the columns. A count, the same on
+        every machine."""
+        return self._sparse_possible() and num_dropped < self.hidden_size // 2
 
     def _sparse_possible(self) -> bool:
-        """A plain head without logit post-processing (the identity needs a linear head), on a
-        CPU (on a GPU the dense pass is cheap)."""
+        """fp32 paths (no native bf16 on this device) through a plain head without logit
+        post-processing (the identity needs a linear head), on a CPU (on a GPU the dense pass is cheap)."""
         linear = self._head_weight is not None and not (self._softcap or self._logit_scale or self._logits_scaling)
-        return linear and self.device.type == "cpu"
+        return linear and self.device.type == "cpu" and self._path_dtype == torch.float32
 
     def _postprocess(self, logits: torch.Tensor) -> torch.Tensor:
         if self._logit_scale is not None:  # Cohere

@@ -85,7 +85,8 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         # A slider's maximum must exceed its minimum: a one-round run gets 0..1, fixed at 0.
         "step_round": gr.update(maximum=max(rounds - 1, 1), value=0, interactive=rounds > 1),
         "replay_out": replay_html(record, recorded_from or "this run"),
-        "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction)
+        "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction,
+                              record.lossy.judge_threshold)
         if rounds else "No rounds ran.",
         "last_run": record,
         "download_trace": trace_file, "download_metrics": metrics_file,
@@ -132,7 +133,7 @@ def step_view(record: RunRecord | None, which: str, index) -> str:
     if not trace.rounds:
         return "No rounds ran."
     index = max(0, min(int(index or 0), len(trace.rounds) - 1))
-    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction)
+    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold)
 
 
 def api_result(record: RunRecord, rule) -> dict:

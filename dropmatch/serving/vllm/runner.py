@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 
 from ...config import ConfigError
-from ...mc_head import mask_seed
+from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_greedy
 from .params import edits_target_logits
 from .settings import ServeSettings, request_settings
@@ -47,7 +47,7 @@ class VllmHead:
         self.model = model
 
     def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor):
-        rows = hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1.0 - p)
+        rows = masked_rows(hidden, keep, p)
         num_paths, n, width = rows.shape
         return self.model.compute_logits(rows.reshape(num_paths * n, width)).float().reshape(num_paths, n, -1)
 
