@@ -63,6 +63,30 @@ class StepCosts:
 
 
 @dataclass
+class JudgeCost:
+    """The judge step's cost as the run itself measures it, round by round: the seconds of its
+    Monte-Carlo (and trained-judge) work, the drafted positions it judged (those the exact test
+    rejected), and the draft slots the rounds reached. 0 until a round judged something."""
+
+    seconds: float = 0.0
+    judged: int = 0
+    reached: int = 0
+
+    def record(self, seconds: float, judged: int, reached: int) -> None:
+        self.seconds += seconds
+        self.judged += judged
+        self.reached += reached
+
+    def per_position(self) -> float:
+        """Seconds per judged position."""
+        return self.seconds / self.judged if self.judged else 0.0
+
+    def per_reached_slot(self) -> float:
+        """Seconds per reached draft slot: per judged position times the share of reached slots judged."""
+        return self.per_position() * (self.judged / self.reached) if self.reached else 0.0
+
+
+@dataclass
 class SlotAcceptance:
     """A generation's running acceptance per draft slot: of the rounds that reached slot i, how many
     accepted its token."""
@@ -94,17 +118,32 @@ def expected_tokens(acceptance: SlotAcceptance, gamma: int) -> float:
     return total
 
 
-def choose_gamma(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None) -> int:
+def expected_reached(acceptance: SlotAcceptance, gamma: int) -> float:
+    """The draft slots a round of gamma drafted tokens reaches on average (slot 0 always; slot i when
+    every earlier one was accepted): the slots the judge step may have to judge."""
+    total, reach = 0.0, 1.0
+    for slot in range(gamma):
+        total += reach
+        reach *= acceptance.rate(slot)
+    return total
+
+
+def choose_gamma(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None,
+                 judge_per_slot: float = 0.0) -> int:
     """The draft length in 1..cap with the most expected tokens per second (draft_step overrides
     the measured one: 0 for n-gram proposals, which cost no model call)."""
-    return best_length(acceptance, costs, cap, draft_step)[0]
+    return best_length(acceptance, costs, cap, draft_step, judge_per_slot)[0]
 
 
-def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int,
-                draft_step: float | None = None) -> tuple[int, float]:
-    """(length in 1..cap, its expected tokens per second); the shorter one on a tie."""
+def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None,
+                judge_per_slot: float = 0.0) -> tuple[int, float]:
+    """(length in 1..cap, its expected tokens per second); the shorter one on a tie. A round of g
+    costs g draft steps, one verify call over g + 1 positions, and the judge step at the slots it
+    reaches (judge_per_slot: JudgeCost.per_reached_slot, measured by the run so far)."""
     step = costs.draft_step if draft_step is None else draft_step
-    rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)) for g in range(1, cap + 1)}
+    rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)
+                                                  + judge_per_slot * expected_reached(acceptance, g))
+             for g in range(1, cap + 1)}
     gamma = max(rates, key=lambda g: (rates[g], -g))
     return gamma, rates[gamma]
 
@@ -156,6 +195,7 @@ class DraftSpace:
     vocab_size: int
     device: torch.device
     hidden_size: int
+    judge_cost: JudgeCost = field(default_factory=JudgeCost)  # the engine records each round's
 
     def ids(self, tokens: list[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -178,11 +218,13 @@ class _Learning:
     def length(self, limit: int) -> int:
         if not self.space.decode.gamma_auto or limit <= 0:
             return limit
-        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step)
+        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step,
+                            self.space.judge_cost.per_reached_slot())
 
     def expected_rate(self, limit: int) -> float:
         """Expected tokens per second of this source's best length up to limit (gamma = auto only)."""
-        return best_length(self.acceptance, self.space.costs, limit, self.draft_step)[1]
+        return best_length(self.acceptance, self.space.costs, limit, self.draft_step,
+                           self.space.judge_cost.per_reached_slot())[1]
 
 
 class ModelDrafter(_Learning):

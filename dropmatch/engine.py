@@ -79,6 +79,7 @@ class _RunState:
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
     clock: _Clock
     mask_seed: int  # keys the dropout masks with each position (mc_head.mask_seed)
+    judge_cost: drafting.JudgeCost  # what gamma = auto learns of the judge step's cost
     rounds: list[RoundTrace] = field(default_factory=list)
     states: list[RoundStates] | None = None  # kept for the rule lab when asked
 
@@ -218,8 +219,9 @@ class Engine:
         costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
         clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
-        drafter = drafting.make_drafter(drafting.DraftSpace(decode, generator, costs, self.target.vocab_size,
-                                                            self.device, self.draft.hidden_size), self.draft)
+        space = drafting.DraftSpace(decode, generator, costs, self.target.vocab_size, self.device,
+                                    self.draft.hidden_size)
+        drafter = drafting.make_drafter(space, self.draft)
         start = clock.now()
         target_cache = self.target.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
@@ -233,7 +235,7 @@ class Engine:
         drafter.start(list(prompt_ids))
         t_prefill = clock.now() - start - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
-                        clock, masks, states=[] if keep_states else None)
+                        clock, masks, space.judge_cost, states=[] if keep_states else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
@@ -269,6 +271,8 @@ class Engine:
         keep = committed + verdict.num_accepted
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
         run.drafter.learn(draft, verdict.num_accepted, keep)
+        reached = verdict.reasons[: verdict.num_accepted + 1]
+        run.judge_cost.record(judgement.t_mc, sum(reason not in ("exact", "unchecked") for reason in reached), len(reached))
         records = _records(judgement.host, verdict.reasons)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost

@@ -126,3 +126,34 @@ def test_hybrid_takes_a_lookup_only_where_it_is_expected_to_pay(far_engine):
     fixed = hybrid(DecodeConfig(gamma=4, draft_source="hybrid"))
     assert fixed.lookup_pays(proposed=4, limit=4)
     assert fixed.propose(text, 4).source == "ngram"
+
+
+def test_gamma_auto_counts_the_judge_steps_measured_cost_at_the_slots_a_round_reaches():
+    """The same acceptance and step costs: a judge step that costs as much as a verify call per reached
+    slot makes gamma = auto draft shorter than a free one; JudgeCost's figures are the recorded ratios."""
+    acceptance = drafting.SlotAcceptance()
+    for _ in range(50):
+        acceptance.record(6, 3)  # slots 0-2 accepted, slot 3 rejected, 4-5 never reached
+    costs = drafting.StepCosts(draft_step=0.002, verify_base=0.02, verify_per_position=0.001)
+    free = drafting.choose_gamma(acceptance, costs, 8)
+    dear = drafting.choose_gamma(acceptance, costs, 8, judge_per_slot=0.02)
+    assert dear < free
+    assert drafting.expected_reached(acceptance, 1) == 1.0
+    assert drafting.expected_reached(acceptance, 3) == pytest.approx(1 + acceptance.rate(0) * (1 + acceptance.rate(1)))
+    cost = drafting.JudgeCost()
+    assert cost.per_reached_slot() == 0.0
+    cost.record(seconds=0.03, judged=3, reached=10)
+    assert cost.per_position() == pytest.approx(0.01) and cost.per_reached_slot() == pytest.approx(0.003)
+
+
+def test_a_runs_rounds_teach_gamma_auto_the_judge_steps_cost(tiny_engine, monkeypatch):
+    """The engine records each round's MC seconds, judged positions and reached slots into the run's JudgeCost."""
+    recorded = []
+    monkeypatch.setattr(drafting.JudgeCost, "record", lambda self, *args: recorded.append(args))
+    ids = tiny_engine.encode(PROMPTS[0])
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=4, gamma_auto=True, max_new_tokens=30),
+                                               RuleConfig("dropmatch", p=0.3)))
+    assert len(recorded) == len(trace.rounds)
+    for (seconds, judged, reached), r in zip(recorded, trace.rounds):
+        assert seconds == r.t_mc and reached == min(r.num_accepted + 1, len(r.drafted))
+        assert judged == sum(d.reason not in ("exact", "unchecked") for d in r.drafted)
