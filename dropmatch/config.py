@@ -58,9 +58,20 @@ class Settings:
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
     path_support: int = 0  # 0: the paths score every token; k: only k likely tokens (an approximation)
     judge_threshold: str = "auto"  # the trained judge's: "auto" is the one chosen on its validation split
+    preset: str = ""  # "method": the method's own settings (METHOD_SETTINGS) over the fields above
+
+    def with_preset(self) -> "Settings":
+        """These settings with the preset's values in place; ConfigError for an unknown preset."""
+        if not self.preset:
+            return self
+        if self.preset not in PRESET_SETTINGS:
+            raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESET_SETTINGS)} (or none)")
+        return dataclasses.replace(self, preset="", **PRESET_SETTINGS[self.preset])
 
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
         """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
+        if self.preset:
+            return self.with_preset().parse()
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ConfigError("the prompt is empty; type a question or pick an example")
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
@@ -87,6 +98,10 @@ class Settings:
 
 
 DEFAULTS = Settings()
+# The method's own operating point (arXiv 2603.03333): DropMatch with K 5 paths at p 0.3, the mean of
+# the path distributions as centroid, and "nearly all paths" (4 of 5) for the majority test.
+METHOD_SETTINGS = {"rule": "dropmatch", "k": 5, "p": "0.3", "centroid": "probs", "majority_fraction": 0.8}
+PRESET_SETTINGS = {"method": METHOD_SETTINGS}
 LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a number, not "auto")
 AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results.md)
 

@@ -67,6 +67,10 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
         page.locator("#settings").get_by_text("Settings").first.click()
     tokens_box.fill(str(max_new_tokens))
     tokens_box.press("Enter")
+    page.click("#method-button")  # the method's own settings, one click away
+    page.wait_for_function("() => /the method's own/.test(document.querySelector('#status').innerText)")
+    method = {"method_p": page.get_by_label("dropout rate p", exact=False).first.input_value(),
+              "method_k": page.get_by_label("K paths", exact=False).first.input_value()}
     page.click("#run-button")
     page.wait_for_function(
         "() => { const s = document.querySelector('#status'); return s && /Done|⚠️/.test(s.innerText); }",
@@ -74,6 +78,7 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
     )
     page.wait_for_timeout(1500)  # let Plotly finish drawing
     return {
+        **method,
         "status": page.inner_text("#status"),
         "lossless_tokens": page.locator("#lossless-text .dm-tok").count(),
         "lossy_tokens": page.locator("#lossy-text .dm-tok").count(),

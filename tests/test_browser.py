@@ -33,7 +33,7 @@ def embedded_app():
 
 
 def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):
-    """Clicking an example and Run shows both columns, their stats, four charts, a round, the
+    """Clicking an example, the method's settings and Run shows both columns, their stats, four charts, a round, the
     Trade-offs tab with the shipped frontier and this run's point, and the rule lab, which re-judges
     when a control moves; before that, the shipped run shown on first visit has its rule lab too."""
     if not Path("/usr/bin/chromium").exists():
@@ -42,6 +42,7 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
 
     url, examples = embedded_app
     found = drive(url, tmp_path, examples[0]["prompt"][:40], max_new_tokens=24)
+    assert (found["method_p"], found["method_k"]) == ("0.3", "5")  # the method's settings button set them
     assert found["status"].startswith("Done"), found["status"]
     assert found["lossless_tokens"] >= 5 and found["lossy_tokens"] >= 5
     assert found["charts"] == 4

@@ -14,6 +14,7 @@ import yaml
 from dropmatch import assets
 from dropmatch.config import PRESETS
 from dropmatch.models.loading import EMBEDDED_DRAFT_DIR, GGUF_FILE, GGUF_REPO, GGUF_REVISION
+from dropmatch.trained_judge import SHIPPED_JUDGE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -56,7 +57,7 @@ def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
     listed = {line.split("MB  ", 1)[1] for line in lines[:-1]}
     assert re.fullmatch(r"\d+ files, \d+\.\d MB", lines[-1]) and int(lines[-1].split()[0]) == len(listed)
     needed = {assets.EXAMPLES_FILE, assets.FRONTIER_FILE, assets.HOW_IT_WORKS_FILE, assets.REPLAY_JS_FILE, assets.THEME_JS_FILE,
-              *assets.RECORDED_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(), ROOT / "app.py",
+              *assets.RECORDED_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(), SHIPPED_JUDGE, ROOT / "app.py",
               ROOT / "requirements.txt", ROOT / "README.md", ROOT / ".gitattributes",
               *(ROOT / "dropmatch").rglob("*.py")}
     images = re.findall(r"\]\((assets/[^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))

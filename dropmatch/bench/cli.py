@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
-                      RuleConfig, parse_p, rule_names)
+                      PRESET_SETTINGS, RuleConfig, parse_auto, parse_p, rule_names)
 from ..engine import Engine
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the paths' centroid: mean of their distributions (the method's), or softmax of the mean logits")
     parser.add_argument("--majority-fraction", default=DEFAULTS.majority_fraction,
                         help="majority needs ceil(f * K) path votes (0.5: a strict majority; default 0.8, 4 of 5)")
+    parser.add_argument("--preset", default="", choices=("", *PRESET_SETTINGS),
+                        help="method: the method's own K 5, p 0.3, mean centroid, 4-of-5 majority (over --k, --p, ...)")
+    parser.add_argument("--judge-threshold", default=DEFAULTS.judge_threshold,
+                        help="the judge rules' threshold, or 'auto' (the judge's validation-chosen one)")
     parser.add_argument("--path-support", default=DEFAULTS.path_support,
                         help="0: the MC paths score every token; k: only k likely tokens (an approximation)")
     parser.add_argument("--support-sweep", default=None,
@@ -130,17 +134,26 @@ def check_sandbox() -> None:
         raise BenchError(str(error)) from None
 
 
+def apply_preset(args) -> None:
+    """--preset's knobs over the parsed flags (its rule aside: --rules still says which rules run)."""
+    for name, value in PRESET_SETTINGS.get(args.preset, {}).items():
+        if name != "rule":
+            setattr(args, name, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.engine == "vllm":
         return _through_vllm(args)
+    apply_preset(args)
     try:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               draft_confidence=args.draft_confidence, draft_source=args.draft_source)
         template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
                               centroid=args.centroid, majority_fraction=args.majority_fraction,
-                              path_support=args.path_support)
+                              path_support=args.path_support,
+                              judge_threshold=parse_auto("judge threshold", args.judge_threshold))
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:
             rules.insert(0, "lossless")  # the frontier's origin

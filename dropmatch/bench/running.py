@@ -20,6 +20,7 @@ FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path 
     "p": FRONTIER_P,
     "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
     "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
+    "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),
 }
 
 

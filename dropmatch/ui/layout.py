@@ -16,7 +16,7 @@ from . import views
 # The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
-                    "majority_fraction", "draft_source", "rescue_argmax", "path_support")
+                    "majority_fraction", "draft_source", "rescue_argmax", "path_support", "judge_threshold")
 SESSION_TTL_S = 3600
 # Click, tap or Enter on a token pins its numbers under the text (tooltips need a mouse).
 PIN_JS = """
@@ -56,6 +56,8 @@ class Ui:
     majority_fraction: gr.Slider
     rescue_argmax: gr.Checkbox
     path_support: gr.Number
+    judge_threshold: gr.Textbox
+    method_button: gr.Button
     run_button: gr.Button
     stop_button: gr.Button
     status: gr.Markdown
@@ -148,6 +150,8 @@ def _prompt_and_pair(parts: dict) -> None:
             with gr.Row():
                 parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button")
                 parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")
+            parts["method_button"] = gr.Button("Method's settings: DropMatch, K 5, p 0.3", size="sm",
+                                               elem_id="method-button")
 
 
 def _settings(parts: dict) -> None:
@@ -186,6 +190,9 @@ def _settings(parts: dict) -> None:
             parts["path_support"] = gr.Number(value=DEFAULTS.path_support, precision=0, label="MC path support",
                                               info="0: each path scores every token (the method); k: only k likely "
                                                    "tokens, the rest in one bucket (faster, approximate)")
+            parts["judge_threshold"] = gr.Textbox(value=DEFAULTS.judge_threshold, label="trained judge threshold (or auto)",
+                                                  info="judge rules: accept a mismatch the judge scores below it; auto: "
+                                                       "the one chosen on the judge's validation split")
 
 
 def _columns(parts: dict) -> None:

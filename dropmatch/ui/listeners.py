@@ -6,7 +6,7 @@ import threading
 
 import gradio as gr
 
-from ..config import PRESETS, Settings
+from ..config import METHOD_SETTINGS, PRESETS, Settings
 from ..record import Downloads, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
@@ -17,6 +17,10 @@ from .layout import SETTING_CONTROLS, Ui, build_layout
 
 RUN_TIME_LIMIT_S = 600
 CHEAP_CONCURRENCY = 8  # a run past this is cancelled, so one user cannot hold the model forever
+
+
+METHOD_NOTE = ("Settings: the method's own (DropMatch, K 5 paths, p 0.3, the mean of the path distributions as "
+               "centroid, 4 of 5 votes). Press **Run**.")
 
 
 def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
@@ -58,8 +62,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     def on_tab_closed(request: gr.Request):
         janitor.page_closed(request.session_hash)
 
-    ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
-                   [ui.target_id, ui.draft_id], api_visibility="private")
+    _control_listeners(ui)
     # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
     first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs], api_visibility="private")
     demo.unload(on_tab_closed)
@@ -79,6 +82,16 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
 
     gr.api(callbacks.settings_endpoint(compare), api_name="compare",
            concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
+
+
+def _control_listeners(ui: Ui) -> None:
+    """The custom pair's hub ids shown when asked for; the method's settings button: its values into the
+    controls, and a line saying so."""
+    ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
+                   [ui.target_id, ui.draft_id], api_visibility="private")
+    names = ("rule", "k", "p", "centroid", "majority_fraction")
+    ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), METHOD_NOTE], None,
+                           [*(getattr(ui, name) for name in names), ui.status], api_visibility="private")
 
 
 def _lab_listeners(ui: Ui, studio: Studio) -> None:
