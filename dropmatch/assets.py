@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
+ROBUSTNESS_FILE = ROOT / "assets" / "results" / "robustness.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
@@ -27,6 +28,13 @@ def load_frontier(path: Path = FRONTIER_FILE) -> dict | None:
         return None
     document = json.loads(path.read_text(encoding="utf-8"))
     return document if document.get("frontier") else None
+
+
+def load_robustness(path: Path = ROBUSTNESS_FILE) -> dict | None:
+    """The shipped robustness experiment (a benchmark document with the judge rules), or None."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def how_it_works() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .acceptance import lossy_reasons
+from .acceptance import RULES, lossy_reasons
 from .quality import distinct2
 from .trace import GenerationTrace
 
@@ -212,6 +212,37 @@ def pooled(traces: list[GenerationTrace]) -> dict:
         "gamma_asked": _ratio(sum(r.gamma for t in traces for r in t.rounds if r.gamma is not None),
                               sum(r.gamma is not None for t in traces for r in t.rounds)),
         "lookup_share": _ratio(sum(r.draft_source == "ngram" for t in traces for r in t.rounds), rounds),
+        "costs": component_costs(traces),
+    }
+
+
+def _lossy(trace: GenerationTrace) -> bool:
+    return trace.mode == "sd" and trace.rule in RULES and RULES[trace.rule].lossy
+
+
+def component_costs(traces: list[GenerationTrace]) -> dict:
+    """The measured seconds of each part of the runs and the counts they were spent on, summed (what
+    cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
+    verified positions (with the sums a least-squares line of forward seconds on positions needs), the
+    clean head, the judge step (Monte-Carlo work) and the rest; the tokens the draft model drafted
+    (prompt lookup costs no model call) and the positions the judge step judged."""
+    rounds = [r for t in traces for r in t.rounds]
+    positions = [r.num_drafted + 1 for r in rounds]
+    # A lossless run's judge step reads no paths: its few microseconds are bookkeeping, not judging.
+    mc = sum(r.t_mc for t in traces if _lossy(t) for r in t.rounds)
+    rest = sum(r.t_round - r.t_draft - r.t_forward - r.t_head for r in rounds) - mc
+    return {
+        "prompts": len(traces), "rounds": len(rounds), "tokens": sum(len(t.output_ids) for t in traces),
+        "prefill_s": sum(t.t_prefill for t in traces), "calibration_s": sum(t.t_calibration for t in traces),
+        "draft_s": sum(r.t_draft for r in rounds),
+        "model_drafted": sum(r.num_drafted for r in rounds if r.draft_source == "model"),
+        "forward_s": sum(r.t_forward for r in rounds), "positions": sum(positions),
+        "positions_sq": sum(n * n for n in positions),
+        "forward_x_positions": sum(r.t_forward * n for r, n in zip(rounds, positions)),
+        "head_s": sum(r.t_head for r in rounds), "mc_s": mc,
+        "judged": sum(d.reason not in ("exact", "unchecked") for t in traces if _lossy(t) for r in t.rounds
+                      for d in r.drafted),
+        "other_s": rest, "total_s": sum(t.t_total for t in traces),
     }
 
 

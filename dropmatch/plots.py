@@ -220,3 +220,64 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                       row=1, col=2)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
     return _layout(fig, title, height=520)
+
+
+IN_DISTRIBUTION_KINDS = ("gsm8k",)  # the trained judge learned on GSM8K *train*; everything else is out
+
+
+def robustness_rows(document: dict | None) -> list[dict]:
+    """Per benchmark and lossy run of a benchmark document (bench --json): tau gain and speed against
+    lossless SD, the quality deltas, the band and the task score, with in/out of the judge's training
+    distribution. [] without a document or without lossless runs to compare with."""
+    rows = []
+    for name, benchmark in ((document or {}).get("benchmarks") or {}).items():
+        runs = benchmark.get("rules") or {}
+        lossless = runs.get("lossless")
+        if not lossless or not lossless.get("tau"):
+            continue
+        place = "in" if benchmark.get("kind") in IN_DISTRIBUTION_KINDS else "out"
+        for label, run in runs.items():
+            if label == "lossless":
+                continue
+            rows.append({"benchmark": name, "place": place, "run": label, "rule": label.split("@")[0],
+                         "tau_gain": run["tau"] / lossless["tau"] - 1.0, "speed": run.get("speedup_vs_lossless"),
+                         "delta_nll": run.get("delta_target_nll"), "delta_off_nucleus": run.get("delta_off_nucleus_rate"),
+                         "delta_distinct2": run.get("delta_distinct2"), "band": run.get("band") or {},
+                         "score": run.get("accuracy"), "lossless_score": lossless.get("accuracy")})
+    return rows
+
+
+def robustness_figure(document: dict | None, title: str = "Robustness: in and out of the judge's distribution"
+                      ) -> go.Figure:
+    """One line per lossy run across the benchmarks (the judge's training distribution first): tau gain
+    over lossless SD (left) and the change of the target's NLL (right). A filled marker lies inside the
+    reference band on all three axes (NLL, off-nucleus, repetition), an open one outside it."""
+    rows = robustness_rows(document)
+    if not rows:
+        return _empty(title, "no robustness results: run the benchmark with the judge rules (docs/results.md)")
+    order = list(dict.fromkeys(r["benchmark"] for r in sorted(rows, key=lambda r: r["place"] != "in")))
+    names = {r["benchmark"]: f"{r['benchmark']} ({'in' if r['place'] == 'in' else 'out'})" for r in rows}
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                        subplot_titles=("tau gain over lossless SD (%)", "target NLL change vs lossless (nats/token)"))
+    for run in dict.fromkeys(r["run"] for r in rows):
+        group = sorted((r for r in rows if r["run"] == run), key=lambda r: order.index(r["benchmark"]))
+        rule = RULES.get(group[0]["rule"])
+        inside = [all(r["band"].get(axis, False) for axis in ("nll", "off_nucleus", "repetition")) for r in group]
+        hover = [_robustness_hover(r) for r in group]
+        for col, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
+            fig.add_trace(go.Scatter(
+                x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=run, legendgroup=run,
+                showlegend=col == 1, text=hover, hoverinfo="text",
+                line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
+                marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=1, col=col)
+    fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
+    return _layout(fig, title, height=480)
+
+
+def _robustness_hover(row: dict) -> str:
+    band = ", ".join(f"{axis} {'in' if ok else 'OUT'}" for axis, ok in row["band"].items())
+    score = "" if row["score"] is None else f"<br>task score {row['score']:.3f} (lossless {row['lossless_score']:.3f})"
+    return (f"{row['run']} on {row['benchmark']} ({row['place']} of distribution)<br>tau gain {100 * row['tau_gain']:+.1f}%, "
+            f"speed vs lossless {row['speed'] or 0:.2f}x<br>ΔNLL {row['delta_nll'] or 0:+.3f}, Δoff-nucleus "
+            f"{100 * (row['delta_off_nucleus'] or 0):+.1f} pt, Δdistinct-2 {row['delta_distinct2'] or 0:+.3f}"
+            f"<br>band: {band}{score}")

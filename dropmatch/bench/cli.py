@@ -213,6 +213,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    runs = runnable(engine, runs)
     started = time.time()
     warm_up(engine, decode, runs)
     results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
@@ -225,6 +226,16 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
         print(format_table(name, numbers))
     _write_outputs(args, document)
     return 130 if interrupted else 0
+
+
+def runnable(engine, runs: list) -> list:
+    """The runs this pair can make: the frontier's points of the judge rules need a trained judge (a
+    named --rules judge without one is refused by the engine, in one line)."""
+    dropped = [run for run in runs if run.knob and run.rule.uses_judge and engine.judge is None]
+    if dropped:
+        print(f"note: no trained judge for this target: the frontier leaves out {len(dropped)} judge-rule points",
+              file=sys.stderr)
+    return [run for run in runs if run not in dropped]
 
 
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):

@@ -7,7 +7,8 @@ from dataclasses import dataclass, fields
 
 import gradio as gr
 
-from ..assets import how_it_works, replay_js, theme_js
+from .. import plots
+from ..assets import how_it_works, load_robustness, replay_js, theme_js
 from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -71,6 +72,7 @@ class Ui:
     plot_acceptance: gr.Plot
     plot_calls: gr.Plot
     plot_tradeoff: gr.Plot
+    plot_robustness: gr.Plot
     step_column: gr.Radio
     step_round: gr.Slider
     step_out: gr.HTML
@@ -126,7 +128,8 @@ def build_layout() -> Ui:
     gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
     _columns(parts)
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
-        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _how_tab, _downloads_tab, _recorded_tab):
+        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _how_tab,
+                    _downloads_tab, _recorded_tab):
             tab(parts)
     # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
     parts["last_run"] = gr.State(None, time_to_live=SESSION_TTL_S)
@@ -267,6 +270,19 @@ def _tradeoff_tab(parts: dict) -> None:
                     "the quality the target itself sees. Shaded: where the target's own samples (temperature "
                     "0.7, top-p 0.95) lie. The star is your last run.")
         parts["plot_tradeoff"] = gr.Plot(label="Trade-off frontier", elem_id="plot-tradeoff")
+
+
+def _robustness_tab(parts: dict) -> None:
+    with gr.Tab("Robustness", elem_id="robustness-tab"):
+        document = load_robustness()
+        gr.Markdown("The method's case against a trained judge: an AutoJudge-style classifier (trained on GSM8K "
+                    "*train* with this pair, assets/judge) against DropMatch, which trains on nothing, in the judge's "
+                    "distribution (GSM8K test) and out of it (chat, code, instructions, other languages). Each line is "
+                    "one rule across the benchmarks; a filled marker stays inside the band of the target's own "
+                    "samples on NLL, off-nucleus rate and repetition, an open one leaves it.")
+        parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness",
+                                           elem_id="plot-robustness")
+        gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
 
 
 def _how_tab(parts: dict) -> None:

@@ -10,6 +10,7 @@ import gradio as gr
 
 from ..acceptance import RULES
 from ..assets import load_examples, load_frontier
+from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..record import Downloads, RunRecord
 from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
@@ -45,6 +46,24 @@ def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
 
 def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
+
+
+def robustness_markdown(document: dict | None) -> str:
+    """The robustness experiment's numbers under its chart: one row per benchmark and lossy run."""
+    rows = plots.robustness_rows(document)
+    if not rows:
+        return "No robustness results are shipped with this build."
+    lines = ["| benchmark | run | tau gain | speed vs lossless | ΔNLL | Δoff-nucleus | Δdistinct-2 | inside the band | task score (lossless) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        band = "yes" if all(r["band"].get(a, False) for a in ("nll", "off_nucleus", "repetition")) else \
+            "no: " + ", ".join(a for a in ("nll", "off_nucleus", "repetition") if not r["band"].get(a, False))
+        score = "–" if r["score"] is None else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
+        lines.append(f"| {r['benchmark']} ({r['place']}) | {r['run']} | {100 * r['tau_gain']:+.1f}% | "
+                     f"{r['speed'] or 0:.2f}x | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
+                     f"{r['delta_distinct2'] or 0:+.3f} | {band} | {score} |")
+    command = ((document or {}).get("settings") or {}).get("command")
+    return "\n".join(lines) + (f"\n\nMeasured with `{command}`." if command else "")
 
 
 def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
