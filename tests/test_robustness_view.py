@@ -1,0 +1,55 @@
+"""The Robustness view: one line per lossy run across the benchmarks, the judge's distribution first,
+filled markers only inside the band; its table says the same numbers."""
+
+from __future__ import annotations
+
+from dropmatch.plots import robustness_figure, robustness_rows
+from dropmatch.ui.views import robustness_markdown
+
+INSIDE = {"nll": True, "off_nucleus": True, "repetition": True}
+
+
+def run(tau: float, band: dict, accuracy=None) -> dict:
+    return {"tau": tau, "speedup_vs_lossless": tau / 2.0, "delta_target_nll": 0.01, "delta_off_nucleus_rate": 0.0,
+            "delta_distinct2": -0.01, "band": band, "accuracy": accuracy}
+
+
+DOCUMENT = {
+    "settings": {"command": "python -m dropmatch.bench --rules lossless,dropmatch,judge"},
+    "benchmarks": {
+        "mt_bench": {"kind": "mt_bench", "rules": {"lossless": run(2.0, INSIDE), "judge": run(2.1, INSIDE),
+                                                   "dropmatch": run(2.4, {**INSIDE, "repetition": False})}},
+        "gsm8k_test_100": {"kind": "gsm8k", "rules": {"lossless": run(2.0, INSIDE, 0.1), "judge": run(2.6, INSIDE, 0.1),
+                                                      "dropmatch": run(2.3, INSIDE, 0.05)}},
+    },
+}
+
+
+def test_rows_give_tau_gain_against_lossless_and_place_gsm8k_in_the_judges_distribution():
+    rows = {(r["benchmark"], r["run"]): r for r in robustness_rows(DOCUMENT)}
+    assert set(rows) == {(b, r) for b in ("mt_bench", "gsm8k_test_100") for r in ("judge", "dropmatch")}
+    assert abs(rows["gsm8k_test_100", "judge"]["tau_gain"] - 0.3) < 1e-12
+    assert rows["gsm8k_test_100", "judge"]["place"] == "in" and rows["mt_bench", "judge"]["place"] == "out"
+
+
+def test_the_figure_draws_each_run_in_both_panels_in_distribution_first_and_marks_the_band():
+    figure = robustness_figure(DOCUMENT)
+    lines = {(trace.name, trace.xaxis): trace for trace in figure.data}
+    assert set(lines) == {(name, axis) for name in ("judge", "dropmatch") for axis in ("x", "x2")}
+    dropmatch = lines["dropmatch", "x"]
+    assert list(dropmatch.x) == ["gsm8k_test_100 (in)", "mt_bench (out)"]
+    assert list(dropmatch.marker.symbol) == ["circle", "circle-open"]  # outside the band on repetition
+    assert [round(v, 6) for v in dropmatch.y] == [15.0, 20.0]
+
+
+def test_without_results_the_view_says_so_instead_of_drawing_nothing():
+    assert robustness_rows(None) == []
+    assert "no robustness results" in robustness_figure(None).layout.annotations[0].text
+    assert robustness_markdown(None).startswith("No robustness results")
+
+
+def test_the_table_has_a_row_per_benchmark_and_run_with_its_band_and_command():
+    table = robustness_markdown(DOCUMENT)
+    assert "| mt_bench (out) | dropmatch | +20.0% | 1.20x |" in table and "no: repetition" in table
+    assert "| gsm8k_test_100 (in) | judge | +30.0% |" in table and "0.100 (0.100)" in table
+    assert "python -m dropmatch.bench --rules lossless,dropmatch,judge" in table
