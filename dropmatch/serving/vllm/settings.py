@@ -44,6 +44,9 @@ class ServeSettings:
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
                               f"give p as a number (e.g. {DEFAULT_P})")
         rule = replace(self.rule, **{KEYS[key]: value for key, value in given.items() if key in KEYS})
+        if rule.uses_judge:  # refused, never served as another rule
+            raise ConfigError(f"the rule {rule.rule!r} reads a trained judge, which the vLLM plugin does not load; "
+                              "it runs in the Studio and dropmatch-bench")
         seed = given.get("seed", self.seed)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
