@@ -56,6 +56,13 @@ def test_a_judge_trained_on_another_target_is_refused_in_one_line():
         judge.check_fits("SmolLM2-135M-Instruct", 16)
 
 
+def test_the_shipped_judge_reads_and_fits_the_embedded_target():
+    """assets/judge/judge.json is a valid judge for SmolLM2-135M-Instruct (hidden size 576)."""
+    judge = TrainedJudge.read(SHIPPED_JUDGE)
+    judge.check_fits("SmolLM2-135M-Instruct", 576)
+    assert 0.0 < judge.threshold < 1.0 and judge.validation["roc_auc"] > 0.5
+
+
 def test_the_judge_rule_accepts_exactly_the_mismatches_scored_below_its_threshold(judged_engine):
     """Every judged mismatch: reason judge iff its score < threshold; exact tokens stay exact."""
     ids = judged_engine.encode(PROMPTS[0])
