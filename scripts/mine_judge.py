@@ -201,7 +201,9 @@ def features_of(target, record: dict) -> np.ndarray:
     return np.stack([rows[m[0]].float().cpu().numpy() for m in record["mismatches"]])
 
 
-def train(args) -> None:
+def train(args, pair=None) -> None:
+    """Features of WORK/mined.jsonl's mismatches, the classifier, WORK/judge.json (pair: the embedded one
+    unless given, for the tests' tiny pair)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
@@ -209,7 +211,7 @@ def train(args) -> None:
     work = Path(args.work)
     records = [r for r in read_mined(work / "mined.jsonl") if r["finished"] and r["mismatches"]]
     torch.set_num_threads(args.threads)
-    pair = load_embedded_pair()
+    pair = pair or load_embedded_pair()
     start = time.perf_counter()
     per_question = [features_of(pair.target, record) for record in records]
     labels = [np.array([m[3] for m in record["mismatches"]]) for record in records]

@@ -175,3 +175,26 @@ def test_mining_labels_a_substitution_that_changes_the_answer_important_and_keep
             (0, ids["a"], ids["b"], False), (1, ids["five"], ids["seven"], True)]
         assert [(m.position, m.important) for m in walk.mismatches if m.control] == [(0, False)]
         assert walk.response == [ids["b"], ids["five"], ids["end"]] and walk.answer == 5.0
+
+
+def test_the_recipe_trains_a_judge_file_the_engine_reads(mining_pair, tmp_path):
+    """mine -> train on the tiny pair: WORK/judge.json reads as a TrainedJudge fitted to that target, and it
+    scores the important mismatch above the one that kept the answer."""
+    import argparse
+
+    script = mine_judge_script()
+    pair, ids = mining_pair
+    miner = script.Miner(pair, max_new_tokens=8, batch=5)
+    walks, _ = miner.start([(index, "question") for index in range(10)])
+    while any(w.wants_draft or w.job() is not None for w in walks):
+        for walk in walks:
+            walk.pending = None
+        miner.step(walks)
+    (tmp_path / "mined.jsonl").write_text("".join(json.dumps(script.walk_record(w)) + "\n" for w in walks))
+    script.train(argparse.Namespace(work=str(tmp_path), threads=1, seed=0, val_share=0.2, recall=0.9), pair=pair)
+    judge = TrainedJudge.read(tmp_path / "judge.json")
+    judge.check_fits(pair.target.name, pair.target.hidden_size)
+    assert judge.validation["roc_auc"] == 1.0  # two kinds of mismatch, each always labelled alike
+    features = script.features_of(pair.target, script.walk_record(walks[0]))
+    unimportant, important = judge.scores(torch.tensor(features)).tolist()
+    assert important > unimportant
