@@ -24,7 +24,7 @@ ALLOW = (
     "app.py", "README.md", "requirements.txt", ".gitattributes", "pyproject.toml",
     "dropmatch/*.py", "dropmatch/*/*.py",
     "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js",
-    "assets/results/frontier.json", "assets/screenshots/*",
+    "assets/results/frontier.json", "assets/results/robustness.json", "assets/screenshots/*",
     "docs/how_it_works.md",
 )
 
