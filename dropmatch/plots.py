@@ -271,7 +271,9 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
                 line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
                 marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=1, col=col)
     fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
-    return _layout(fig, title, height=480)
+    _layout(fig, title, height=560)
+    fig.update_layout(legend=dict(orientation="h", y=-0.45), margin=dict(b=150))  # under the slanted names
+    return fig
 
 
 def _robustness_hover(row: dict) -> str:
