@@ -91,6 +91,11 @@ def register_rule(rule: Rule) -> Rule:
     return rule
 
 
+def judged_count(reasons) -> int:
+    """How many of these reasons a rule's own test decided: neither the exact test's nor unchecked."""
+    return sum(reason not in ("exact", "unchecked") for reason in reasons)
+
+
 def lossy_reasons() -> tuple[str, ...]:
     return tuple(name for name, reason in REASONS.items() if reason.lossy)
 

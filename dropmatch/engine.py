@@ -12,7 +12,6 @@ nothing about transformers' caches: models.CausalLM owns those.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -166,9 +165,7 @@ class Engine:
         if self.judge is None:
             raise ConfigError(f"the rule {rule.rule!r} needs a trained judge for this target; "
                               "only the embedded pair ships one (assets/judge)")
-        if rule.judge_threshold is None:
-            rule = dataclasses.replace(rule, judge_threshold=self.judge.threshold)
-        return rule
+        return self.judge.filled(rule)
 
     # ------------------------------------------------------------ runs
 
@@ -272,7 +269,7 @@ class Engine:
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
         run.drafter.learn(draft, verdict.num_accepted, keep)
         reached = verdict.reasons[: verdict.num_accepted + 1]
-        run.judge_cost.record(judgement.t_mc, sum(reason not in ("exact", "unchecked") for reason in reached), len(reached))
+        run.judge_cost.record(judgement.t_mc, acceptance.judged_count(reached), len(reached))
         records = _records(judgement.host, verdict.reasons)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost

@@ -199,7 +199,7 @@ def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
     p_signal, signals = _signals(inputs, memo)
     start = clock() if clock else 0.0
     if rule.uses_judge:
-        signals = with_judge_scores(signals, inputs, judge)
+        signals = with_judge_scores(signals, inputs.hidden[1 : inputs.num_drafted + 1], judge)
     path_rows, path_probs = 0, []
     if rule.uses_paths and inputs.num_drafted > 0:
         signals, path_rows, path_probs = _checked_paths(target, inputs, signals, rule, p, memo)
@@ -207,17 +207,13 @@ def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
     return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
 
 
-def with_judge_scores(signals: Signals, inputs: JudgeInputs, judge: TrainedJudge | None) -> Signals:
-    """The signals with the trained judge's score of each drafted token, from the target's hidden
-    state on reading it (inputs.hidden[i + 1] for drafted token i: AutoJudge's features)."""
-    return Signals(**{**vars(signals), "judge_scores": judge_scores(judge, inputs.hidden[1 : inputs.num_drafted + 1])})
-
-
-def judge_scores(judge: TrainedJudge | None, hidden_after: torch.Tensor) -> torch.Tensor:
-    """[n] the trained judge's scores of n drafted tokens from hidden_after [n, H]; one line if none."""
+def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
+    """The signals of n drafted tokens with the trained judge's score of each, from hidden_after [n, H],
+    the target's hidden state on reading it (JudgeInputs.hidden[i + 1] for drafted token i: AutoJudge's
+    features); ConfigError (one line) without a judge."""
     if judge is None:
         raise ConfigError("the judge rules need a trained judge for this target; only the embedded pair has one")
-    return judge.scores(hidden_after)
+    return Signals(**{**vars(signals), "judge_scores": judge.scores(hidden_after)})
 
 
 def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
@@ -323,7 +319,7 @@ def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
     signals = position_signals(draft_tokens, q_signal, p_signal, paths)
     if rule.uses_judge:
         hidden_after = torch.cat([inputs.hidden[1 : inputs.num_drafted + 1] for inputs in batch])
-        signals = Signals(**{**vars(signals), "judge_scores": judge_scores(judge, hidden_after)})
+        signals = with_judge_scores(signals, hidden_after, judge)
     return signals
 
 

@@ -85,8 +85,8 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
     rules take part where a trained judge is given (it reads the run's stored hidden states)."""
     start = time.perf_counter()
     rules = rules or tuple(name for name, rule in acceptance.RULES.items() if judge is not None or not rule.uses_judge)
-    if judge is not None and settings.judge_threshold is None:
-        settings = dataclasses.replace(settings, judge_threshold=judge.threshold)
+    if judge is not None:
+        settings = judge.filled(settings)
     memo: dict = {}
     columns = []  # per rule: per round, (reasons, host signals)
     for name in rules:

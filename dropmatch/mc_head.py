@@ -2,8 +2,8 @@
 
 The transformer blocks run once. Only the final hidden states h [n, H] are perturbed:
 h^(i) = h * m^(i) / (1 - p), m^(i) ~ Bernoulli(1 - p). The engine runs paths only at the
-positions the rule judges; CausalLM.path_logits computes them (sparsely from the clean logits or in
-one dense matmul, whichever this machine measured cheaper).
+positions the rule judges; CausalLM.path_logits computes them (in one dense matmul, or sparsely from
+the clean logits: the device's capability and a count decide, never a timing).
 """
 
 from __future__ import annotations

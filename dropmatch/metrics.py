@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .acceptance import RULES, lossy_reasons
+from .acceptance import RULES, judged_count, lossy_reasons
 from .quality import distinct2
 from .trace import GenerationTrace
 
@@ -240,8 +240,7 @@ def component_costs(traces: list[GenerationTrace]) -> dict:
         "positions_sq": sum(n * n for n in positions),
         "forward_x_positions": sum(r.t_forward * n for r, n in zip(rounds, positions)),
         "head_s": sum(r.t_head for r in rounds), "mc_s": mc,
-        "judged": sum(d.reason not in ("exact", "unchecked") for t in traces if _lossy(t) for r in t.rounds
-                      for d in r.drafted),
+        "judged": sum(judged_count(d.reason for d in r.drafted) for t in traces if _lossy(t) for r in t.rounds),
         "other_s": rest, "total_s": sum(t.t_total for t in traces),
     }
 

@@ -51,6 +51,11 @@ class Walk:
     def wants_draft(self) -> bool:
         return self.draft_tokens is None
 
+    @property
+    def over(self) -> bool:
+        """No continuation pending and no mismatch left after the cursor."""
+        return not self.wants_draft and self.pending is None and self._next_mismatch() is None
+
     def set_draft_tokens(self, draft_tokens: list[int]) -> None:
         if len(draft_tokens) != len(self.response):
             raise ValueError(f"{len(draft_tokens)} draft tokens for an answer of {len(self.response)}")

@@ -223,6 +223,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
 
 
 IN_DISTRIBUTION_KINDS = ("gsm8k",)  # the trained judge learned on GSM8K *train*; everything else is out
+BAND_AXES = ("nll", "off_nucleus", "repetition")
 
 
 def robustness_rows(document: dict | None) -> list[dict]:
@@ -243,6 +244,7 @@ def robustness_rows(document: dict | None) -> list[dict]:
                          "tau_gain": run["tau"] / lossless["tau"] - 1.0, "speed": run.get("speedup_vs_lossless"),
                          "delta_nll": run.get("delta_target_nll"), "delta_off_nucleus": run.get("delta_off_nucleus_rate"),
                          "delta_distinct2": run.get("delta_distinct2"), "band": run.get("band") or {},
+                         "outside": [axis for axis in BAND_AXES if not (run.get("band") or {}).get(axis, False)],
                          "score": run.get("accuracy"), "lossless_score": lossless.get("accuracy")})
     return rows
 
@@ -262,7 +264,7 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
     for run in dict.fromkeys(r["run"] for r in rows):
         group = sorted((r for r in rows if r["run"] == run), key=lambda r: order.index(r["benchmark"]))
         rule = RULES.get(group[0]["rule"])
-        inside = [all(r["band"].get(axis, False) for axis in ("nll", "off_nucleus", "repetition")) for r in group]
+        inside = [not r["outside"] for r in group]
         hover = [_robustness_hover(r) for r in group]
         for col, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
             fig.add_trace(go.Scatter(

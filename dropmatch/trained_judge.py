@@ -11,6 +11,7 @@ the weights, the validation-chosen threshold and its grid). Pure: no model here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -81,6 +82,10 @@ class TrainedJudge:
         if target_name != self.target or hidden_size != self.hidden_size:
             raise JudgeFileError(f"this judge was trained on {self.target} (hidden size {self.hidden_size}); "
                                  f"the target is {target_name} (hidden size {hidden_size})")
+
+    def filled(self, rule):
+        """rule (a config.RuleConfig) with this judge's validation-chosen threshold where it sets none."""
+        return rule if rule.judge_threshold is not None else dataclasses.replace(rule, judge_threshold=self.threshold)
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, H] -> [n] the probability that accepting each mismatch changes the answer."""

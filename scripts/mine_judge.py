@@ -110,9 +110,7 @@ class Miner:
 
 
 def finished_indices(path: Path) -> set[int]:
-    if not path.exists():
-        return set()
-    return {json.loads(line)["index"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return {record["index"] for record in read_mined(path)} if path.exists() else set()
 
 
 def walk_record(walk: Walk) -> dict:
@@ -149,13 +147,12 @@ def mine(args) -> None:
         miner.step(active)
         still = []
         for walk in active:
-            if walk.pending is None and not walk.wants_draft and walk.job() is None:
+            if walk.over:
                 with out.open("a", encoding="utf-8") as file:
                     file.write(json.dumps(walk_record(walk)) + "\n")
                 del miner.rows[walk.index]
                 finished += 1
             else:
-                walk.pending = None  # job() above only looked ahead; step() asks again
                 still.append(walk)
         active = still
         minutes = (time.perf_counter() - start) / 60

@@ -166,9 +166,7 @@ def test_mining_labels_a_substitution_that_changes_the_answer_important_and_keep
     miner = mine_judge_script().Miner(pair, max_new_tokens=8, batch=4)
     walks, unfinished = miner.start([(0, "question"), (1, "question")])
     assert unfinished == [] and [w.response for w in walks] == [[ids["a"], ids["five"], ids["end"]]] * 2
-    while any(w.wants_draft or w.job() is not None for w in walks):
-        for walk in walks:
-            walk.pending = None
+    while not all(w.over for w in walks):
         miner.step(walks)
     for walk in walks:
         assert [(m.position, m.target_token, m.draft_token, m.important) for m in walk.labelled()] == [
@@ -186,9 +184,7 @@ def test_the_recipe_trains_a_judge_file_the_engine_reads(mining_pair, tmp_path):
     pair, ids = mining_pair
     miner = script.Miner(pair, max_new_tokens=8, batch=5)
     walks, _ = miner.start([(index, "question") for index in range(10)])
-    while any(w.wants_draft or w.job() is not None for w in walks):
-        for walk in walks:
-            walk.pending = None
+    while not all(w.over for w in walks):
         miner.step(walks)
     (tmp_path / "mined.jsonl").write_text("".join(json.dumps(script.walk_record(w)) + "\n" for w in walks))
     script.train(argparse.Namespace(work=str(tmp_path), threads=1, seed=0, val_share=0.2, recall=0.9), pair=pair)
