@@ -13,6 +13,7 @@ RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
 THEME_JS_FILE = ROOT / "assets" / "theme.js"
+TOY_HEAD_JS_FILE = ROOT / "assets" / "toy_head.js"
 
 
 def load_examples() -> list[dict]:
@@ -53,3 +54,8 @@ def replay_js() -> str:
 def theme_js() -> str:
     """Charts follow the page's light or dark theme (assets/theme.js), run as a component's js_on_load."""
     return THEME_JS_FILE.read_text(encoding="utf-8")
+
+
+def toy_head_js() -> str:
+    """The toy head, computed in the page (assets/toy_head.js), run as its component's js_on_load."""
+    return TOY_HEAD_JS_FILE.read_text(encoding="utf-8")

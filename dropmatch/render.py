@@ -50,7 +50,7 @@ def css() -> str:
         rules.append(f".dm-{kind} {{ background: {light}; color: {TEXT_ON_LIGHT}; text-decoration: {cue}; "
                      "text-underline-offset: 3px; }")
         rules.append(f".dark .dm-{kind} {{ background: {dark}; color: {TEXT_ON_DARK}; }}")
-    return BASE_CSS + "\n".join(rules) + "\n" + REPLAY_CSS
+    return BASE_CSS + "\n".join(rules) + "\n" + REPLAY_CSS + TOY_CSS
 
 
 BASE_CSS = """
@@ -101,6 +101,28 @@ REPLAY_CSS = """
 .dm-rp.dm-high-contrast { background: #ffffff; color: #000000; }
 .dark .dm-rp.dm-high-contrast { background: #000000; color: #ffffff; }
 .dm-rp.dm-high-contrast .dm-tok { font-weight: 600; }
+"""
+
+
+TOY_CSS = """
+.dm-toy { max-width: 100%; }
+.dm-toy-row { display: flex; flex-wrap: wrap; gap: 6px 12px; align-items: center; margin: 4px 0; }
+.dm-toy button { padding: 4px 10px; border-radius: 6px; border: 1px solid #90a4ae; background: #fafafa; color: #1a1a1a; cursor: pointer; }
+.dark .dm-toy button { background: #263238; color: #f5f5f5; border-color: #78909c; }
+.dm-toy button:focus-visible, .dm-toy input:focus-visible, .dm-toy select:focus-visible { outline: 3px solid #ff6f00; outline-offset: 2px; }
+.dm-toy-sliders { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 2px 12px; margin: 4px 0; }
+.dm-toy-slider { display: flex; align-items: center; gap: 4px; font-size: 0.9rem; }
+.dm-toy-slider input { flex: 1; min-width: 60px; } .dm-toy-slider output { font-family: monospace; min-width: 3.2em; }
+.dm-toy-scroll { max-width: 100%; overflow-x: auto; }
+.dm-toy-table, .dm-toy-verdicts { border-collapse: collapse; font-size: 0.85rem; margin: 6px 0; }
+.dm-toy-table td, .dm-toy-table th, .dm-toy-verdicts td, .dm-toy-verdicts th { border: 1px solid #cfd8dc; padding: 2px 5px; text-align: right; }
+.dark .dm-toy-table td, .dark .dm-toy-table th, .dark .dm-toy-verdicts td, .dark .dm-toy-verdicts th { border-color: #546e7a; }
+.dm-toy-table td:first-child, .dm-toy-verdicts td { text-align: left; }
+.dm-toy-mask { font-family: monospace; letter-spacing: -1px; } .dm-toy-top { font-weight: bold; text-decoration: underline; }
+.dm-toy-centroid td { border-top: 2px solid #607d8b; }
+.dm-toy-bar { display: inline-block; width: min(220px, 40vw); height: 0.8em; border: 1px solid #607d8b; vertical-align: middle; }
+.dm-toy-bar span { display: block; height: 100%; background: #1565c0; } .dm-toy-threshold span { background: #6a1b9a; }
+.dark .dm-toy-bar span { background: #90caf9; } .dark .dm-toy-threshold span { background: #ce93d8; }
 """
 
 

@@ -36,9 +36,11 @@ def signal_temperature(temperature: float) -> float:
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits [..., V] / signal_temperature(temperature), in float32 (x / 1 is x: no copy made then)."""
+    """logits [..., V] / signal_temperature(temperature), in float32, or float64 where they are float64
+    (the toy head checks the page's numbers to 1e-9 against these); x / 1 is x: no copy made then."""
     scale = signal_temperature(temperature)
-    return logits.float() / scale if scale != 1.0 else logits.float()
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    return wide / scale if scale != 1.0 else wide
 
 
 def signal_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -98,7 +100,7 @@ def js_divergence_accurate(p_a: torch.Tensor, p_b: torch.Tensor) -> torch.Tensor
     term is a difference of two numbers of size s |d| / 2, so the sum's error is a few float32 epsilons
     times sum(s |d|) = 2 TV(a, b), far under JS itself (tested against float64 to 1e-5 relative on
     vocabulary-sized rows near a threshold). Several times slower: used where a comparison is close."""
-    p_a, p_b = p_a.float(), p_b.float()
+    p_a, p_b = (x if x.dtype == torch.float64 else x.float() for x in (p_a, p_b))
     ratio = (p_a - p_b) / (p_a + p_b).clamp_min(torch.finfo(torch.float32).tiny)
     ratio = ratio.clamp_(-1.0 + 2.0**-24, 1.0 - 2.0**-24)  # 0 * log1p(-1) would be NaN; the term is 0
     terms = p_a * torch.log1p(ratio) + p_b * torch.log1p(-ratio)

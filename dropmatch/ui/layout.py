@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from .. import plots
-from ..assets import how_it_works, load_robustness, replay_js, theme_js
+from ..assets import how_it_works, load_robustness, replay_js, theme_js, toy_head_js
 from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -128,7 +128,7 @@ def build_layout() -> Ui:
     gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
     _columns(parts)
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
-        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _how_tab,
+        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _toy_tab, _how_tab,
                     _downloads_tab, _recorded_tab):
             tab(parts)
     # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
@@ -283,6 +283,17 @@ def _robustness_tab(parts: dict) -> None:
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness",
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
+
+
+def _toy_tab(parts: dict) -> None:
+    with gr.Tab("Toy head", elem_id="toy-tab"):
+        gr.Markdown("DropMatch's idea small enough to hold in one view: 6 tokens, a hidden state h of 8 numbers, a "
+                    "head W (6 x 8). Each path keeps some of h's coordinates (its mask m) and rescales them, "
+                    "h * m / (1 - p), so its distribution softmax(W h') moves a little: K paths, K opinions. The "
+                    "centroid is their mean; the threshold is how far the farthest path lies from it; the draft's q "
+                    "is accepted by JS when it lies no farther. Drag h, q, K and p, or press *new masks*; the page "
+                    "computes every number with the project's formulas (greedy: distributions at T = 1).")
+        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=toy_head_js(), elem_id="toy-head")
 
 
 def _how_tab(parts: dict) -> None:
