@@ -56,7 +56,8 @@ def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
     lines = out.stdout.strip().splitlines()
     listed = {line.split("MB  ", 1)[1] for line in lines[:-1]}
     assert re.fullmatch(r"\d+ files, \d+\.\d MB", lines[-1]) and int(lines[-1].split()[0]) == len(listed)
-    needed = {assets.EXAMPLES_FILE, assets.FRONTIER_FILE, assets.ROBUSTNESS_FILE, assets.HOW_IT_WORKS_FILE, assets.REPLAY_JS_FILE, assets.THEME_JS_FILE,
+    read_by_the_app = {path for name, path in vars(assets).items() if name.endswith("_FILE")}  # every named file
+    needed = {*read_by_the_app,
               *assets.RECORDED_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(), SHIPPED_JUDGE, ROOT / "app.py",
               ROOT / "requirements.txt", ROOT / "README.md", ROOT / ".gitattributes",
               *(ROOT / "dropmatch").rglob("*.py")}
