@@ -1,0 +1,108 @@
+"""Predict-the-verdict lessons (pure): a run's judged slots as questions, and a learner's answers
+scored against them with their confusions by reason.
+
+A lesson teaches one rule. Each slot is a drafted token the rule judged: the learner sees the text
+before it, the token with its draft probability and the clean target's top tokens, and chooses one
+of the rule's reasons (accepted exactly, by one of the rule's checks, or rejected); the reveal is the
+trace's own record (paths, votes, JS against its threshold) and the step view's sentence
+(render.explain). `score` is the reference the page's player is checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from .acceptance import RULES, Signals
+from .render import explain, kind_label
+from .trace import DraftedToken, GenerationTrace
+
+LESSON_VERSION = 1
+CONTEXT_TOKENS = 24  # the text before a slot the learner reads
+
+
+def rule_reasons(rule: str) -> tuple[str, ...]:
+    """The reasons a rule can give a drafted token, in the order a learner chooses from:
+    exact, each of the rule's own checks, rejected."""
+    # A check names its reason whatever the numbers: one position of zeros is enough to read them.
+    number, token = torch.zeros(1), torch.zeros(1, dtype=torch.long)
+    signals = Signals(draft_tokens=token, target_tokens=token, draft_prob=number, target_prob=number,
+                      target_token_prob=number, js_draft_target=number, target_entropy=number,
+                      path_tokens=token.view(1, 1), js_draft_centroid=number, js_threshold=number,
+                      majority_tokens=token, majority_votes=token, draft_votes=token, judge_scores=number)
+    knobs = SimpleNamespace(majority_fraction=0.8, typical_eps=0.3, typical_delta=0.09, fixed_js_threshold=0.1,
+                            judge_threshold=0.5, num_paths=1, rescue_argmax=False)
+    checks = [name for name, _ in RULES[rule].check(signals, knobs)]
+    return ("exact", *checks, "rejected")
+
+
+@dataclass(frozen=True)
+class Confusion:
+    """Slots where the learner chose `answered` and the rule gave `truth`, and what they had in common."""
+
+    answered: str
+    truth: str
+    count: int
+    sentence: str
+
+
+def lesson_from_trace(trace: GenerationTrace, token_text, title: str = "") -> dict:
+    """A lesson (JSON-ready) of every slot the trace's rule judged (unchecked ones are not asked)."""
+    slots, before = [], [trace.first_token]
+    for r in trace.rounds:
+        for j, d in enumerate(r.drafted):
+            if d.reason == "unchecked":
+                break
+            context = before + list(r.emitted[:j])
+            slots.append(_slot(d, r.index, j, r.draft_source, context, token_text, trace))
+        before += list(r.emitted)
+    return {"version": LESSON_VERSION, "title": title, "rule": trace.rule, "choices": list(rule_reasons(trace.rule)),
+            "labels": {reason: kind_label(reason) for reason in rule_reasons(trace.rule)}, "slots": slots}
+
+
+def _slot(d: DraftedToken, round_index: int, j: int, source: str, context: list[int], token_text,
+          trace: GenerationTrace) -> dict:
+    found = {"round": round_index, "slot": j, "source": source,
+             "context": "".join(token_text(t) for t in context[-CONTEXT_TOKENS:]),
+             "x": token_text(d.token), "q": d.draft_prob, "p": d.target_prob,
+             "target": token_text(d.target_token), "p_target_top": d.target_token_prob,
+             "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
+             "answer": d.reason, "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold)}
+    if d.path_tokens:
+        found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
+    return found
+
+
+def score(lesson: dict, answers: list[str]) -> dict:
+    """answers[i] for lesson slot i -> {"right", "asked", "best_streak", "confusions": [Confusion...]}."""
+    slots = lesson["slots"][: len(answers)]
+    right = streak = best = 0
+    wrong: dict[tuple[str, str], list[dict]] = {}
+    for slot, answer in zip(slots, answers):
+        if answer == slot["answer"]:
+            right, streak = right + 1, streak + 1
+            best = max(best, streak)
+        else:
+            streak = 0
+            wrong.setdefault((answer, slot["answer"]), []).append(slot)
+    confusions = [Confusion(a, t, len(s), _sentence(a, t, s, lesson["labels"])) for (a, t), s in wrong.items()]
+    confusions.sort(key=lambda c: (-c.count, c.answered, c.truth))
+    return {"right": right, "asked": len(slots), "best_streak": best, "confusions": confusions}
+
+
+def _sentence(answered: str, truth: str, slots: list[dict], labels: dict) -> str:
+    n = len(slots)
+    head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
+    ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
+    if "js" in (answered, truth) and ratios:
+        low, high = min(ratios), max(ratios)
+        span = f"{low:.2g}x" if abs(high - low) < 0.05 else f"{low:.2g}-{high:.2g}x"
+        return f"{head}: their JS was {span} the threshold (JS accepts at 1x or less)"
+    if "majority" in (answered, truth) and all("votes" in s for s in slots):
+        votes = sorted({s["votes"] for s in slots})
+        return f"{head}: the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
+    if "exact" in (answered, truth):
+        return f"{head}: the exact test accepts only the clean target's own top token"
+    return head
