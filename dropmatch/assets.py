@@ -14,6 +14,7 @@ HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
 THEME_JS_FILE = ROOT / "assets" / "theme.js"
 TOY_HEAD_JS_FILE = ROOT / "assets" / "toy_head.js"
+LESSONS_JS_FILE = ROOT / "assets" / "lessons.js"
 
 
 def load_examples() -> list[dict]:
@@ -59,3 +60,8 @@ def theme_js() -> str:
 def toy_head_js() -> str:
     """The toy head, computed in the page (assets/toy_head.js), run as its component's js_on_load."""
     return TOY_HEAD_JS_FILE.read_text(encoding="utf-8")
+
+
+def lessons_js() -> str:
+    """The lesson player (assets/lessons.js), run as the lessons component's js_on_load."""
+    return LESSONS_JS_FILE.read_text(encoding="utf-8")

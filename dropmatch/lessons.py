@@ -106,3 +106,28 @@ def _sentence(answered: str, truth: str, slots: list[dict], labels: dict) -> str
     if "exact" in (answered, truth):
         return f"{head}: the exact test accepts only the clean target's own top token"
     return head
+
+
+def short_lesson(lesson: dict, size: int = 20) -> dict:
+    """The lesson cut to `size` slots in run order: every slot the exact test did not decide first (up to
+    size - 4), the exact ones spread evenly over the run to fill the rest."""
+    slots = lesson["slots"]
+    judged = [i for i, s in enumerate(slots) if s["answer"] != "exact"][: max(size - 4, 0)]
+    exact = [i for i, s in enumerate(slots) if s["answer"] == "exact"]
+    room = min(size - len(judged), len(exact))
+    spread = [exact[(k * len(exact)) // room] for k in range(room)] if room > 0 else []
+    return {**lesson, "slots": [slots[i] for i in sorted(judged + spread)]}
+
+
+def lessons_html(record, title: str = "") -> str:
+    """The element the lesson player (assets/lessons.js) mounts on: the run's lossy column's lesson and its
+    lossless column's, escaped into a data attribute (no markup runs)."""
+    import html
+    import json
+
+    if record is None:
+        return '<div class="dm-lesson-empty">Run a comparison or open a recorded run: its lessons appear here.</div>'
+    lessons = [short_lesson(lesson_from_trace(trace, record.token_text, f"{title}: {trace.rule}"))
+               for trace in (record.lossy, record.lossless)]
+    payload = json.dumps(lessons, separators=(",", ":"))
+    return f'<div class="dm-lesson" data-lessons="{html.escape(payload, quote=True)}"></div>'

@@ -123,6 +123,13 @@ TOY_CSS = """
 .dm-toy-bar { display: inline-block; width: min(220px, 40vw); height: 0.8em; border: 1px solid #607d8b; vertical-align: middle; }
 .dm-toy-bar span { display: block; height: 100%; background: #1565c0; } .dm-toy-threshold span { background: #6a1b9a; }
 .dark .dm-toy-bar span { background: #90caf9; } .dark .dm-toy-threshold span { background: #ce93d8; }
+.dm-ls { padding: 6px; } .dm-ls-pick, .dm-ls-choices { display: flex; flex-wrap: wrap; gap: 8px; margin: 8px 0; }
+.dm-ls button { padding: 6px 12px; border-radius: 6px; border: 1px solid #90a4ae; background: #fafafa; color: #1a1a1a; cursor: pointer; font-size: 1rem; }
+.dm-ls button[aria-pressed=true] { border-width: 2px; border-color: #1565c0; }
+.dark .dm-ls button { background: #263238; color: #f5f5f5; border-color: #78909c; }
+.dm-ls button:focus-visible, .dm-ls:focus-visible { outline: 3px solid #ff6f00; outline-offset: 2px; }
+.dm-ls-context { font-size: 1.15rem; line-height: 1.9; white-space: pre-wrap; margin: 6px 0; }
+.dm-ls-verdict { font-size: 1.1rem; } .dm-ls-keys { font-size: 0.85rem; opacity: 0.85; }
 """
 
 

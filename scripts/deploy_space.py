@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOW = (
     "app.py", "README.md", "requirements.txt", ".gitattributes", "pyproject.toml",
     "dropmatch/*.py", "dropmatch/*/*.py",
-    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js", "assets/toy_head.js",
+    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js", "assets/toy_head.js", "assets/lessons.js",
     "assets/results/frontier.json", "assets/results/robustness.json", "assets/screenshots/*",
     "docs/how_it_works.md",
 )

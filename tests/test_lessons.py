@@ -3,6 +3,8 @@ learner's answers get, on the shipped runs (no model)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dropmatch.acceptance import RULES
@@ -76,3 +78,99 @@ def test_a_partly_answered_lesson_scores_only_what_was_asked(cut):
     _, _, _, lesson = next(_lessons())
     result = score(lesson, ["exact"] * cut)
     assert result["asked"] == cut and result["right"] <= cut
+
+
+# ---------------------------------------------------------------- the player, in the browser
+
+SHOWN = next(iter(SHIPPED.items()))  # the run a first visit shows
+
+
+@pytest.fixture(scope="module")
+def lesson_page():
+    from pathlib import Path
+
+    if not Path("/usr/bin/chromium").exists():
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
+    import app
+    from dropmatch.studio import Studio
+    from fake_engine import FakeEngine
+    from local_server import serve_locally
+    from playwright.sync_api import sync_playwright
+
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    serve_locally(demo, css=app.css())
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            yield demo.local_url, browser
+        finally:
+            browser.close()
+            demo.close()
+
+
+def _lessons_tab(page):
+    page.get_by_role("tab", name="Lessons").click()
+    page.wait_for_selector(".dm-ls [data-score]", timeout=60_000)
+    page.locator(".dm-ls").focus()  # as a keyboard user tabs into it
+
+
+def _state(page) -> tuple[int, str]:
+    root = page.locator(".dm-ls")
+    return int(root.get_attribute("data-slot")), root.get_attribute("data-stage")
+
+
+def _reference_lesson():
+    from dropmatch.lessons import short_lesson
+
+    title, path = SHOWN
+    record = read_recorded_run(path)
+    return short_lesson(lesson_from_trace(record.lossy, record.token_text, f"{title}: {record.lossy.rule}"))
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_lesson_played_with_the_keyboard_alone_ends_with_the_python_score_and_confusions(lesson_page):
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url)
+    _lessons_tab(page)
+    lesson = _reference_lesson()
+    shown = json.loads(page.locator(".dm-lesson").get_attribute("data-lessons"))[0]
+    assert shown == json.loads(json.dumps(lesson))  # the page plays the lesson the Python functions make
+    answers = [lesson["choices"][(i * 7) % len(lesson["choices"])] for i in range(len(lesson["slots"]))]
+    for i, answer in enumerate(answers):
+        assert _state(page) == (i, "ask")
+        page.keyboard.press(str(lesson["choices"].index(answer) + 1))
+        if _state(page)[1] == "exact":
+            assert page.locator("[data-reveal=paths]").count() == 0  # the exact test first, then the paths
+            page.keyboard.press("Enter")
+        verdict = page.locator(".dm-ls-verdict")
+        assert verdict.get_attribute("data-verdict") == lesson["slots"][i]["answer"]  # the right reason, revealed
+        assert page.locator(".dm-ls-why").inner_text() == lesson["slots"][i]["why"]
+        page.keyboard.press("ArrowRight")
+    page.wait_for_selector("[data-finished]")
+    reference = score(lesson, answers)
+    assert int(page.locator(".dm-ls").get_attribute("data-right")) == reference["right"]
+    assert reference["confusions"] and reference["right"] < len(answers)  # the script gets some wrong
+    rows = page.locator("[data-confusion]").evaluate_all("rows => rows.map((r) => r.dataset.confusion)")
+    assert rows == [f"{c.answered}|{c.truth}|{c.count}" for c in reference["confusions"]]
+    assert f"best streak {reference['best_streak']}" in page.locator("[data-finished]").inner_text()
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_reload_resumes_the_lesson_at_the_same_slot(lesson_page):
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url)
+    _lessons_tab(page)
+    for _ in range(3):
+        page.keyboard.press("1")
+        while _state(page)[1] != "ask":
+            page.keyboard.press("Enter")
+    right = page.locator(".dm-ls").get_attribute("data-right")
+    page.reload()
+    _lessons_tab(page)
+    assert _state(page) == (3, "ask") and page.locator(".dm-ls").get_attribute("data-right") == right
+    page.close()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from .. import plots
-from ..assets import how_it_works, load_robustness, replay_js, theme_js, toy_head_js
+from ..assets import how_it_works, load_robustness, lessons_js, replay_js, theme_js, toy_head_js
 from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -77,6 +77,7 @@ class Ui:
     step_round: gr.Slider
     step_out: gr.HTML
     replay_out: gr.HTML
+    lesson_out: gr.HTML
     tabs: gr.Tabs
     download_trace: gr.File
     download_metrics: gr.File
@@ -107,7 +108,7 @@ class Ui:
         """Every component a finished or recorded run writes."""
         names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
-                 "step_out", "replay_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
+                 "step_out", "replay_out", "lesson_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
                  "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
         return [getattr(self, name) for name in names]
 
@@ -128,7 +129,7 @@ def build_layout() -> Ui:
     gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
     _columns(parts)
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
-        for tab in (_replay_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _toy_tab, _how_tab,
+        for tab in (_replay_tab, _lessons_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _toy_tab, _how_tab,
                     _downloads_tab, _recorded_tab):
             tab(parts)
     # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
@@ -218,6 +219,15 @@ def _replay_tab(parts: dict) -> None:
                     "it with the arrow keys or a clicker. Link to a shipped run with `?run=<name>` "
                     "(`&presenter=1` opens the presenter layout).")
         parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=replay_js(), elem_id="replay")
+
+
+def _lessons_tab(parts: dict) -> None:
+    with gr.Tab("Lessons", id="lessons", elem_id="lessons-tab"):
+        gr.Markdown("Predict before you see: for each slot the rule judged in this run, choose its verdict, then the "
+                    "reveal (the exact test first, then the K paths, their votes and JS against its threshold). "
+                    "Score, streak, and at the end what you confused. Keys 1-5 answer, Enter or → next, ← back; "
+                    "your progress stays in this browser.")
+        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=lessons_js(), elem_id="lessons")
 
 
 def _charts_tab(parts: dict) -> None:

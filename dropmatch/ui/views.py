@@ -14,6 +14,7 @@ from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..record import Downloads, RunRecord
 from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
+from ..lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
 
@@ -103,6 +104,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         # A slider's maximum must exceed its minimum: a one-round run gets 0..1, fixed at 0.
         "step_round": gr.update(maximum=max(rounds - 1, 1), value=0, interactive=rounds > 1),
         "replay_out": replay_html(record, recorded_from or "this run"),
+        "lesson_out": lessons_html(record, recorded_from or "this run"),
         "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction,
                               record.lossy.judge_threshold)
         if rounds else "No rounds ran.",
