@@ -11,7 +11,7 @@
   const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 
   function keyOf(lesson) {  // a short fingerprint of a lesson: its progress is kept under it
-    const text = lesson.title + "|" + lesson.rule + "|" + lesson.slots.map((s) => s.round + "." + s.slot + s.x).join(",");
+    const text = lesson.title + "|" + lesson.rule + "|" + lesson.slots.map((s) => (s.run || 0) + "." + s.round + "." + s.slot + s.x).join(",");
     let h = 2166136261;
     for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 16777619) >>> 0;
     return "dm-lesson:" + h.toString(16);
@@ -47,20 +47,42 @@
     if ((c.answered === "majority" || c.truth === "majority") && c.slots.every((s) => s.votes !== undefined)) {
       return `${head}: the draft had ${[...new Set(c.slots.map((s) => s.votes))].sort().join("/")} of ${c.slots[0].paths.length} path votes`;
     }
+    if ((c.answered === "exact" || c.truth === "exact") && lesson.greedy === false) {
+      const odds = c.slots.map((s) => (s.q > 0 ? Math.min(1, s.p / s.q) : 1)), lo = Math.min(...odds), hi = Math.max(...odds);
+      return `${head}: the coin accepted them with probability min(1, p / q) = ${hi - lo < 0.005 ? lo.toFixed(2) : lo.toFixed(2) + "-" + hi.toFixed(2)}`;
+    }
     if (c.answered === "exact" || c.truth === "exact") return `${head}: the exact test accepts only the clean target's own top token`;
     return head;
+  }
+
+  const OPEN_KEY = "dm-lesson:open";  // the lesson last opened, by id: a reload opens it again
+
+  function firstLesson(lessons) {  // ?lesson=NAME, else the one last opened, else the first
+    const asked = new URLSearchParams(window.location.search).get("lesson");
+    let last = null;
+    try { last = localStorage.getItem(OPEN_KEY); } catch (err) { last = null; }
+    for (const id of [asked, last]) {
+      const i = lessons.findIndex((l) => id && l.id === id);
+      if (i >= 0) return i;
+    }
+    return 0;
   }
 
   class Player {
     constructor(host, lessons) {
       this.host = host; this.lessons = lessons;
-      host.innerHTML = `<div class="dm-ls" tabindex="0"><div class="dm-ls-pick">${lessons.map((l, i) =>
-        `<button type="button" data-lesson="${i}">${esc(l.title)} (${l.slots.length} slots)</button>`).join("")}</div><div data-body></div></div>`;
+      const button = (l, i) => `<button type="button" data-lesson="${i}">${esc(l.title)} (${l.slots.length})</button>`;
+      const group = (name, picked) => (picked.length ? `<div class="dm-ls-pick" role="group" aria-label="${name}"><span>${name}:</span>${picked.join("")}</div>` : "");
+      const builtIn = lessons.map((l, i) => (l.intro ? button(l, i) : "")).filter(Boolean);
+      const ofRun = lessons.map((l, i) => (l.intro ? "" : button(l, i))).filter(Boolean);
+      host.innerHTML = `<div class="dm-ls" tabindex="0">${group("Built-in lessons", builtIn)}${group("Make a lesson from this run", ofRun)}
+        <div class="dm-ls-tools"><button type="button" data-act="sheet">printable sheet</button></div><div data-body></div></div>`;
       host.addEventListener("click", (e) => this.onClick(e));
-      this.open(0);
+      this.open(firstLesson(lessons));
     }
     open(i) {
       this.index = i; this.lesson = this.lessons[i]; this.key = keyOf(this.lesson);
+      try { if (this.lesson.id) localStorage.setItem(OPEN_KEY, this.lesson.id); } catch (err) { /* private mode */ }
       let saved = null;
       try { saved = JSON.parse(localStorage.getItem(this.key) || "null"); } catch (err) { saved = null; }
       this.answers = saved && Array.isArray(saved.answers) ? saved.answers.slice(0, this.lesson.slots.length) : [];
@@ -97,6 +119,7 @@
       else if (b.dataset.act === "back") this.back();
       else if (b.dataset.act === "restart") this.restart();
       else if (b.dataset.act === "csv") this.csv();
+      else if (b.dataset.act === "sheet") this.sheet();
     }
     csv() {
       const rows = [["slot", "rule", "answer", "right answer", "reason"]];
@@ -106,11 +129,16 @@
       link.href = URL.createObjectURL(new Blob([text], {type: "text/csv"}));
       link.download = "lesson_results.csv"; link.click();
     }
+    sheet() {  // the printable sheet in a new tab, which opens the print dialog
+      const url = URL.createObjectURL(new Blob([sheetHtml(this.lesson)], {type: "text/html"}));
+      window.open(url, "_blank");
+    }
     render() {
       const L = this.lesson, result = score(L, this.answers.slice(0, Math.min(this.answers.length, L.slots.length)));
       const root = this.host.querySelector(".dm-ls");
       root.dataset.slot = String(this.slot); root.dataset.stage = this.stage; root.dataset.right = String(result.right);
-      const head = `<div class="dm-ls-score">score <b data-score>${result.right}</b> of ${result.asked} · streak ${result.streak} · best ${result.best_streak}</div>`;
+      const intro = L.intro ? `<p class="dm-ls-intro" data-intro>${esc(L.intro)}</p>` : "";
+      const head = intro + `<div class="dm-ls-score">score <b data-score>${result.right}</b> of ${result.asked} · streak ${result.streak} · best ${result.best_streak}</div>`;
       const body = this.slot >= L.slots.length ? this.summary(result) : this.question(L.slots[this.slot]);
       this.host.querySelector("[data-body]").innerHTML = head + body;
       this.host.querySelectorAll("[data-lesson]").forEach((b) => b.setAttribute("aria-pressed", String(Number(b.dataset.lesson) === this.index)));
@@ -118,7 +146,7 @@
     question(s) {
       const L = this.lesson, given = this.answers[this.slot];
       const top = s.target_top.map(([t, p]) => `“${show(t)}” ${fmt(p)}`).join(", ");
-      let html = `<h3>Slot ${this.slot + 1} of ${L.slots.length} · rule: ${esc(L.rule)}</h3>
+      let html = `<h3>Slot ${this.slot + 1} of ${L.slots.length} · rule: ${esc(L.rule)}</h3>${promptLine(L, s)}
         <div class="dm-ls-context">…${show(s.context)}<span class="dm-tok dm-pending">${show(s.x)}</span></div>
         <p>drafted “${show(s.x)}” with q = ${fmt(s.q)}${s.source === "ngram" ? " (prompt lookup: one-hot q)" : ""}; the clean target's top tokens: ${top}</p>`;
       if (this.stage === "ask") {
@@ -132,6 +160,9 @@
         const scale = Math.max(s.js, s.threshold, 1e-12) * 1.1;
         html += `<p data-reveal="paths">K paths: ${s.paths.map((t) => `<span class="dm-path${t === s.x ? " dm-path-agrees" : ""}">${show(t)}</span>`).join(" ")} · votes for the draft ${s.votes}/${s.paths.length}</p>
           <div>JS ${bar(s.js / scale, "dm-toy-draft")} ${fmt(s.js, 4)} · threshold ${bar(s.threshold / scale, "dm-toy-threshold")} ${fmt(s.threshold, 4)}</div>`;
+      }
+      if (this.stage === "verdict" && (s.tags || []).length) {
+        html += `<p class="dm-ls-close">${s.tags.map((t) => `<span class="dm-ls-tag" data-tag="${esc(t)}">${esc((L.close_calls || {})[t] || t)}</span>`).join(" ")}</p>`;
       }
       if (this.stage === "verdict") {
         const ok = given === s.answer;
@@ -147,6 +178,38 @@
         <div class="dm-ls-choices"><button type="button" data-act="back">← back</button><button type="button" data-act="csv">results as CSV</button><button type="button" data-act="restart">start again</button></div>`;
     }
   }
+  // The printable sheet: every slot without its answer (tick boxes for the choices), then the answer key
+  // on a page of its own. A whole HTML document, so that printing it prints nothing of the app.
+  function sheetHtml(L) {
+    const top = (s) => s.target_top.map(([t, p]) => `“${show(t)}” ${fmt(p, 2)}`).join(", ");
+    const slots = L.slots.map((s, i) => `<section class="slot"><h2>${i + 1}.</h2>
+      ${promptLine(L, s)}<p class="context">…${show(s.context)}<b class="x">${show(s.x)}</b></p>
+      <p>drafted “${show(s.x)}” with q = ${fmt(s.q)}${s.source === "ngram" ? " (prompt lookup: one-hot q)" : ""}; the clean target's top tokens: ${top(s)}</p>
+      <p class="choices">${L.choices.map((c) => `<span>☐ ${esc(L.labels[c] || c)}</span>`).join(" ")}</p></section>`).join("");
+    const key = L.slots.map((s, i) => `<tr><td>${i + 1}</td><td>${esc(L.labels[s.answer] || s.answer)}</td><td>${esc(s.why)}</td></tr>`).join("");
+    return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${esc(L.title)}: lesson sheet</title><style>
+      body { font: 11pt/1.45 system-ui, sans-serif; color: #000; background: #fff; margin: 1.5cm; }
+      h1 { font-size: 16pt; margin: 0 0 4pt; } h2 { font-size: 11pt; margin: 0; display: inline; }
+      .slot { border: 1px solid #888; border-radius: 4pt; padding: 6pt 8pt; margin: 6pt 0; break-inside: avoid; }
+      .context { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 10pt; margin: 2pt 0; }
+      .x { border: 1.5px dashed #000; padding: 0 2pt; } .choices span { margin-right: 14pt; white-space: nowrap; }
+      .key { break-before: page; } table { border-collapse: collapse; width: 100%; }
+      td, th { border: 1px solid #888; padding: 3pt 5pt; text-align: left; vertical-align: top; font-size: 10pt; }
+      @page { margin: 1.2cm; } @media print { body { margin: 0; } }
+    </style></head><body onload="if (!navigator.webdriver) window.print()">
+      <h1>${esc(L.title)}</h1>${L.intro ? `<p>${esc(L.intro)}</p>` : ""}
+      <p>For each drafted token, tick the verdict the rule gives. Name: ____________________</p>${slots}
+      <section class="key"><h1>Answer key: ${esc(L.title)}</h1><table><tr><th>slot</th><th>verdict</th><th>why</th></tr>${key}</table></section>
+    </body></html>`;
+  }
+
+  function promptLine(L, s) {  // the prompt of the slot's run, its end where it is long
+    const prompt = (L.prompts || [])[s.run || 0];
+    if (!prompt) return "";
+    const shown = prompt.length > 160 ? "…" + prompt.slice(-157) : prompt;
+    return `<p class="dm-ls-prompt">prompt: “${show(shown)}”</p>`;
+  }
+
   const bar = (x, cls) => `<span class="dm-toy-bar ${cls}"><span style="width:${Math.round(Math.min(Math.max(x, 0), 1) * 100)}%"></span></span>`;
 
   function onKey(e) {
@@ -161,7 +224,7 @@
   }
 
   window.DMLessons = {
-    current: null, score,
+    current: null, score, sheetHtml,
     mount(component) {
       const host = component.querySelector(".dm-lesson");
       if (!host) { window.DMLessons.current = null; return; }

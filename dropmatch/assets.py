@@ -15,6 +15,7 @@ REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
 THEME_JS_FILE = ROOT / "assets" / "theme.js"
 TOY_HEAD_JS_FILE = ROOT / "assets" / "toy_head.js"
 LESSONS_JS_FILE = ROOT / "assets" / "lessons.js"
+LESSONS_DIR = ROOT / "assets" / "lessons"  # the built-in lessons (builtin_lessons.py)
 
 
 def load_examples() -> list[dict]:

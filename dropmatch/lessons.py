@@ -15,12 +15,20 @@ from types import SimpleNamespace
 
 import torch
 
-from .acceptance import RULES, Signals
+from .acceptance import RULES, Signals, votes_needed
 from .render import explain, kind_label
 from .trace import DraftedToken, GenerationTrace
 
 LESSON_VERSION = 1
 CONTEXT_TOKENS = 24  # the text before a slot the learner reads
+JS_NEAR = 0.1  # a close call: JS within this share of its threshold
+# The close calls a slot may be (its "tags"): the cases a rule is learned on, named in the reveal.
+CLOSE_CALLS = {
+    "lookup": "a prompt-lookup draft: q is one-hot (the draft gave this token probability 1)",
+    "js_near": "a close call: JS within 10% of its threshold",
+    "votes_short": "a close call: one vote short of the majority the rule asks",
+    "coin_rejected": "a sampled rejection where q > p: the coin accepted it with probability p / q only",
+}
 
 
 def rule_reasons(rule: str) -> tuple[str, ...]:
@@ -48,28 +56,51 @@ class Confusion:
     sentence: str
 
 
-def lesson_from_trace(trace: GenerationTrace, token_text, title: str = "") -> dict:
-    """A lesson (JSON-ready) of every slot the trace's rule judged (unchecked ones are not asked)."""
+def lesson_from_trace(trace: GenerationTrace, token_text, title: str = "", run: int = 0) -> dict:
+    """A lesson (JSON-ready) of every slot the trace's rule judged (unchecked ones are not asked).
+    run: the slots' run index, where a lesson is made of several runs (builtin_lessons)."""
     slots, before = [], [trace.first_token]
     for r in trace.rounds:
         for j, d in enumerate(r.drafted):
             if d.reason == "unchecked":
                 break
             context = before + list(r.emitted[:j])
-            slots.append(_slot(d, r.index, j, r.draft_source, context, token_text, trace))
+            slots.append(_slot(d, (run, r.index, j), r.draft_source, context, token_text, trace))
         before += list(r.emitted)
-    return {"version": LESSON_VERSION, "title": title, "rule": trace.rule, "choices": list(rule_reasons(trace.rule)),
-            "labels": {reason: kind_label(reason) for reason in rule_reasons(trace.rule)}, "slots": slots}
+    return {"version": LESSON_VERSION, "title": title, "rule": trace.rule, "greedy": trace.temperature == 0,
+            "choices": list(rule_reasons(trace.rule)),
+            "labels": {reason: _label(reason, trace.temperature == 0) for reason in rule_reasons(trace.rule)},
+            "close_calls": CLOSE_CALLS, "slots": slots}
 
 
-def _slot(d: DraftedToken, round_index: int, j: int, source: str, context: list[int], token_text,
+def _label(reason: str, greedy: bool) -> str:
+    return "accepted by the lossless coin" if reason == "exact" and not greedy else kind_label(reason)
+
+
+def close_calls(d: DraftedToken, source: str, trace: GenerationTrace) -> list[str]:
+    """The CLOSE_CALLS a judged slot is, in their table's order."""
+    tags = []
+    if source == "ngram":
+        tags.append("lookup")
+    if d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR:
+        tags.append("js_near")
+    if d.path_tokens and d.draft_votes == votes_needed(len(d.path_tokens), trace.majority_fraction) - 1:
+        tags.append("votes_short")
+    if trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob:
+        tags.append("coin_rejected")
+    return tags
+
+
+def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: list[int], token_text,
           trace: GenerationTrace) -> dict:
-    found = {"round": round_index, "slot": j, "source": source,
+    run, round_index, j = where
+    found = {"run": run, "round": round_index, "slot": j, "source": source, "tags": close_calls(d, source, trace),
              "context": "".join(token_text(t) for t in context[-CONTEXT_TOKENS:]),
              "x": token_text(d.token), "q": d.draft_prob, "p": d.target_prob,
              "target": token_text(d.target_token), "p_target_top": d.target_token_prob,
              "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
-             "answer": d.reason, "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold)}
+             "answer": d.reason,
+             "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold, trace.temperature == 0)}
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found
@@ -87,13 +118,13 @@ def score(lesson: dict, answers: list[str]) -> dict:
         else:
             streak = 0
             wrong.setdefault((answer, slot["answer"]), []).append(slot)
-    confusions = [Confusion(a, t, len(s), _sentence(a, t, s, lesson["labels"])) for (a, t), s in wrong.items()]
+    confusions = [Confusion(a, t, len(s), _sentence(a, t, s, lesson)) for (a, t), s in wrong.items()]
     confusions.sort(key=lambda c: (-c.count, c.answered, c.truth))
     return {"right": right, "asked": len(slots), "best_streak": best, "confusions": confusions}
 
 
-def _sentence(answered: str, truth: str, slots: list[dict], labels: dict) -> str:
-    n = len(slots)
+def _sentence(answered: str, truth: str, slots: list[dict], lesson: dict) -> str:
+    labels, n = lesson["labels"], len(slots)
     head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
     ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
     if "js" in (answered, truth) and ratios:
@@ -103,6 +134,11 @@ def _sentence(answered: str, truth: str, slots: list[dict], labels: dict) -> str
     if "majority" in (answered, truth) and all("votes" in s for s in slots):
         votes = sorted({s["votes"] for s in slots})
         return f"{head}: the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
+    if "exact" in (answered, truth) and not lesson.get("greedy", True):
+        odds = [min(1.0, s["p"] / s["q"]) if s["q"] > 0 else 1.0 for s in slots]
+        low, high = min(odds), max(odds)
+        span = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
+        return f"{head}: the coin accepted them with probability min(1, p / q) = {span}"
     if "exact" in (answered, truth):
         return f"{head}: the exact test accepts only the clean target's own top token"
     return head
@@ -117,17 +153,3 @@ def short_lesson(lesson: dict, size: int = 20) -> dict:
     room = min(size - len(judged), len(exact))
     spread = [exact[(k * len(exact)) // room] for k in range(room)] if room > 0 else []
     return {**lesson, "slots": [slots[i] for i in sorted(judged + spread)]}
-
-
-def lessons_html(record, title: str = "") -> str:
-    """The element the lesson player (assets/lessons.js) mounts on: the run's lossy column's lesson and its
-    lossless column's, escaped into a data attribute (no markup runs)."""
-    import html
-    import json
-
-    if record is None:
-        return '<div class="dm-lesson-empty">Run a comparison or open a recorded run: its lessons appear here.</div>'
-    lessons = [short_lesson(lesson_from_trace(trace, record.token_text, f"{title}: {trace.rule}"))
-               for trace in (record.lossy, record.lossless)]
-    payload = json.dumps(lessons, separators=(",", ":"))
-    return f'<div class="dm-lesson" data-lessons="{html.escape(payload, quote=True)}"></div>'

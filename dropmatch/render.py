@@ -129,7 +129,11 @@ TOY_CSS = """
 .dark .dm-ls button { background: #263238; color: #f5f5f5; border-color: #78909c; }
 .dm-ls button:focus-visible, .dm-ls:focus-visible { outline: 3px solid #ff6f00; outline-offset: 2px; }
 .dm-ls-context { font-size: 1.15rem; line-height: 1.9; white-space: pre-wrap; margin: 6px 0; }
-.dm-ls-verdict { font-size: 1.1rem; } .dm-ls-keys { font-size: 0.85rem; opacity: 0.85; }
+.dm-ls-verdict { font-size: 1.1rem; } .dm-ls-keys { font-size: 0.85rem; }
+.dm-ls-pick > span { align-self: center; font-weight: 600; } .dm-ls-intro { max-width: 60rem; margin: 6px 0; }
+.dm-ls-tag { display: inline-block; padding: 2px 8px; border-radius: 10px; border: 1px dashed #8a3c00; background: #fff3e0; color: #5d2a00; }
+.dark .dm-ls-tag { background: #3e2723; color: #ffe0b2; border-color: #ffb74d; }
+.dm-ls-context, .dm-ls p { overflow-wrap: anywhere; }
 """
 
 
@@ -236,10 +240,13 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
 
 
 def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
-            judge_threshold: float | None = None) -> str:
-    """One plain sentence: which rule accepted or rejected this drafted token, and why."""
+            judge_threshold: float | None = None, greedy: bool = True) -> str:
+    """One plain sentence: which rule accepted or rejected this drafted token, and why. greedy False:
+    the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     k = len(d.path_tokens)
+    if d.reason == "exact" and not greedy:
+        return f"The lossless coin accepted {tok}: " + _coin(d) + "."
     if d.reason == "exact":
         return f"{tok} is the clean target's own choice (p = {d.target_token_prob:.2f}), so lossless SD accepts it too."
     if d.reason == "js":
@@ -261,12 +268,23 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
     why = [f"the target prefers {target} (p = {d.target_token_prob:.2f}; {tok} has p = {d.target_prob:.3f})"]
+    if not greedy and d.draft_prob <= d.target_prob:  # only top-p can make a sure acceptance a rejection
+        why = ["the lossless coin rejected it: top-p left it outside the target's nucleus (p = 0 there)"]
+    elif not greedy:
+        why = [f"the lossless coin rejected it ({_coin(d)})"]
     if d.path_tokens:
         why.append(f"JS {d.js:.4f} > threshold {d.threshold:.4f}")
         why.append(f"only {d.draft_votes} of {k} paths chose it")
     if d.judge_score is not None:
         why.append(f"the judge scores it important (P = {d.judge_score:.3f} ≥ {_threshold(judge_threshold)})")
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
+
+
+def _coin(d: DraftedToken) -> str:
+    """The lossless coin's odds for a drafted token: min(1, p(x) / q(x)) (Leviathan et al.)."""
+    if d.draft_prob <= d.target_prob:
+        return f"p = {d.target_prob:.3f} ≥ q = {d.draft_prob:.3f}, so it is accepted for sure"
+    return f"p = {d.target_prob:.3f} < q = {d.draft_prob:.3f}, so it is accepted with probability p / q = {d.target_prob / d.draft_prob:.2f}"
 
 
 def _threshold(value: float | None) -> str:
@@ -280,7 +298,7 @@ def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
 
 
 def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8,
-              judge_threshold: float | None = None) -> str:
+              judge_threshold: float | None = None, greedy: bool = True) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -304,7 +322,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

@@ -24,16 +24,19 @@ ALLOW = (
     "app.py", "README.md", "requirements.txt", ".gitattributes", "pyproject.toml",
     "dropmatch/*.py", "dropmatch/*/*.py",
     "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js", "assets/toy_head.js", "assets/lessons.js",
+    "assets/lessons/*.json",  # the built-in lessons (DENY: not their runs)
     "assets/results/frontier.json", "assets/results/robustness.json", "assets/screenshots/*",
     "docs/how_it_works.md",
 )
+DENY = ("assets/lessons/runs/*",)  # what the tests rebuild the built-in lessons from; the app never reads it
 
 
 def space_files(root: Path = ROOT) -> list[Path]:
     """The tracked files (relative paths) that match the allow-list, sorted."""
     listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
     return sorted(Path(name) for name in listed.splitlines()
-                  if any(fnmatch.fnmatchcase(name, pattern) for pattern in ALLOW) and (root / name).is_file())
+                  if any(fnmatch.fnmatchcase(name, pattern) for pattern in ALLOW)
+                  and not any(fnmatch.fnmatchcase(name, pattern) for pattern in DENY) and (root / name).is_file())
 
 
 def listing(files: list[Path], root: Path = ROOT) -> str:

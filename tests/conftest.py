@@ -61,3 +61,26 @@ def far_engine(far_dirs):
 
 
 PROMPTS = ["what is two plus three?", "write a poem about the sea", "the quick brown fox"]
+
+
+@pytest.fixture(scope="session")
+def fake_app_page():
+    """(url, browser): the app on a model-free FakeEngine, served on loopback, and Debian's Chromium
+    driving it; shared by the page tests that need no model (Toy head, Lessons)."""
+    if not Path("/usr/bin/chromium").exists():
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
+    import app
+    from dropmatch.studio import Studio
+    from fake_engine import FakeEngine
+    from local_server import serve_locally
+    from playwright.sync_api import sync_playwright
+
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    serve_locally(demo, css=app.css())
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            yield demo.local_url, browser
+        finally:
+            browser.close()
+            demo.close()

@@ -37,3 +37,28 @@ def wait_for(condition, timeout_s: float = 20.0, poll_s: float = 0.1) -> bool:
             return True
         time.sleep(poll_s)
     return condition()
+
+
+# Every element under `selector` with text of its own, visible: its colour against the first opaque
+# background behind it, and the WCAG contrast ratio of the two (page.evaluate(TEXT_CONTRAST_JS, selector)).
+TEXT_CONTRAST_JS = """
+(selector) => {
+  const lum = (rgb) => {
+    const [r, g, b] = rgb.match(/[\\d.]+/g).slice(0, 3).map(Number).map((v) => v / 255)
+      .map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const opaque = (e) => {
+    for (; e; e = e.parentElement) {
+      const bg = getComputedStyle(e).backgroundColor;
+      if (bg !== "rgba(0, 0, 0, 0)" && bg !== "transparent") return bg;
+    }
+    return "rgb(255, 255, 255)";
+  };
+  const own = (e) => [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+  return [...document.querySelectorAll(selector + ' *')].filter((e) => e.offsetParent !== null && own(e)).map((e) => {
+    const [a, b] = [lum(getComputedStyle(e).color), lum(opaque(e))];
+    return {tag: e.tagName, cls: e.className, text: e.textContent.slice(0, 30), ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)};
+  });
+}
+"""

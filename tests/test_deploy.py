@@ -58,14 +58,16 @@ def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
     assert re.fullmatch(r"\d+ files, \d+\.\d MB", lines[-1]) and int(lines[-1].split()[0]) == len(listed)
     read_by_the_app = {path for name, path in vars(assets).items() if name.endswith("_FILE")}  # every named file
     needed = {*read_by_the_app,
-              *assets.RECORDED_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(), SHIPPED_JUDGE, ROOT / "app.py",
+              *assets.RECORDED_DIR.glob("*.json"), *assets.LESSONS_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(),
+              SHIPPED_JUDGE, ROOT / "app.py",
               ROOT / "requirements.txt", ROOT / "README.md", ROOT / ".gitattributes",
               *(ROOT / "dropmatch").rglob("*.py")}
     images = re.findall(r"\]\((assets/[^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
     needed |= {ROOT / image for image in images}
     missing = {str(path.relative_to(ROOT)) for path in needed if "__pycache__" not in str(path)} - listed
     assert not missing, missing
-    assert not any(name.endswith(".html") or name.startswith(("tests/", "scripts/", "runs/")) for name in listed)
+    assert not any(name.endswith(".html") or name.startswith(("tests/", "scripts/", "runs/", "assets/lessons/runs/"))
+                   for name in listed)
 
 
 def test_every_shipped_binary_is_marked_for_xet_or_lfs():

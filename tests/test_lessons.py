@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dropmatch.acceptance import RULES
+from dropmatch.builtin_lessons import SPECS, lesson_of_runs, lesson_path, read_lesson, read_runs, runs_path
 from dropmatch.lessons import CONTEXT_TOKENS, lesson_from_trace, rule_reasons, score
 from dropmatch.record import read_recorded_run, recorded_runs
 
@@ -86,31 +87,17 @@ SHOWN = next(iter(SHIPPED.items()))  # the run a first visit shows
 
 
 @pytest.fixture(scope="module")
-def lesson_page():
-    from pathlib import Path
-
-    if not Path("/usr/bin/chromium").exists():
-        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
-    import app
-    from dropmatch.studio import Studio
-    from fake_engine import FakeEngine
-    from local_server import serve_locally
-    from playwright.sync_api import sync_playwright
-
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
-    serve_locally(demo, css=app.css())
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield demo.local_url, browser
-        finally:
-            browser.close()
-            demo.close()
+def lesson_page(fake_app_page):
+    return fake_app_page
 
 
-def _lessons_tab(page):
+def _lessons_tab(page, lesson_id: str | None = None):
     page.get_by_role("tab", name="Lessons").click()
     page.wait_for_selector(".dm-ls [data-score]", timeout=60_000)
+    if lesson_id is not None:
+        lessons = json.loads(page.locator(".dm-lesson").get_attribute("data-lessons"))
+        index = [lesson.get("id") for lesson in lessons].index(lesson_id)
+        page.locator(f"[data-lesson='{index}']").click()
     page.locator(".dm-ls").focus()  # as a keyboard user tabs into it
 
 
@@ -133,10 +120,11 @@ def test_a_lesson_played_with_the_keyboard_alone_ends_with_the_python_score_and_
     url, browser = lesson_page
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.goto(url)
-    _lessons_tab(page)
+    _lessons_tab(page, "this-run-lossy")
     lesson = _reference_lesson()
-    shown = json.loads(page.locator(".dm-lesson").get_attribute("data-lessons"))[0]
-    assert shown == json.loads(json.dumps(lesson))  # the page plays the lesson the Python functions make
+    shown = next(l for l in json.loads(page.locator(".dm-lesson").get_attribute("data-lessons")) if l["id"] == "this-run-lossy")
+    expected = {**json.loads(json.dumps(lesson)), "id": "this-run-lossy", "prompts": [read_recorded_run(SHOWN[1]).prompt]}
+    assert shown == expected  # the lesson the Python functions make
     answers = [lesson["choices"][(i * 7) % len(lesson["choices"])] for i in range(len(lesson["slots"]))]
     for i, answer in enumerate(answers):
         assert _state(page) == (i, "ask")
@@ -164,13 +152,112 @@ def test_a_reload_resumes_the_lesson_at_the_same_slot(lesson_page):
     url, browser = lesson_page
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.goto(url)
-    _lessons_tab(page)
+    _lessons_tab(page, "js")
     for _ in range(3):
         page.keyboard.press("1")
         while _state(page)[1] != "ask":
             page.keyboard.press("Enter")
     right = page.locator(".dm-ls").get_attribute("data-right")
     page.reload()
-    _lessons_tab(page)
+    _lessons_tab(page)  # the lesson last opened opens again
+    assert page.locator("[data-intro]").inner_text() == read_lesson(lesson_path("js"))["intro"]
     assert _state(page) == (3, "ask") and page.locator(".dm-ls").get_attribute("data-right") == right
+    page.close()
+
+
+def _builtin_reference(name: str) -> dict:
+    """The built-in lesson as the Python functions make it from its shipped runs' traces."""
+    return json.loads(json.dumps(lesson_of_runs(SPECS[name], read_runs(runs_path(name)))))
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_builtin_lesson_opened_by_its_link_and_played_by_touch_scores_as_its_runs_traces_say(lesson_page):
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 900, "height": 900}, has_touch=True)
+    page.goto(url + "?lesson=dropmatch")
+    _lessons_tab(page)
+    lesson = _builtin_reference("dropmatch")
+    assert page.locator("[data-intro]").inner_text() == lesson["intro"]
+    answers = [lesson["choices"][(i * 3 + 1) % len(lesson["choices"])] for i in range(len(lesson["slots"]))]
+    for i, answer in enumerate(answers):
+        assert _state(page) == (i, "ask")
+        player = page.locator(".dm-ls")  # the page has other players' buttons (the replay's)
+        player.locator(f"[data-choice='{answer}']").tap()
+        while _state(page)[1] != "verdict":
+            player.locator("[data-act=next]").tap()
+        truth = lesson["slots"][i]["answer"]
+        assert page.locator(".dm-ls-verdict").get_attribute("data-verdict") == truth
+        assert ("✓ right" in page.locator(".dm-ls-verdict").inner_text()) == (answer == truth)
+        tags = player.locator("[data-tag]").evaluate_all("tags => tags.map((t) => t.dataset.tag)")
+        assert tags == lesson["slots"][i]["tags"]  # the close call is named in the reveal
+        player.locator("[data-act=next]").tap()
+    page.wait_for_selector("[data-finished]")
+    reference = score(lesson, answers)
+    assert reference["confusions"] and 0 < reference["right"] < len(answers)
+    assert int(page.locator(".dm-ls").get_attribute("data-right")) == reference["right"]
+    rows = page.locator("[data-confusion]").evaluate_all("rows => rows.map((r) => r.dataset.confusion)")
+    assert rows == [f"{c.answered}|{c.truth}|{c.count}" for c in reference["confusions"]]
+    sentences = page.locator("[data-confusion] td:last-child").all_inner_texts()
+    assert sentences == [c.sentence for c in reference["confusions"]]
+    page.close()
+
+
+def _pdf_pages(pdf: bytes) -> int:
+    import re
+
+    return len(re.findall(rb"/Type\s*/Page(?![a-z])", pdf))
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_printable_sheet_prints_the_slots_without_answers_and_the_key_on_its_own_last_page(lesson_page, tmp_path):
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(url + "?lesson=majority")
+    _lessons_tab(page)
+    with page.context.expect_page() as opened:
+        page.locator(".dm-ls [data-act=sheet]").click()
+    sheet = opened.value
+    sheet.wait_for_load_state()
+    lesson = read_lesson(lesson_path("majority"))
+    slots = sheet.locator(".slot")
+    assert slots.count() == len(lesson["slots"])
+    asked = " ".join(slots.all_inner_texts())
+    assert all(slot["why"] not in asked for slot in lesson["slots"])  # no answer before the key
+    key_rows = sheet.locator(".key tr").all_inner_texts()[1:]
+    assert [row.split("\t")[1] for row in key_rows] == [lesson["labels"][s["answer"]] for s in lesson["slots"]]
+    sheet.emulate_media(media="print")
+    assert sheet.locator(".key").evaluate("e => getComputedStyle(e).breakBefore") == "page"
+    pdf = sheet.pdf(format="A4")
+    (tmp_path / "lesson_sheet.pdf").write_bytes(pdf)
+    assert pdf.startswith(b"%PDF") and _pdf_pages(pdf) >= 2
+    sheet.close()
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_lessons_tab_fits_a_phone_and_its_text_meets_4_5_contrast(lesson_page, theme):
+    from local_server import TEXT_CONTRAST_JS
+
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(url + f"?lesson=dropmatch&__theme={theme}")
+    _lessons_tab(page)
+    assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    found = []
+    for _ in range(4):  # the question, then the reveal of judged slots (paths, JS bars, close calls)
+        found += page.evaluate(TEXT_CONTRAST_JS, ".dm-ls")
+        page.keyboard.press("1")
+        while _state(page)[1] != "verdict":
+            page.keyboard.press("Enter")
+        found += page.evaluate(TEXT_CONTRAST_JS, ".dm-ls")
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), \
+            page.evaluate("document.documentElement.scrollWidth")
+        page.keyboard.press("Enter")
+    assert {"BUTTON", "P", "SPAN", "KBD"} <= {item["tag"] for item in found}
+    worst = min(found, key=lambda item: item["ratio"])
+    assert worst["ratio"] >= 4.5, worst
     page.close()

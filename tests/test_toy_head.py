@@ -5,15 +5,13 @@ toy heads and masks, and each preset shows what its button says."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from dropmatch.toy_head import TOY_RULES, toy_numbers
 
-from fake_engine import FakeEngine
-from local_server import serve_locally
+from local_server import TEXT_CONTRAST_JS
 
 RELATIVE = 1e-9
 FLOOR = 1e-15  # float64 rounding of values that are 0 in exact arithmetic (identical paths' JS)
@@ -100,22 +98,8 @@ def test_assert_close_tells_a_wrong_number():
 
 
 @pytest.fixture(scope="module")
-def toy_page():
-    if not Path("/usr/bin/chromium").exists():
-        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
-    import app
-    from dropmatch.studio import Studio
-    from playwright.sync_api import sync_playwright
-
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
-    serve_locally(demo, css=app.css())
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield demo.local_url, browser
-        finally:
-            browser.close()
-            demo.close()
+def toy_page(fake_app_page):
+    return fake_app_page
 
 
 def _open(browser, url: str, width: int = 1400, theme: str = "light"):
@@ -184,28 +168,6 @@ def test_moving_a_control_recomputes_live_and_new_masks_redraw_the_paths(toy_pag
     page.close()
 
 
-# Every element of the toy head with text of its own: its colour against the first opaque background behind it.
-TOY_CONTRAST_JS = """
-() => {
-  const lum = (rgb) => {
-    const [r, g, b] = rgb.match(/[\\d.]+/g).slice(0, 3).map(Number).map((v) => v / 255)
-      .map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
-  };
-  const opaque = (e) => {
-    for (; e; e = e.parentElement) {
-      const bg = getComputedStyle(e).backgroundColor;
-      if (bg !== "rgba(0, 0, 0, 0)" && bg !== "transparent") return bg;
-    }
-    return "rgb(255, 255, 255)";
-  };
-  const own = (e) => [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
-  return [...document.querySelectorAll('.dm-toy *')].filter((e) => e.offsetParent !== null && own(e)).map((e) => {
-    const [a, b] = [lum(getComputedStyle(e).color), lum(opaque(e))];
-    return {tag: e.tagName, text: e.textContent.slice(0, 30), ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)};
-  });
-}
-"""
 
 
 @pytest.mark.slow
@@ -219,7 +181,7 @@ def test_the_toy_head_fits_a_phone_and_its_text_meets_4_5_contrast(toy_page, the
     page.locator("[data-preset=majority]").click()
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), \
         page.evaluate("document.documentElement.scrollWidth")
-    found = page.evaluate(TOY_CONTRAST_JS)
+    found = page.evaluate(TEXT_CONTRAST_JS, ".dm-toy")
     assert len(found) > 50 and {"TD", "SPAN", "BUTTON"} <= {item["tag"] for item in found}
     worst = min(found, key=lambda item: item["ratio"])
     assert worst["ratio"] >= 4.5, worst

@@ -14,7 +14,7 @@ from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..record import Downloads, RunRecord
 from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
-from ..lessons import lessons_html
+from ..builtin_lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
 
@@ -106,7 +106,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "replay_out": replay_html(record, recorded_from or "this run"),
         "lesson_out": lessons_html(record, recorded_from or "this run"),
         "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction,
-                              record.lossy.judge_threshold)
+                              record.lossy.judge_threshold, record.lossy.temperature == 0)
         if rounds else "No rounds ran.",
         "last_run": record,
         "download_trace": trace_file, "download_metrics": metrics_file,
@@ -153,7 +153,8 @@ def step_view(record: RunRecord | None, which: str, index) -> str:
     if not trace.rounds:
         return "No rounds ran."
     index = max(0, min(int(index or 0), len(trace.rounds) - 1))
-    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold)
+    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold,
+                     trace.temperature == 0)
 
 
 def api_result(record: RunRecord, rule) -> dict:
