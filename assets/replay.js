@@ -106,13 +106,15 @@
       <button data-act="restart" aria-keyshortcuts="Home">restart</button>
       <label>speed <select data-act="speed">${SPEEDS.map((s) => `<option value="${s}"${s === 1 ? " selected" : ""}>${s}x</option>`).join("")}</select></label>
       <label><input type="checkbox" data-act="step-mode"> one stage per key (presenter)</label>
+      <label><input type="checkbox" data-act="predict"> predict each verdict (lesson)</label>
       <button data-act="smaller" aria-label="smaller text">A−</button><button data-act="larger" aria-label="larger text">A+</button>
       <label><input type="checkbox" data-act="contrast"> high contrast</label>
       <button data-act="present" aria-keyshortcuts="F">presenter layout</button>
     </div>
     <div class="dm-rp-keys">Keys: Space play/pause · → or Page Down next stage · ← or Page Up previous stage ·
       Shift+→/← next/previous round · Home restart · + / − text size · F presenter layout (Esc leaves).
-      Click or tap a token to pin its numbers.</div>`;
+      Click or tap a token to pin its numbers. Lesson: the replay stops before each verdict of the lossy
+      column; keys 1-5 choose yours.</div>`;
 
   class Player {
     constructor(host, payload) {
@@ -122,6 +124,8 @@
       const lossyKinds = new Set(Object.keys(payload.legend).filter((kind) => payload.legend[kind].lossy));
       this.columns = payload.columns.map((c) => ({data: c, stages: stagesOf(c), pre: prefixes(c, lossyKinds), cursor: 0}));
       this.time = 0; this.speed = 1; this.playing = false; this.font = 1.15; this.last = null;
+      // lesson mode: the lossy column's check stages the learner has answered (stage index -> reason)
+      this.predict = false; this.answers = new Map(); this.asking = null;
       this.build();
       this.render();
     }
@@ -147,6 +151,8 @@
     onClick(e) {
       const token = e.target.closest(".dm-tok");
       if (token) return this.pin(token);
+      const choice = e.target.closest("button[data-answer]");
+      if (choice) return this.answer(choice.dataset.answer);
       const button = e.target.closest("button[data-act]");
       if (button) this.act(button.dataset.act);
     }
@@ -155,14 +161,44 @@
       if (act === "speed") this.speed = Number(e.target.value);
       if (act === "step-mode" && e.target.checked) this.pause();
       if (act === "contrast") this.root.classList.toggle("dm-high-contrast", e.target.checked);
+      if (act === "predict") { this.predict = e.target.checked; this.answers.clear(); this.asking = null; this.pause(); this.render(); }
     }
+    // Lesson mode: the first check stage of the lossy column in (cursor, upTo] not yet answered, or -1.
+    unanswered(upTo) {
+      const c = this.columns[this.columns.length - 1];
+      for (let k = c.cursor + 1; k <= Math.min(upTo, c.stages.length - 1); k++) {
+        if (c.stages[k].step === "check" && !this.answers.has(k)) return k;
+      }
+      return -1;
+    }
+    ask(stage) { this.asking = stage; this.pause(); this.render(); }
+    answer(reason) {
+      if (this.asking === null) return;
+      this.answers.set(this.asking, reason);
+      const c = this.columns[this.columns.length - 1];
+      this.asking = null;
+      this.columns.forEach((col) => this.move(col, 1));
+      c.cursor = Math.max(c.cursor, [...this.answers.keys()].pop());
+      this.render();
+    }
+    quiz() {  // {right, asked} of the answers given so far
+      const c = this.columns[this.columns.length - 1];
+      let right = 0;
+      this.answers.forEach((reason, k) => { if (this.slotOf(c, k).reason === reason) right += 1; });
+      return {right, asked: this.answers.size};
+    }
+    slotOf(c, k) { const s = c.stages[k]; return c.data.rounds[s.round].drafted[s.slot]; }
     pin(token) {
       this.root.querySelector("[data-pin]").textContent = "Pinned token: " + token.textContent.replace("⏎", "↵") + " — " + token.dataset.tip;
     }
     act(name) {
       const moves = {next: 1, prev: -1};
       if (name === "play") return this.playing ? this.pause() : this.play();
-      if (name in moves) { this.pause(); this.columns.forEach((c) => this.move(c, moves[name])); return this.render(); }
+      if (name === "next" && this.predict) {
+        const stage = this.unanswered(this.columns[this.columns.length - 1].cursor + 1);
+        if (stage >= 0 || this.asking !== null) return this.ask(stage >= 0 ? stage : this.asking);
+      }
+      if (name in moves) { this.pause(); this.asking = null; this.columns.forEach((c) => this.move(c, moves[name])); return this.render(); }
       if (name === "next-round" || name === "prev-round") { this.pause(); this.columns.forEach((c) => this.jumpRound(c, name === "next-round" ? 1 : -1)); return this.render(); }
       if (name === "restart") { this.pause(); this.time = 0; this.columns.forEach((c) => (c.cursor = 0)); return this.render(); }
       if (name === "larger" || name === "smaller") { this.font = Math.min(3, Math.max(0.8, this.font + (name === "larger" ? 0.15 : -0.15))); return this.applyFont(); }
@@ -194,7 +230,12 @@
         // at most a quarter second a frame: a tab in the background pauses the frames, not the race
         if (this.last !== null) this.time += (Math.min(now - this.last, 250) / 1000) * this.speed;
         this.last = now;
-        this.columns.forEach((c) => { let k = 0; while (k + 1 < c.stages.length && c.stages[k + 1].time <= this.time) k++; c.cursor = k; });
+        const reached = (c) => { let k = 0; while (k + 1 < c.stages.length && c.stages[k + 1].time <= this.time) k++; return k; };
+        const lossy = this.columns[this.columns.length - 1];
+        const stop = this.predict ? this.unanswered(reached(lossy)) : -1;
+        if (stop >= 0) this.time = lossy.stages[stop - 1].time;  // the race stops just before that verdict
+        this.columns.forEach((c) => { c.cursor = reached(c); });
+        if (stop >= 0) { lossy.cursor = stop - 1; return this.ask(stop); }
         this.render();
         if (this.columns.every((c) => c.cursor === c.stages.length - 1)) return this.pause();
         this.frameRequest = requestAnimationFrame(tick);
@@ -223,8 +264,26 @@
         this.root.querySelector(`[data-counters="${i}"]`).innerHTML = counterHtml(f.counts, clock);
         this.root.querySelector(`[data-done="${i}"]`).textContent = done ? `finished in ${c.data.final.seconds.toFixed(2)} s` : "";
       });
+      if (this.predict) this.renderQuiz();
       this.root.dataset.stage = this.columns.map((c) => c.cursor).join(",");
       this.root.dataset.playing = this.playing ? "1" : "0";
+    }
+    renderQuiz() {  // the question over the lossy column's note, or the verdict against the answer given
+      const i = this.columns.length - 1, c = this.columns[i], note = this.root.querySelector(`[data-note="${i}"]`);
+      const {right, asked} = this.quiz();
+      const tally = `<div class="dm-rp-quiz" data-quiz="${right}/${asked}">your predictions: ${right} of ${asked} right</div>`;
+      if (this.asking !== null) {
+        const d = this.slotOf(c, this.asking);
+        note.innerHTML = tally + `<div data-question>slot ${c.stages[this.asking].slot + 1} “${esc(show(d.x))}” (q = ${fmt(d.q)}): your verdict?<div class="dm-rp-choices">${
+          c.data.choices.map((ch, n) => `<button data-answer="${ch.reason}"><kbd>${n + 1}</kbd> ${esc(ch.label)}</button>`).join("")}</div></div>`;
+        c.shown = null;
+        return;
+      }
+      const given = this.answers.get(c.cursor);
+      const mark = given === undefined ? "" : given === this.slotOf(c, c.cursor).reason ? '<span data-mark="right">✓ you predicted it</span> '
+        : `<span data-mark="wrong">✗ you predicted “${esc(c.data.choices.find((ch) => ch.reason === given).label)}”</span> `;
+      note.innerHTML = tally + mark + frame(c.data, c.pre, c.stages[c.cursor]).note;
+      c.shown = null;
     }
     visible() { return this.host.isConnected && this.host.offsetParent !== null; }
   }
@@ -235,6 +294,12 @@
     if (e.target.closest && e.target.closest("input, textarea, select, [contenteditable=true]")) return;
     const keys = {" ": "play", ArrowRight: "next", PageDown: "next", ArrowLeft: "prev", PageUp: "prev", Home: "restart",
                   "+": "larger", "=": "larger", "-": "smaller", f: "present", F: "present"};
+    const n = Number(e.key);
+    if (player.asking !== null && Number.isInteger(n) && n >= 1) {
+      const choices = player.columns[player.columns.length - 1].data.choices;
+      if (n <= choices.length) { e.preventDefault(); player.answer(choices[n - 1].reason); }
+      return;
+    }
     let act = keys[e.key];
     if (e.shiftKey && (e.key === "ArrowRight" || e.key === "ArrowLeft")) act = e.key === "ArrowRight" ? "next-round" : "prev-round";
     if (e.key === "Escape" && player.root.classList.contains("dm-presenting")) act = "present";

@@ -87,6 +87,7 @@ REPLAY_CSS = """
 .dm-rp-text { font-size: var(--dm-rp-font); min-height: 6em; }
 .dm-rp-counters { display: flex; flex-wrap: wrap; gap: 14px; font-size: calc(var(--dm-rp-font) * 0.8); }
 .dm-rp-note { font-size: calc(var(--dm-rp-font) * 0.8); min-height: 4.2em; border-left: 4px solid #90a4ae; padding-left: 8px; }
+.dm-rp-choices { display: flex; flex-wrap: wrap; gap: 6px; margin: 6px 0; } .dm-rp-quiz { font-weight: 600; }
 .dm-rp-done { font-size: 0.8em; color: #2e7d32; } .dark .dm-rp-done { color: #a5d6a7; }
 .dm-tok.dm-pending { background: #fff; color: #1a1a1a; outline: 1px dashed #607d8b; }
 .dark .dm-tok.dm-pending { background: #212121; color: #f5f5f5; outline-color: #b0bec5; }

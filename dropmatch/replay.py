@@ -11,6 +11,7 @@ import html
 import json
 
 from .acceptance import REASONS, lossy_reasons, votes_needed
+from .lessons import rule_reasons
 from .metrics import summarize
 from .record import RunRecord
 from .render import kind_label, palette, tooltip
@@ -41,6 +42,8 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
     return {
         "label": label,
         "rule": trace.rule,
+        # what the replay's lesson mode asks the learner to choose from at each checked slot
+        "choices": [{"reason": reason, "label": kind_label(reason)} for reason in rule_reasons(trace.rule)],
         "prefill_s": trace.t_prefill,
         "first": first,
         "rounds": [round_payload(r, record, stop_ids, trace.majority_fraction) for r in trace.rounds],

@@ -146,6 +146,41 @@ def test_pause_stops_the_frames_and_a_key_advances_one_stage(browser_app):
     page.close()
 
 
+@pytest.mark.slow
+@pytest.mark.browser
+def test_in_lesson_mode_the_replay_stops_before_each_verdict_and_scores_the_predictions(browser_app):
+    from dropmatch.lessons import rule_reasons
+    from dropmatch.render import kind_label
+
+    url, browser, _ = browser_app
+    record = read_recorded_run(SHIPPED[next(iter(SHIPPED))])
+    checked = [d.reason for r in record.lossy.rounds for d in r.drafted if d.reason != "unchecked"]
+    choices = rule_reasons(record.lossy.rule)
+    page = _open(browser, url, f"?run={SHOWN_STEM}")
+    page.check("[data-act=predict]")
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.click("[data-act=play]")  # playing, the race stops at the lossy column's first verdict
+    page.wait_for_selector("[data-question]", timeout=60_000)
+    assert page.locator(".dm-rp").get_attribute("data-playing") == "0"
+    answers, asked = [], 12
+    for i in range(asked):
+        if i:
+            page.keyboard.press("ArrowRight")  # and stepping stops at each later one
+            while page.locator("[data-question]").count() == 0:
+                page.keyboard.press("ArrowRight")
+        answer = choices[(i * 2) % len(choices)]
+        before = _stage(page)
+        page.keyboard.press(str(choices.index(answer) + 1))
+        answers.append(answer)
+        assert _stage(page) != before and page.locator("[data-question]").count() == 0  # the verdict, revealed
+        mark = page.locator("[data-mark]").get_attribute("data-mark")
+        assert mark == ("right" if answer == checked[i] else "wrong"), (i, answer, checked[i])
+        assert kind_label(checked[i]) in page.locator("[data-note='1'] b").first.inner_text()  # the rule's verdict
+    right = sum(a == t for a, t in zip(answers, checked))
+    assert page.locator("[data-quiz]").get_attribute("data-quiz") == f"{right}/{asked}" and 0 < right < asked
+    page.close()
+
+
 @pytest.mark.browser
 def test_presenter_layout_shows_both_columns_and_counters_on_one_1080p_screen(browser_app):
     url, browser, _ = browser_app

@@ -223,10 +223,11 @@ def _replay_tab(parts: dict) -> None:
 
 def _lessons_tab(parts: dict) -> None:
     with gr.Tab("Lessons", id="lessons", elem_id="lessons-tab"):
-        gr.Markdown("Predict before you see: for each slot the rule judged in this run, choose its verdict, then the "
-                    "reveal (the exact test first, then the K paths, their votes and JS against its threshold). "
-                    "Score, streak, and at the end what you confused. Keys 1-5 answer, Enter or → next, ← back; "
-                    "your progress stays in this browser.")
+        gr.Markdown("Predict before you see: for each slot the rule judged, choose its verdict, then the reveal (the "
+                    "exact test first, then the K paths, their votes and JS against its threshold). A built-in lesson "
+                    "per rule (link one with `?lesson=js`), or a lesson made from the run shown. Score, streak, and at "
+                    "the end what you confused. Keys 1-5 answer, Enter or → next, ← back; your progress stays in this "
+                    "browser.")
         parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=lessons_js(), elem_id="lessons")
 
 
