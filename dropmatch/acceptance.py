@@ -256,6 +256,32 @@ for _rule in (
     register_rule(_rule)
 
 
+def check_names(rule: str) -> tuple[str, ...]:
+    """The reasons a rule's own checks give, in the order it tries them (the exact test aside)."""
+    # A check names its reason whatever the numbers: one position of zeros is enough to read them.
+    number, token = torch.zeros(1), torch.zeros(1, dtype=torch.long)
+    signals = Signals(draft_tokens=token, target_tokens=token, draft_prob=number, target_prob=number,
+                      target_token_prob=number, js_draft_target=number, target_entropy=number,
+                      path_tokens=token.view(1, 1), js_draft_centroid=number, js_threshold=number,
+                      majority_tokens=token, majority_votes=token, draft_votes=token, judge_scores=number)
+    knobs = _Knobs(rule)
+    return tuple(name for name, _ in RULES[rule].check(signals, knobs))
+
+
+@dataclass(frozen=True)
+class _Knobs:
+    """Any valid knobs (check_names reads the names of the checks, not their verdicts)."""
+
+    rule: str
+    num_paths: int = 1
+    majority_fraction: float = 0.8
+    typical_eps: float = 0.3
+    typical_delta: float = 0.09
+    fixed_js_threshold: float = 0.1
+    rescue_argmax: bool = False
+    judge_threshold: float | None = 0.5
+
+
 # ---------------------------------------------------------------- one round's decision
 
 

@@ -11,11 +11,8 @@ trace's own record (paths, votes, JS against its threshold) and the step view's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-import torch
-
-from .acceptance import RULES, Signals, votes_needed
+from .acceptance import check_names, votes_needed
 from .render import explain, kind_label
 from .trace import DraftedToken, GenerationTrace
 
@@ -34,16 +31,7 @@ CLOSE_CALLS = {
 def rule_reasons(rule: str) -> tuple[str, ...]:
     """The reasons a rule can give a drafted token, in the order a learner chooses from:
     exact, each of the rule's own checks, rejected."""
-    # A check names its reason whatever the numbers: one position of zeros is enough to read them.
-    number, token = torch.zeros(1), torch.zeros(1, dtype=torch.long)
-    signals = Signals(draft_tokens=token, target_tokens=token, draft_prob=number, target_prob=number,
-                      target_token_prob=number, js_draft_target=number, target_entropy=number,
-                      path_tokens=token.view(1, 1), js_draft_centroid=number, js_threshold=number,
-                      majority_tokens=token, majority_votes=token, draft_votes=token, judge_scores=number)
-    knobs = SimpleNamespace(majority_fraction=0.8, typical_eps=0.3, typical_delta=0.09, fixed_js_threshold=0.1,
-                            judge_threshold=0.5, num_paths=1, rescue_argmax=False)
-    checks = [name for name, _ in RULES[rule].check(signals, knobs)]
-    return ("exact", *checks, "rejected")
+    return ("exact", *check_names(rule), "rejected")
 
 
 @dataclass(frozen=True)
@@ -100,7 +88,8 @@ def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: li
              "target": token_text(d.target_token), "p_target_top": d.target_token_prob,
              "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
              "answer": d.reason,
-             "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold, trace.temperature == 0)}
+             "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold, trace.temperature == 0,
+                            trace.rule)}
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .acceptance import REASONS, votes_needed
+from .acceptance import REASONS, RULES, check_names, votes_needed
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
 
@@ -241,10 +241,12 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
 
 
 def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
-            judge_threshold: float | None = None, greedy: bool = True) -> str:
+            judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None) -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why. greedy False:
-    the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax."""
+    the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax.
+    rule: the tests named are the ones it reads (None: every test whose numbers the token has)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
+    reads = set(check_names(rule)) if rule in RULES else None
     k = len(d.path_tokens)
     if d.reason == "exact" and not greedy:
         return f"The lossless coin accepted {tok}: " + _coin(d) + "."
@@ -254,9 +256,9 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
         return (f"{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
                 f"centroid as the paths themselves: JS {d.js:.4f} ≤ threshold {d.threshold:.4f}.")
     if d.reason == "majority":
-        return (f"{tok} failed the JS test ({d.js:.4f} > {d.threshold:.4f}), but {d.draft_votes} of {k} dropout paths "
-                f"chose it: at least the {votes_needed(k, majority_fraction)} the majority rule asks, and no other "
-                f"token has as many.")
+        failed = f"failed the JS test ({d.js:.4f} > {d.threshold:.4f}), but " if reads is None or "js" in reads else ""
+        return (f"{tok} {failed}{d.draft_votes} of {k} dropout paths chose it: at least the "
+                f"{votes_needed(k, majority_fraction)} the majority rule asks, and no other token has as many.")
     if d.reason == "naive":
         return f"{tok} is one of the K path tokens ({d.draft_votes} of {k} paths chose it)."
     if d.reason == "typical":
@@ -268,17 +270,38 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
                 f"P(it changes the answer) = {d.judge_score:.3f} < threshold {_threshold(judge_threshold)}.")
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
-    why = [f"the target prefers {target} (p = {d.target_token_prob:.2f}; {tok} has p = {d.target_prob:.3f})"]
-    if not greedy and d.draft_prob <= d.target_prob:  # only top-p can make a sure acceptance a rejection
-        why = ["the lossless coin rejected it: top-p left it outside the target's nucleus (p = 0 there)"]
-    elif not greedy:
-        why = [f"the lossless coin rejected it ({_coin(d)})"]
-    if d.path_tokens:
-        why.append(f"JS {d.js:.4f} > threshold {d.threshold:.4f}")
-        why.append(f"only {d.draft_votes} of {k} paths chose it")
-    if d.judge_score is not None:
-        why.append(f"the judge scores it important (P = {d.judge_score:.3f} ≥ {_threshold(judge_threshold)})")
+    why = [_exact_failed(d, tok, target, greedy)] + _checks_failed(d, reads, majority_fraction, judge_threshold)
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
+
+
+def _exact_failed(d: DraftedToken, tok: str, target: str, greedy: bool) -> str:
+    if greedy:
+        return f"the target prefers {target} (p = {d.target_token_prob:.2f}; {tok} has p = {d.target_prob:.3f})"
+    if d.draft_prob <= d.target_prob:  # only top-p can make a sure acceptance a rejection
+        return "the lossless coin rejected it: top-p left it outside the target's nucleus (p = 0 there)"
+    return f"the lossless coin rejected it ({_coin(d)})"
+
+
+def _checks_failed(d: DraftedToken, reads: set[str] | None, majority_fraction: float,
+                   judge_threshold: float | None) -> list[str]:
+    """Why each test the rule reads did not accept (reads None: every test the token has numbers of)."""
+    def asks(name: str, has: bool) -> bool:
+        return has if reads is None else name in reads and has
+
+    k, why = len(d.path_tokens), []
+    if asks("js", bool(d.path_tokens)):
+        why.append(f"JS {d.js:.4f} {'>' if d.js > d.threshold else '≤'} threshold {d.threshold:.4f}")
+    if asks("majority", bool(d.path_tokens)):
+        why.append(f"{d.draft_votes} of {k} paths chose it (the majority rule asks {votes_needed(k, majority_fraction)})")
+    if asks("naive", bool(d.path_tokens)) and reads is not None:
+        why.append(f"none of the {k} paths chose it")
+    if asks("typical", True) and reads is not None:
+        why.append(f"its target probability {d.target_prob:.3f} is below the typical-acceptance floor")
+    if asks("fixed_js", True) and reads is not None:
+        why.append(f"JS(draft ‖ target) = {d.js_target:.4f} is above the fixed threshold")
+    if asks("judge", d.judge_score is not None):
+        why.append(f"the judge scores it important (P = {d.judge_score:.3f} ≥ {_threshold(judge_threshold)})")
+    return why
 
 
 def _coin(d: DraftedToken) -> str:
@@ -299,7 +322,7 @@ def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
 
 
 def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8,
-              judge_threshold: float | None = None, greedy: bool = True) -> str:
+              judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -323,7 +346,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy, rule))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

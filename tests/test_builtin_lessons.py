@@ -136,3 +136,18 @@ def test_under_sampling_the_sentence_names_the_lossless_coin_and_its_odds():
     rejected = explain(_drafted("rejected", 0.8, 0.2), text, greedy=False)
     assert rejected.startswith("“cat” rejected: the lossless coin rejected it") and "0.25" in rejected
     assert "own choice" in explain(_drafted("exact", 0.4, 0.6), text)  # greedy: the argmax
+
+
+def test_a_rejection_names_only_the_tests_its_rule_reads_and_every_comparison_it_states_holds():
+    import re
+
+    for name in SPECS:
+        lesson = read_lesson(lesson_path(name))
+        reads = set(lesson["choices"][1:-1])
+        for slot in lesson["slots"]:
+            why = slot["why"]
+            for js, sign, threshold in re.findall(r"JS \(?(\d+\.\d+) ([>≤]) (?:threshold )?(\d+\.\d+)", why):
+                assert (float(js) > float(threshold)) == (sign == ">"), why
+            if slot["answer"] == "rejected":
+                assert ("JS " in why and "threshold" in why) == ("js" in reads), (name, why)
+                assert ("paths chose it" in why) == ("majority" in reads), (name, why)

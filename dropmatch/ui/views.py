@@ -105,9 +105,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "step_round": gr.update(maximum=max(rounds - 1, 1), value=0, interactive=rounds > 1),
         "replay_out": replay_html(record, recorded_from or "this run"),
         "lesson_out": lessons_html(record, recorded_from or "this run"),
-        "step_out": step_html(record.lossy.rounds[0], record.token_text, record.lossy.majority_fraction,
-                              record.lossy.judge_threshold, record.lossy.temperature == 0)
-        if rounds else "No rounds ran.",
+        "step_out": round_html(record, record.lossy, 0) if rounds else "No rounds ran.",
         "last_run": record,
         "download_trace": trace_file, "download_metrics": metrics_file,
         **lab_view(record),
@@ -153,8 +151,13 @@ def step_view(record: RunRecord | None, which: str, index) -> str:
     if not trace.rounds:
         return "No rounds ran."
     index = max(0, min(int(index or 0), len(trace.rounds) - 1))
+    return round_html(record, trace, index)
+
+
+def round_html(record: RunRecord, trace: GenerationTrace, index: int) -> str:
+    """The step view of one round of a column, its sentences in the terms of the column's own rule."""
     return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold,
-                     trace.temperature == 0)
+                     trace.temperature == 0, trace.rule)
 
 
 def api_result(record: RunRecord, rule) -> dict:
