@@ -63,10 +63,11 @@ def far_engine(far_dirs):
 PROMPTS = ["what is two plus three?", "write a poem about the sea", "the quick brown fox"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fake_app_page():
     """(url, browser): the app on a model-free FakeEngine, served on loopback, and Debian's Chromium
-    driving it; shared by the page tests that need no model (Toy head, Lessons)."""
+    driving it, for the page tests that need no model (Toy head, Lessons). Per module: Playwright's
+    sync API allows one running instance per thread, and other modules start their own."""
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     import app
