@@ -351,17 +351,39 @@ def decide(
 
 
 def judge(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
-    """The reason of each drafted position [g], scanning left to right: exact, else the rule's
-    first accepting check, else rejected; every position after a rejection is unchecked."""
+    """The reason of each drafted position [g] (scan, with the rule's reasons of every position)."""
     num_drafted = int(signals.draft_tokens.shape[0])
     ruled = rule_reasons(cfg, signals) if num_drafted else []
+    exact_list = exact.tolist()
+    return run_scan(scan(num_drafted, exact_list.__getitem__), ruled.__getitem__)
+
+
+def scan(num_drafted: int, is_exact: Callable[[int], bool]):
+    """The one left-to-right scan of a round, as a generator: each position the exact test accepts is
+    "exact"; at any other it yields the position and takes the rule's reason for it (send); the scan
+    stops at the first "rejected", every position after it "unchecked". Returns the reasons [g].
+    The engine drives it with every position's reason at hand (judge); a server drives many at once,
+    judging only the positions they yield (serving/verify.py)."""
     reasons: list[str] = []
-    for is_exact, reason in zip(exact.tolist(), ruled):
-        reasons.append("exact" if is_exact else reason)
-        if reasons[-1] == "rejected":
+    for i in range(num_drafted):
+        if is_exact(i):
+            reasons.append("exact")
+            continue
+        reason = yield i
+        reasons.append(reason)
+        if reason == "rejected":
             break
-    reasons += ["unchecked"] * (num_drafted - len(reasons))
-    return tuple(reasons)
+    return tuple(reasons) + ("unchecked",) * (num_drafted - len(reasons))
+
+
+def run_scan(steps, reason_at: Callable[[int], str]) -> tuple[str, ...]:
+    """A scan driven to its end with reason_at(position) for each position it asks about."""
+    try:
+        position = next(steps)
+        while True:
+            position = steps.send(reason_at(position))
+    except StopIteration as done:
+        return done.value
 
 
 def rule_reasons(cfg: RuleKnobs, signals: Signals) -> list[str]:

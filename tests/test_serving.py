@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,19 +111,40 @@ def test_a_request_gives_settings_nested_or_flat_not_both():
         request_settings({"dropmatch": {"p": 0.1}, "dropmatch_k": 3})
 
 
-class Params:
-    def __init__(self, temperature: float, extra_args=None):
-        self.temperature, self.extra_args = temperature, extra_args
+GREEDY = dict(temperature=0.0, extra_args=None, logprobs=None, prompt_logprobs=None, logit_bias=None, min_tokens=0,
+              bad_words=None, allowed_token_ids=None, structured_outputs=None, presence_penalty=0.0,
+              frequency_penalty=0.0, repetition_penalty=1.0, watermarking=None)
+ASKS = {"temperature > 0": {"temperature": 0.8}, "logprobs": {"logprobs": 2}, "logit_bias": {"logit_bias": {5: 2.0}},
+        "min_tokens": {"min_tokens": 3}, "bad_words": {"bad_words": ["x"]}, "allowed_token_ids": {"allowed_token_ids": [1]},
+        "structured outputs": {"structured_outputs": object()}, "penalties": {"repetition_penalty": 1.2}}
+LOSSY_ENGINE = {"rule": "dropmatch", "p": 0.3}
 
 
-def test_admission_refuses_a_lossy_rule_on_a_sampled_request_and_malformed_settings():
-    check_request(Params(0.0, {"dropmatch_rule": "majority"}))
-    check_request(Params(0.8, None))  # sampled, no settings: vLLM's sampler
-    check_request(Params(0.8, {"dropmatch_rule": "lossless"}))
-    with pytest.raises(ValueError, match="greedy requests only"):
-        check_request(Params(0.8, {"dropmatch_p": 0.2}))
+def request(**given) -> SimpleNamespace:
+    return SimpleNamespace(**{**GREEDY, **given})
+
+
+@pytest.mark.parametrize("asks", list(ASKS))
+def test_what_a_lossy_rule_cannot_serve_is_refused_in_one_line_and_served_when_lossless(asks):
+    with pytest.raises(ValueError, match=rf"^DropMatch: rule 'dropmatch' cannot serve a request with {asks}: [^\n]+$"):
+        check_request(request(**ASKS[asks]), LOSSY_ENGINE)  # the engine's own rule, the request asks nothing of it
+    check_request(request(**ASKS[asks], extra_args={"dropmatch_rule": "lossless"}), LOSSY_ENGINE)
+    check_request(request(**ASKS[asks]), {"rule": "lossless"})  # a lossless engine serves it
+    check_request(request(**ASKS[asks]), None)  # and so does an engine without DropMatch
+    with pytest.raises(ValueError, match="rule 'majority' cannot serve"):
+        check_request(request(**ASKS[asks], extra_args={"dropmatch_rule": "majority"}), {"rule": "lossless"})
+
+
+def test_admission_reads_the_engines_settings_under_the_requests():
+    check_request(request(), LOSSY_ENGINE)
+    check_request(request(extra_args={"dropmatch_k": 3}), LOSSY_ENGINE)
     with pytest.raises(ValueError, match="^DropMatch: p"):
-        check_request(Params(0.0, {"dropmatch_p": -1}))
+        check_request(request(extra_args={"dropmatch_p": -1}), LOSSY_ENGINE)
+    with pytest.raises(ValueError, match="^DropMatch: this engine was started without DropMatch"):
+        check_request(request(extra_args={"dropmatch_rule": "majority"}), None)
+    check_request(request(extra_args={"dropmatch_rule": "lossless"}), None)
+    with pytest.raises(ValueError, match="^DropMatch: unknown DropMatch setting"):
+        check_request(request(), {"rule": "dropmatch", "q": 1})
 
 
 def test_the_counters_of_all_workers_add_up(tmp_path):
@@ -215,21 +237,6 @@ def test_the_servers_own_verdict_is_the_exact_test_the_scan_starts_from(tiny_eng
     assert verify_greedy(tiny_engine.target, rule, told) == verify_greedy(tiny_engine.target, rule, rounds)
 
 
-def test_a_lossy_rule_is_refused_where_vllm_edits_the_target_logits():
-    """Penalties, bad words and allowed tokens change the logits vLLM's exact test reads: a lossy rule
-    on such a request is refused at admission (one line), a lossless one is served."""
-    from types import SimpleNamespace
-
-    base = dict(temperature=0.0, extra_args={"dropmatch_p": 0.2}, presence_penalty=0.0, frequency_penalty=0.0,
-                repetition_penalty=1.0, bad_words=None, allowed_token_ids=None)
-    check_request(SimpleNamespace(**base))
-    for edit in ({"repetition_penalty": 1.2}, {"presence_penalty": 0.5}, {"bad_words": ["x"]},
-                 {"allowed_token_ids": [1, 2]}):
-        with pytest.raises(ValueError, match="^DropMatch: a lossy rule judges the model's own logits"):
-            check_request(SimpleNamespace(**{**base, **edit}))
-        check_request(SimpleNamespace(**{**base, **edit, "extra_args": {"dropmatch_rule": "lossless"}}))
-
-
 def test_vllms_output_row_reads_as_its_lossless_verdict():
     from dropmatch.serving.vllm.runner import vllm_verdict
 
@@ -290,3 +297,32 @@ def test_the_judge_step_cost_script_times_each_rate(capsys):
         torch.set_num_threads(threads)  # the script runs on one thread, as vLLM's worker; the suite on all
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["p 0", "p 0.2"] and all("ms a step of 3" in l for l in lines)
+
+
+def _engine(dropmatch) -> SimpleNamespace:
+    return SimpleNamespace(additional_config={} if dropmatch is None else {"dropmatch": dropmatch})
+
+
+def test_an_engine_asking_for_dropmatch_where_the_plugin_cannot_act_is_refused_in_one_line():
+    from dropmatch.serving.vllm import hooks
+
+    assert hooks.refusal(_engine(None), "tpu", uses_v2_runner=True) is None  # an engine without DropMatch: never
+    assert hooks.refusal(_engine({"p": 0.3}), "cpu", uses_v2_runner=False) is None
+    assert hooks.refusal(_engine({"p": 0.3}), "cuda", uses_v2_runner=False) is None
+    reasons = {
+        "v2": hooks.refusal(_engine({"p": 0.3}), "cuda", uses_v2_runner=True),
+        "platform": hooks.refusal(_engine({"p": 0.3}), "tpu", uses_v2_runner=False),
+        "setting": hooks.refusal(_engine({"k": 0}), "cpu", uses_v2_runner=False),
+    }
+    assert "set VLLM_USE_V2_MODEL_RUNNER=0" in reasons["v2"]
+    assert "runs on tpu" in reasons["platform"]
+    assert "K (paths)" in reasons["setting"]
+    assert all(r.startswith("DropMatch: ") and "\n" not in r for r in reasons.values())
+
+
+def test_a_hook_that_failed_to_install_refuses_dropmatch_engines_only(monkeypatch):
+    from dropmatch.serving.vllm import hooks
+
+    monkeypatch.setattr(hooks, "PROBLEMS", ["hook_workers: no module named vllm.v1.worker.worker_base"])
+    assert hooks.refusal(_engine(None), "cpu", uses_v2_runner=False) is None
+    assert "could not hook vLLM in this process (hook_workers: no module" in hooks.refusal(_engine({}), "cpu", False)

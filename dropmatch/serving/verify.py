@@ -1,7 +1,8 @@
 """One verification step of a server's batch of greedy requests, judged by the project's own judge
 step (judging.judge_stacked: the signal and path functions judge_positions reads) and decided by
-its own rule functions (acceptance.rule_reasons, what acceptance.judge reads): so a request served
-elsewhere gets the decisions it would get here, from the same hidden states and masks.
+its own rule functions and its one scan (acceptance.rule_reasons and acceptance.scan, what
+acceptance.judge runs): so a request served elsewhere gets the decisions it would get here, from
+the same hidden states and masks.
 
     verdicts = verify_greedy(head, rule, [Round(...), ...])
 
@@ -11,7 +12,7 @@ models.CausalLM, or a server's LM head (serving/vllm/runner.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,17 +67,34 @@ class Round:
         return judging.JudgeInputs(self.first_position, self.draft_tokens, self.q_signal, self.hidden,
                                    self.clean_logits.float(), self.exact(), 0.0, self.mask_seed)
 
-    def exact_run(self, start: int) -> tuple[int, int]:
-        """From drafted position `start`: how many drafts in a row the exact test accepts, and the
-        target's argmax where the run stops (the correction there, or the bonus after the last)."""
-        if start == 0 and self.lossless is not None:
-            return self.lossless
-        targets = top_token(self.clean_logits[start:]).tolist()
-        drafts = self.draft_tokens[start:].tolist()
-        count = 0
-        while count < len(drafts) and drafts[count] == targets[count]:
-            count += 1
-        return count, targets[count]
+    def is_exact(self) -> Callable[[int], bool]:
+        """Greedy's lossless test at drafted position i: the server's own verdict where it has one (its
+        run of accepted drafts ends at the first it rejected), the argmax of clean_logits past it."""
+        argmax_test: list[bool] = []
+
+        def at(i: int) -> bool:
+            if self.lossless is not None and i <= self.lossless[0]:
+                return i < self.lossless[0]
+            if not argmax_test:  # one host copy per round, only where the scan passes the server's verdict
+                argmax_test.extend(self.exact().tolist())
+            return argmax_test[i]
+
+        return at
+
+    def emitted_after(self, reasons: tuple[str, ...]) -> tuple[int, str]:
+        """The token after the accepted drafts: the target's argmax at the rejected position (correction),
+        or after the last draft (bonus); the server's own where its verdict covers that position."""
+        accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+        kind = BONUS if accepted == self.num_drafted else CORRECTION
+        if self.lossless is not None and accepted == self.lossless[0]:
+            return self.lossless[1], kind
+        return int(top_token(self.clean_logits[accepted])), kind
+
+    def piece(self, at: int) -> judging.JudgeInputs:
+        """The judge inputs of drafted position `at` alone."""
+        return judging.JudgeInputs(self.first_position + at, self.draft_tokens[at:at + 1], self.q_rows(at, at + 1),
+                                   self.hidden[at:at + 2], self.clean_logits[at:at + 2].float(),
+                                   torch.zeros(1, dtype=torch.bool), 0.0, self.mask_seed)
 
 
 def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> list[Verdict]:
@@ -91,55 +109,25 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> 
     bookkeeping. The verdicts equal judge_positions + decide on each whole round (tested)."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
-    scans = [_Scan(round_) for round_ in rounds]
-    pending = [scan for scan in scans if scan.advance()]
-    while pending:
+    scans = [acceptance.scan(round_.num_drafted, round_.is_exact()) for round_ in rounds]
+    reasons: list[tuple[str, ...] | None] = [None] * len(rounds)
+    asked = {i: _step(scans[i], None, reasons, i) for i in range(len(rounds))}
+    pending = {i: at for i, at in asked.items() if at is not None}
+    while pending:  # one pass: the position each unfinished scan asks about, judged in one stacked call
         signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
-                                        [scan.piece() for scan in pending])
-        reasons = acceptance.rule_reasons(rule, signals)
-        pending = [scan for scan, reason in zip(pending, reasons) if scan.took(reason) and scan.advance()]
-    return [scan.verdict() for scan in scans]
+                                        [rounds[i].piece(at) for i, at in pending.items()])
+        ruled = acceptance.rule_reasons(rule, signals)
+        asked = {i: _step(scans[i], reason, reasons, i) for i, reason in zip(pending, ruled)}
+        pending = {i: at for i, at in asked.items() if at is not None}
+    return [Verdict(sum(r not in ("rejected", "unchecked") for r in found), found, *round_.emitted_after(found))
+            for round_, found in zip(rounds, reasons)]
 
 
-class _Scan:
-    """One round's left-to-right scan: the reasons so far, the next drafted position, the emitted token."""
-
-    def __init__(self, round_: Round):
-        self.round = round_
-        self.reasons: list[str] = []
-        self.start = 0
-        self.target_token = -1  # the target's argmax at the position being judged
-        self.emitted: tuple[int, str] | None = None
-
-    def advance(self) -> bool:
-        """Past the exact test's run from the next position; True when the scan stops at a position
-        the rule judges, False when the round is decided (all drafts accepted: the bonus token)."""
-        count, token = self.round.exact_run(self.start)
-        self.reasons += ["exact"] * count
-        self.start += count
-        if self.start == self.round.num_drafted:
-            self.emitted = (token, BONUS)
-            return False
-        self.target_token = token
-        return True
-
-    def piece(self) -> judging.JudgeInputs:
-        """The judge inputs of the one drafted position being judged."""
-        at, round_ = self.start, self.round
-        return judging.JudgeInputs(round_.first_position + at, round_.draft_tokens[at:at + 1], round_.q_rows(at, at + 1),
-                                   round_.hidden[at:at + 2], round_.clean_logits[at:at + 2].float(),
-                                   torch.zeros(1, dtype=torch.bool), 0.0, round_.mask_seed)
-
-    def took(self, reason: str) -> bool:
-        """The rule's reason at the judged position; True when the scan goes on after it."""
-        self.reasons.append(reason)
-        if reason == "rejected":
-            self.emitted = (self.target_token, CORRECTION)
-            return False
-        self.start += 1
-        return True
-
-    def verdict(self) -> Verdict:
-        accepted = sum(reason not in ("rejected", "unchecked") for reason in self.reasons)
-        reasons = tuple(self.reasons) + ("unchecked",) * (self.round.num_drafted - len(self.reasons))
-        return Verdict(accepted, reasons, *self.emitted)
+def _step(steps, reason: str | None, reasons: list, index: int) -> int | None:
+    """Advance a scan with the reason of the position it asked about (None: start it); the next position
+    it asks about, or None when it ended (its reasons then in reasons[index])."""
+    try:
+        return next(steps) if reason is None else steps.send(reason)
+    except StopIteration as done:
+        reasons[index] = done.value
+        return None

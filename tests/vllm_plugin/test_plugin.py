@@ -80,9 +80,27 @@ def story_prompt() -> tuple:
 
 
 def sampled() -> dict:
-    """Sampled at temperature 1, two tokens, `SAMPLES` times."""
+    """Sampled at temperature 1, two tokens, `SAMPLES` times, asking for the lossless rule (on a DropMatch
+    engine a sampled request that asks for nothing is refused: its rule would be the engine's lossy one)."""
     return {"name": "sampled", "prompts": [list(story_prompt())], "max_tokens": 2, "temperature": 1.0,
-            "samples": SAMPLES}
+            "samples": SAMPLES, "dropmatch": {"rule": "lossless"}}  # a lossy rule refuses temperature > 0
+
+
+def start_engine(spec: dict) -> dict:
+    """start_engine.py in its own process: {"started", "error", "text"}."""
+    done = subprocess.run([sys.executable, str(HERE / "start_engine.py"), json.dumps({"target": target_dir(), **spec})],
+                          capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+STARTS = {  # engines started as a user would, to see whether they start
+    "plain_runner_unimportable": {"dropmatch": None, "break_runner_import": True},
+    "dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
+    "dropmatch_stand_in_runner": {"dropmatch": LOSSY, "stand_in": True},
+    "dropmatch_bad_setting": {"dropmatch": {"rule": "dropmatch", "p": 2}},
+}
 
 
 def engine_specs() -> dict[str, tuple]:
@@ -110,6 +128,7 @@ def engines():
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {name: pool.submit(run_engine, *spec) for name, spec in engine_specs().items()}
     futures["server"] = pool.submit(start_server)
+    futures.update({name: pool.submit(start_engine, spec) for name, spec in STARTS.items()})
     try:
         yield futures
     finally:
@@ -182,7 +201,7 @@ def test_a_request_in_a_batch_of_mixed_lengths_gets_what_it_gets_alone(dropmatch
 
 
 def test_sampled_requests_keep_vllms_own_sampler(dropmatch_ngram):
-    """(e) On a DropMatch engine, 400 sampled requests (each verified at least once: vLLM's counters)
+    """(e) On a DropMatch engine, 400 sampled lossless requests (each verified at least once: vLLM's counters)
     are left to vLLM's own rejection sampler: in every step, every row the plugin did not re-verify
     is exactly what that sampler wrote, and no sampled request is re-verified. A distribution test
     is not feasible: vLLM 0.32's CPU build does not keep the target's distribution under sampled
@@ -294,4 +313,122 @@ def test_a_bad_dropmatch_setting_is_refused_with_one_line(server):
     sampled = httpx.post(server + "/v1/completions", json={"model": target_dir(), "prompt": "Hi", "max_tokens": 4,
                                                            "temperature": 0.7, "vllm_xargs": {"dropmatch_rule": "majority"}},
                          timeout=60)
-    assert sampled.status_code == 400 and "greedy requests only" in sampled.text, sampled.text
+    assert sampled.status_code == 400 and "temperature > 0" in sampled.text, sampled.text
+
+
+# (logit_bias: vLLM itself refuses it with speculative decoding)
+@pytest.mark.parametrize("asks", [{"logprobs": 2}, {"bad_words": ["blue"]}, {"min_tokens": 2}, {"temperature": 0.5},
+                                  {"structured_outputs": {"choice": ["yes", "no"]}}])
+def test_what_the_engines_lossy_rule_cannot_serve_is_refused_with_http_400_and_served_when_lossless(server, asks):
+    """The engine runs DropMatch for every request: a request that asks nothing of DropMatch but asks what
+    its rule cannot serve is refused; asking for rule "lossless" it is served by vLLM as is."""
+    import httpx
+
+    body = {"model": target_dir(), "prompt": "Name a colour.", "max_tokens": 4, "temperature": 0, **asks}
+    refused = httpx.post(server + "/v1/completions", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]
+    assert message.startswith("DropMatch: rule 'dropmatch' cannot serve a request with ") and "\n" not in message
+    served = httpx.post(server + "/v1/completions", json={**body, "vllm_xargs": {"dropmatch_rule": "lossless"}},
+                        timeout=300)
+    assert served.status_code == 200 and served.json()["choices"][0]["text"] is not None, served.text
+
+
+# ---------------------------------------------------------------- loud where it cannot act
+
+
+def _one_line_refusal(result: dict, *expected: str) -> str:
+    assert not result["started"] and result["error"], result
+    message = result["error"].split(": ", 1)[1]
+    assert "\n" not in message and message.startswith("DropMatch: "), message
+    for part in expected:
+        assert part in message, message
+    return message
+
+
+def test_an_engine_without_dropmatch_starts_when_the_plugins_runner_cannot_be_imported(engines):
+    plain = engines["plain_runner_unimportable"].result()
+    assert plain["started"] and plain["error"] is None and len(plain["text"]) == 4, plain
+    refused = engines["dropmatch_runner_unimportable"].result()  # one that asks for DropMatch is refused
+    _one_line_refusal(refused, "could not be imported", "simulated: this vLLM's runner API changed")
+
+
+def test_an_engine_whose_worker_runs_a_runner_the_plugin_does_not_cover_is_refused_in_one_line(engines):
+    refused = engines["dropmatch_stand_in_runner"].result()
+    _one_line_refusal(refused, "StandInRunner", "VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+def test_an_engine_with_a_bad_dropmatch_setting_is_refused_before_it_starts(engines):
+    refused = engines["dropmatch_bad_setting"].result()
+    _one_line_refusal(refused, "additional_config['dropmatch']", "p (dropout rate) must be in [0, 1)")
+    assert refused["error"].startswith("ValueError: ")  # the front end's, before a worker started
+
+
+def test_register_imports_no_model_runner_and_installs_each_hook_once():
+    probe = """
+import sys
+import dropmatch.serving.vllm as plugin
+plugin.register(); plugin.register()
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.worker.worker_base import WorkerWrapperBase
+print(sorted(m for m in ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner",
+                         "dropmatch.serving.vllm.runner") if m in sys.modules))
+def wraps_a_hook(function):  # a second install would wrap the first one's wrapper
+    return any(getattr(cell.cell_contents, "dropmatch_hook", False) for cell in function.__closure__ or ())
+hooked = [EngineArgs.create_engine_config, WorkerWrapperBase.init_device]
+print(all(getattr(f, "dropmatch_hook", False) for f in hooked), any(wraps_a_hook(f) for f in hooked))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported, hooks = done.stdout.strip().splitlines()[-2:]
+    assert imported == "[]", imported
+    assert hooks == "True False", hooks
+
+
+# ---------------------------------------------------------------- the OpenAI client
+
+
+def _client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_client_gets_completions_and_chat_completions_from_a_dropmatch_engine(server, stream):
+    client = _client(server)
+    asks = {"model": target_dir(), "max_tokens": 24, "temperature": 0}
+    completion = client.completions.create(prompt="The three primary colours are", stream=stream, **asks)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": QUESTIONS[0]}], stream=stream, **asks)
+    if stream:
+        text = "".join(chunk.choices[0].text for chunk in completion if chunk.choices)
+        reply = "".join(chunk.choices[0].delta.content or "" for chunk in chat if chunk.choices)
+    else:
+        text, reply = completion.choices[0].text, chat.choices[0].message.content
+    assert text.strip() and reply.strip(), (text, reply)
+
+
+def test_a_requests_own_vllm_xargs_reach_dropmatch_through_the_openai_client(server):
+    """Greedy, the same prompt: asking for rule "lossless" gives vLLM's exact text; the engine's lossy rule
+    at a higher p (the request's own dropmatch_p) may accept more, and is served."""
+    client = _client(server)
+    asks = {"model": target_dir(), "prompt": "List the days of the week:", "max_tokens": 32, "temperature": 0}
+    lossless = client.completions.create(extra_body={"vllm_xargs": {"dropmatch_rule": "lossless"}}, **asks)
+    again = client.completions.create(extra_body={"vllm_xargs": {"dropmatch_rule": "lossless"}}, **asks)
+    lossy = client.completions.create(extra_body={"vllm_xargs": {"dropmatch_p": 0.5}}, **asks)
+    assert lossless.choices[0].text == again.choices[0].text and lossy.choices[0].text.strip()
+
+
+def test_a_bad_setting_reaches_the_openai_client_as_a_400_with_the_one_line(server):
+    import openai
+
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=target_dir(), prompt="Hi", max_tokens=4, temperature=0,
+                                  extra_body={"vllm_xargs": {"dropmatch_k": 0}})
+    assert refused.value.status_code == 400
+    message = refused.value.body["message"] if isinstance(refused.value.body, dict) else str(refused.value)
+    assert message.startswith("DropMatch: K (paths)") and "\n" not in message, message
+    with pytest.raises(openai.BadRequestError, match="cannot serve a request with logprobs"):
+        client.chat.completions.create(model=target_dir(), messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=2)

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Puts DropMatchRunner in front of vLLM's V1 runners (CPU and GPU) and its counters on /metrics.
-    vLLM may call this several times in one process: it does its work once."""
-    from vllm.v1.worker import cpu_worker, gpu_model_runner
+    """Installs the plugin's hooks (hooks.py) and its counters on /metrics. Imports no model runner
+    (the worker imports its platform's when an engine asks for DropMatch) and never raises: a hook
+    that fails is logged in one line, and only engines that ask for DropMatch are then refused.
+    vLLM may call this several times in one process: each hook installs once."""
+    import logging
 
-    from .runner import DropMatchRunner
+    from . import hooks
 
-    # The CPU worker names its runner at module level; the GPU worker imports the V1 runner when it
-    # makes one (the V2 runner, the default on CUDA with Triton, is not covered: docs/serving.md).
-    for module, name in ((cpu_worker, "CPUModelRunner"), (gpu_model_runner, "GPUModelRunner")):
-        base = getattr(module, name, None)
-        if base is not None and not issubclass(base, DropMatchRunner):
-            setattr(module, name, type(f"DropMatch{name}", (DropMatchRunner, base), {}))
-    _register_collector()
+    for install in (hooks.check_engines, hooks.check_requests, hooks.hook_workers, _register_collector):
+        try:
+            install()
+        except Exception as error:  # noqa: BLE001 - a general plugin must never stop vLLM
+            line = f"{install.__name__}: {hooks.one_line(error)}"
+            if line not in hooks.PROBLEMS:
+                hooks.PROBLEMS.append(line)
+            logging.getLogger("dropmatch.vllm").warning("DropMatch plugin not installed here (%s); engines that "
+                                                        "ask for DropMatch will be refused", line)
 
 
 def _register_collector() -> None:

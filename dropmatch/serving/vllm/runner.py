@@ -30,13 +30,12 @@ import torch
 from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_greedy
-from .params import edits_target_logits
+from .params import SAMPLING_EPS, edits_target_logits
 from .settings import ServeSettings, request_settings
 from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
 READS_DRAFT = ("js", "dropmatch", "fixed_js")  # rules whose signals read the draft's distribution
-SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
 
 class VllmHead:
@@ -184,8 +183,8 @@ class _Verifier:
         if params is None or params.temperature >= SAMPLING_EPS or params.logprobs is not None:
             return None
         if edits_target_logits(params):  # refused at admission (params.py); vLLM's own verdict if it slips through
-            self._warn(req_id, f"request {req_id}: penalties, bad words or allowed tokens change vLLM's target "
-                               "logits; verified losslessly")
+            self._warn(req_id, f"request {req_id}: asks what a lossy rule cannot serve (params.UNSERVED); "
+                               "verified losslessly")
             return None
         if req_id not in self.per_request:
             try:

@@ -1,0 +1,73 @@
+"""Start one vLLM engine on the embedded target as a user would (the plugin loaded by vLLM itself) and
+say whether it started: prints `RESULT {"started": bool, "error": str | null, "text": [ids]}`.
+
+    python start_engine.py SPEC_JSON
+
+spec: {"target": dir, "dropmatch": null | {...}, "speculative": bool,
+       "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
+       "stand_in": bool (the CPU worker builds a runner class the plugin never saw)}
+Environment (e.g. VLLM_USE_V2_MODEL_RUNNER) comes from the caller.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker in this process: its error is this process's
+
+
+class BrokenImport(importlib.abc.MetaPathFinder):
+    """Makes `import dropmatch.serving.vllm.runner` fail."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "dropmatch.serving.vllm.runner":
+            raise ImportError("simulated: this vLLM's runner API changed")
+        return None
+
+
+def use_a_stand_in_runner() -> None:
+    """The CPU worker builds a subclass of vLLM's CPU runner made after the plugin patched the module's
+    name: a runner the plugin does not cover (as another platform's or vLLM's V2 runner would be)."""
+    from vllm.v1.worker import cpu_worker
+
+    original = cpu_worker.CPUWorker.init_device
+
+    def init_device(self):
+        import torch
+
+        original(self)
+        vllms_own = next(c for c in type(self.model_runner).__mro__ if c.__name__ == "CPUModelRunner")
+        self.model_runner = type("StandInRunner", (vllms_own,), {})(self.vllm_config, torch.device("cpu"))
+
+    cpu_worker.CPUWorker.init_device = init_device
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    if spec.get("break_runner_import"):
+        sys.meta_path.insert(0, BrokenImport())
+    if spec.get("stand_in"):
+        use_a_stand_in_runner()
+    from vllm import LLM, SamplingParams
+
+    extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
+    speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    result = {"started": False, "error": None, "text": None}
+    try:
+        llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+                  speculative_config=speculative if spec.get("speculative", True) else None, **extra)
+        result["started"] = True
+        out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+        result["text"] = list(out[0].outputs[0].token_ids)
+    except Exception as error:  # noqa: BLE001 - what the user would see is the result
+        result["error"] = f"{type(error).__name__}: {error}"
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
