@@ -326,3 +326,11 @@ def test_a_hook_that_failed_to_install_refuses_dropmatch_engines_only(monkeypatc
     monkeypatch.setattr(hooks, "PROBLEMS", ["hook_workers: no module named vllm.v1.worker.worker_base"])
     assert hooks.refusal(_engine(None), "cpu", uses_v2_runner=False) is None
     assert "could not hook vLLM in this process (hook_workers: no module" in hooks.refusal(_engine({}), "cpu", False)
+
+
+def test_the_start_log_states_the_memory_the_plugin_keeps_outside_vllms_profile():
+    from dropmatch.serving.vllm.runner import memory_line
+
+    line = memory_line(vocab_size=152_064, gamma=4, max_requests=256)  # a 152k vocabulary, 256 requests
+    assert "608 kB per drafted token" in line and "2.43 MB per request at gamma 4" in line
+    assert "at most 623 MB for 256 requests" in line and "\n" not in line

@@ -95,6 +95,34 @@ def start_engine(spec: dict) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@lru_cache(maxsize=None)
+def tiny_tp_model() -> str:
+    """A tiny random Llama with 4 attention heads and 2 KV heads (tensor parallel 2 divides them), saved
+    with its tokenizer by the tests' own helpers."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import make_llama, save_tokenizer
+
+    out = ROOT / "runs" / "vllm" / "tiny_tp"
+    out.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(out, vocab_size=256)
+    make_llama(256, seed=3, layers=2, hidden=256, scale=0.05).save_pretrained(out)
+    return str(out)
+
+
+def tp_engine(size: int) -> dict:
+    """tp_engine.py at tensor-parallel `size`, one core per rank, its counters in a folder of its own."""
+    import os
+    import tempfile
+
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1" if size == 2 else "0",
+           "DROPMATCH_VLLM_STATS_DIR": tempfile.mkdtemp(prefix=f"dropmatch-tp{size}-")}
+    done = subprocess.run([sys.executable, str(HERE / "tp_engine.py"), tiny_tp_model(), str(size)], capture_output=True,
+                          text=True, timeout=900, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 STARTS = {  # engines started as a user would, to see whether they start
     "plain_runner_unimportable": {"dropmatch": None, "break_runner_import": True},
     "dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
@@ -124,11 +152,12 @@ def engines():
     waiting on each other. name -> a future of its result."""
     from concurrent.futures import ThreadPoolExecutor
 
-    draft_dir(), prompts(), story_prompt()  # made once, here, before the threads read them
+    draft_dir(), prompts(), story_prompt(), tiny_tp_model()  # made once, here, before the threads read them
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {name: pool.submit(run_engine, *spec) for name, spec in engine_specs().items()}
     futures["server"] = pool.submit(start_server)
     futures.update({name: pool.submit(start_engine, spec) for name, spec in STARTS.items()})
+    futures.update({f"tp{size}": pool.submit(tp_engine, size) for size in (1, 2)})
     try:
         yield futures
     finally:
@@ -432,3 +461,19 @@ def test_a_bad_setting_reaches_the_openai_client_as_a_400_with_the_one_line(serv
     with pytest.raises(openai.BadRequestError, match="cannot serve a request with logprobs"):
         client.chat.completions.create(model=target_dir(), messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                        temperature=0, logprobs=True, top_logprobs=2)
+
+
+# ---------------------------------------------------------------- tensor parallel
+
+
+def test_tensor_parallel_2_gives_the_tokens_and_counters_of_tensor_parallel_1(engines):
+    """DropMatch at p 0.3, greedy, a batch of 8 dev prompts: at TP 2 (one core per rank, the LM head's
+    vocabulary split over the ranks and gathered by compute_logits) every token and every DropMatch
+    counter equals TP 1's; the ranks draw the same masks (keyed by seed, prompt and position) and one
+    rank counts."""
+    one, two = engines["tp1"].result(), engines["tp2"].result()
+    assert len(one["tokens"]) == 8 and all(len(tokens) == 32 for tokens in one["tokens"])
+    assert two["tokens"] == one["tokens"]
+    assert two["counts"] == one["counts"] and one["counts"].get("rejected", 0) > 0, (one["counts"], two["counts"])
+    lossy = sum(n for reason, n in one["counts"].items() if reason not in ("exact", "rejected", "unchecked"))
+    assert lossy > 0, one["counts"]  # the rule accepted something beyond the exact test

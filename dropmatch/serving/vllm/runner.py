@@ -85,7 +85,7 @@ class DropMatchRunner:
             return super().propose_draft_token_ids(*args, **kwargs)
         verifier.draft_steps = []
         drafted = super().propose_draft_token_ids(*args, **kwargs)
-        verifier.keep_draft_rows(self.input_batch.req_ids)
+        verifier.keep_draft_rows(self, self.input_batch.req_ids)
         return drafted
 
 
@@ -103,7 +103,9 @@ class _Verifier:
         self.drafted: list[torch.Tensor] = []  # the draft_steps the drafts being verified came from
         self.per_request: dict[str, ServeSettings] = {}
         self.mask_seeds: dict[str, int] = {}
-        self.stats = StatsFile.for_this_process()
+        # Under tensor parallelism every rank re-verifies the same rows (same masks, gathered logits) and
+        # emits the same tokens; one of them counts, or /metrics would count each token once per rank.
+        self.stats = StatsFile.for_this_process() if _counting_rank() else None
         self.warned: set[str] = set()
 
     @classmethod
@@ -123,6 +125,9 @@ class _Verifier:
                              "a rule that reads none (majority, naive, typical)")
         LOG.info("DropMatch on: rule %s, p %s, K %d (method %s)", settings.rule.rule, settings.rule.p,
                  settings.rule.num_paths, method)
+        if method == "draft_model":
+            LOG.info("%s", memory_line(runner.model_config.get_vocab_size(), spec.num_speculative_tokens,
+                                       runner.scheduler_config.max_num_seqs))
         return verifier
 
     def capture_drafts(self, drafter) -> None:
@@ -139,11 +144,23 @@ class _Verifier:
 
         drafter._greedy_sample = greedy_sample
 
-    def keep_draft_rows(self, req_ids: list) -> None:
-        """After a propose: which row of the kept logits is whose (the batch's order when it drafted)."""
-        self.drafted = self.draft_steps
-        rows = self.drafted[0].shape[0] if self.drafted else 0
-        self.draft_rows = {req_id: row for row, req_id in enumerate(req_ids[:rows])}
+    def keep_draft_rows(self, runner, req_ids: list) -> None:
+        """After a propose: the rows of the draft's logits that a rule will read (the greedy DropMatch
+        requests whose rule reads the draft's distribution), copied out of the step's tensors, which are
+        then let go; and which kept row is whose."""
+        steps, self.draft_steps = self.draft_steps, []
+        rows = steps[0].shape[0] if steps else 0
+        wanted = [(row, req_id) for row, req_id in enumerate(req_ids[:rows]) if self.reads_draft(runner, req_id)]
+        if not wanted:
+            self.drafted, self.draft_rows = [], {}
+            return
+        index = torch.tensor([row for row, _ in wanted], device=steps[0].device)
+        self.drafted = [step.index_select(0, index) for step in steps]
+        self.draft_rows = {req_id: kept for kept, (_, req_id) in enumerate(wanted)}
+
+    def reads_draft(self, runner, req_id: str) -> bool:
+        settings = self.request(runner, req_id) if req_id in runner.requests else None
+        return settings is not None and settings.rule.rule in READS_DRAFT
 
     # ------------------------------------------------------------ one step
 
@@ -197,8 +214,10 @@ class _Verifier:
 
     def draft_logits(self, req_id: str, drafted: int) -> tuple[bool, tuple | None]:
         """(whether the request can be judged, its draft's logits rows [V] at the drafted positions,
-        None for a lookup draft whose distribution is one-hot)."""
+        None for a lookup draft whose distribution is one-hot, or where the rule reads none)."""
         settings = self.per_request[req_id]
+        if settings.rule.rule not in READS_DRAFT:
+            return True, None  # Round's one-hot stand-in, which no check of this rule reads
         if self.draft_steps is not None:
             row = self.draft_rows.get(req_id)
             if row is not None and len(self.drafted) >= drafted:
@@ -225,8 +244,9 @@ class _Verifier:
                 tokens = output.sampled_token_ids[row]
                 tokens.fill_(-1)
                 tokens[: verdict.num_accepted + 1] = torch.tensor(accepted + [verdict.next_token], dtype=tokens.dtype)
-                self.stats.add(verdict.reasons)
-        if work:
+                if self.stats is not None:
+                    self.stats.add(verdict.reasons)
+        if work and self.stats is not None:
             self.stats.write_soon()
         self._forget_finished()
 
@@ -241,6 +261,26 @@ class _Verifier:
             self.warned.add(key)
             LOG.warning(message)
 
+
+
+def memory_line(vocab_size: int, gamma: int, max_requests: int) -> str:
+    """The start log's line: the memory the plugin holds outside vLLM's profile (the draft's logits rows
+    of the greedy DropMatch requests whose rule reads them, float32 per drafted token)."""
+    per_token = vocab_size * 4
+    most = per_token * gamma * max_requests
+    return (f"DropMatch keeps the draft model's logits of each greedy DropMatch request whose rule reads them: "
+            f"{per_token / 1e3:.0f} kB per drafted token, {per_token * gamma / 1e6:.2f} MB per request at gamma "
+            f"{gamma}; at most {most / 1e6:.0f} MB for {max_requests} requests, outside vLLM's memory profile")
+
+
+def _counting_rank() -> bool:
+    """Whether this worker is the first rank of its tensor-parallel group (the one that counts)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank() == 0
+    except (ImportError, AssertionError, AttributeError):  # no parallel group set up: a single worker
+        return True
 
 
 def vllm_verdict(emitted: list[int]) -> tuple[int, int]:

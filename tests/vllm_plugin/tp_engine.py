@@ -1,0 +1,47 @@
+"""One DropMatch engine (prompt lookup, rule dropmatch at p 0.3) at a given tensor-parallel size, on a
+tiny Llama the caller saved (4 attention heads: the embedded target's 9 do not divide by 2), greedy,
+the first 8 written dev prompts in one batch. Prints `RESULT {"tokens": [[ids]], "counts": {reason: n}}`.
+
+    VLLM_CPU_OMP_THREADS_BIND="0|1" python tp_engine.py MODEL_DIR TP_SIZE
+
+Run by tests/vllm_plugin/test_plugin.py (TP 2 = TP 1); its output is what docs/serving.md keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from dropmatch.serving.vllm.stats import read_counts
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from distill_draft import DEV_PROMPTS
+
+    model, size = sys.argv[1], int(sys.argv[2])
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [TokensPrompt(prompt_token_ids=tokenizer.encode(text)) for text in DEV_PROMPTS[:8]]
+    llm = LLM(model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, tensor_parallel_size=size,
+              distributed_executor_backend="mp" if size > 1 else None,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                                  "prompt_lookup_min": 1},
+              additional_config={"dropmatch": {"rule": "dropmatch", "p": 0.3}})
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    time.sleep(1.0)  # the workers' counters reach their files within 0.2 s (stats.StatsFile)
+    print("RESULT " + json.dumps({"tokens": [list(out.outputs[0].token_ids) for out in outputs],
+                                  "counts": dict(read_counts())}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # the TP workers are spawned: they import this file again
+    raise SystemExit(main())
