@@ -171,12 +171,16 @@ class _Verifier:
             self._warn("no-hidden", "DropMatch: this step's hidden states were not kept; verified losslessly")
             return work
         batch = runner.input_batch
+        judged = [(row, req_id, drafted, self.request(runner, req_id))
+                  for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens))]
+        if not any(settings is not None and drafted for _, _, drafted, settings in judged):
+            return work
+        cu_drafts = _host_list(metadata.cu_num_draft_tokens)  # one host copy of the step's offsets
         start = 0
-        for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens)):
+        for row, req_id, drafted, settings in judged:
             rows = slice(start, start + drafted + 1)
-            first_draft = int(metadata.cu_num_draft_tokens[row]) - drafted
+            first_draft = cu_drafts[row] - drafted
             start += drafted + 1
-            settings = self.request(runner, req_id)
             if settings is None or drafted == 0:
                 continue
             draft_tokens = metadata.draft_token_ids[first_draft:first_draft + drafted].long()
@@ -233,20 +237,28 @@ class _Verifier:
     def rejudge(self, output, work: list) -> None:
         """Writes each re-verified request's row of output.sampled_token_ids: its accepted drafts, then
         the target's token after them, then vLLM's placeholder (-1)."""
+        if not work:
+            self._forget_finished()
+            return
         by_rule: dict = {}
-        emitted = output.sampled_token_ids.tolist() if work else []
+        sampled = output.sampled_token_ids
+        emitted = sampled.tolist()  # one host copy of vLLM's verdicts
         for row, req_id, settings, round_ in work:
             by_rule.setdefault(settings.rule, []).append((row, replace(round_, lossless=vllm_verdict(emitted[row]))))
+        rows, lines = [], []
         for rule, items in by_rule.items():
             verdicts = verify_greedy(self.head, rule, [round_ for _, round_ in items])
             for (row, round_), verdict in zip(items, verdicts):
-                accepted = round_.draft_tokens[: verdict.num_accepted].tolist()
-                tokens = output.sampled_token_ids[row]
-                tokens.fill_(-1)
-                tokens[: verdict.num_accepted + 1] = torch.tensor(accepted + [verdict.next_token], dtype=tokens.dtype)
+                # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
+                accepted = _accepted_drafts(emitted[row], round_, verdict.num_accepted)
+                line = accepted + [verdict.next_token]
+                rows.append(row)
+                lines.append(line + [-1] * (sampled.shape[1] - len(line)))
                 if self.stats is not None:
                     self.stats.add(verdict.reasons)
-        if work and self.stats is not None:
+        # every rewritten row in one copy to the device
+        sampled[torch.tensor(rows, device=sampled.device)] = torch.tensor(lines, dtype=sampled.dtype, device=sampled.device)
+        if self.stats is not None:
             self.stats.write_soon()
         self._forget_finished()
 
@@ -261,6 +273,20 @@ class _Verifier:
             self.warned.add(key)
             LOG.warning(message)
 
+
+
+def _host_list(values) -> list[int]:
+    """A tensor's or a sequence's values as a list of ints (one copy for a tensor)."""
+    return values.tolist() if isinstance(values, torch.Tensor) else [int(v) for v in values]
+
+
+def _accepted_drafts(emitted_row: list[int], round_: Round, num_accepted: int) -> list[int]:
+    """The first num_accepted drafted tokens: those vLLM accepted are in its row already; past them
+    (where the rule accepted what vLLM rejected) the drafts are read from the round, on the host."""
+    own, _ = vllm_verdict(emitted_row)
+    if num_accepted <= own:
+        return emitted_row[:num_accepted]
+    return emitted_row[:own] + round_.draft_tokens[own:num_accepted].tolist()
 
 
 def memory_line(vocab_size: int, gamma: int, max_requests: int) -> str:
