@@ -115,16 +115,21 @@ def _has(slot: dict, key: str, value: str) -> bool:
     return slot["answer"] == value if key == "answer" else value in slot["tags"]
 
 
-def lesson_of_runs(spec: LessonSpec, runs: list[tuple[str, GenerationTrace, dict[int, str]]]) -> dict:
-    """The built-in lesson of `spec` from its runs [(prompt, trace, token id -> text)]: every judged
-    slot of every run as a candidate, LESSON_SIZE picked."""
+def candidate_slots(runs: list[tuple[str, GenerationTrace, dict[int, str]]]) -> list[dict]:
+    """Every judged slot of every run [(prompt, trace, token id -> text)], tagged with its run index."""
     slots = []
     for index, (_, trace, tokens) in enumerate(runs):
         slots += lesson_from_trace(trace, lambda t, tokens=tokens: tokens.get(t, f"<{t}>"), run=index)["slots"]
+    return slots
+
+
+def lesson_of_runs(spec: LessonSpec, runs: list[tuple[str, GenerationTrace, dict[int, str]]]) -> dict:
+    """The built-in lesson of `spec` from its runs [(prompt, trace, token id -> text)]: the runs'
+    candidate slots, LESSON_SIZE picked."""
     rule = runs[0][1].rule
     base = lesson_from_trace(runs[0][1], lambda t: "", spec.title)
     return {**base, "format": LESSON_FORMAT, "id": spec.name, "intro": spec.intro,
-            "prompts": [prompt for prompt, _, _ in runs], "slots": pick_slots(spec, rule, slots)}
+            "prompts": [prompt for prompt, _, _ in runs], "slots": pick_slots(spec, rule, candidate_slots(runs))}
 
 
 # ---------------------------------------------------------------- the files

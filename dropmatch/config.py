@@ -28,6 +28,12 @@ class ConfigError(ValueError):
     """A setting a user gave is out of range; the message is meant to be shown as is."""
 
 
+def one_line(error: BaseException, limit: int = 200) -> str:
+    """An error's message on one line (whitespace folded), cut to `limit` characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit - 3] + "…"
+
+
 # ---------------------------------------------------------------- the one table of defaults
 
 

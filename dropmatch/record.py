@@ -22,7 +22,7 @@ from pathlib import Path
 from . import lab
 from .acceptance import REASONS
 from .assets import RECORDED_DIR
-from .config import ConfigError
+from .config import ConfigError, one_line
 from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
 from .trace import GenerationTrace
@@ -76,7 +76,7 @@ class RunRecord:
                              None if ar is None else GenerationTrace.from_dict(ar),
                              {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
         except (SchemaError, KeyError, TypeError, ValueError) as error:
-            raise ConfigError(f"this run file is damaged ({_one_line(error)})") from None
+            raise ConfigError(f"this run file is damaged ({one_line(error)})") from None
 
 
 RUN_FIELDS = {"format": str, "version": int, "prompt": str, "rule": str, "p_auto": bool, "lossless": GenerationTrace,
@@ -99,11 +99,6 @@ def _check_run(data: dict) -> None:
             raise SchemaError(f"tokens: {key!r:.40} is not a token id with its text")
     if data["lab"] is not None:
         check_lab(data["lab"], REASONS)
-
-
-def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= 200 else text[:197] + "…"
 
 
 def read_recorded_run(path, max_bytes: int = MAX_RUN_FILE_BYTES) -> RunRecord:

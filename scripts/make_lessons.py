@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from dropmatch.assets import LESSONS_DIR, load_examples
-from dropmatch.builtin_lessons import (LESSON_FORMAT, LESSON_VERSION, RUNS_FORMAT, SPECS, lesson_of_runs, lesson_path,
-                                       missing, read_runs, runs_path)
+from dropmatch.builtin_lessons import (LESSON_FORMAT, LESSON_VERSION, RUNS_FORMAT, SPECS, candidate_slots,
+                                       lesson_of_runs, lesson_path, missing, read_runs, runs_path)
 from dropmatch.config import Settings
 from dropmatch.engine import Engine, run_to_end
-from dropmatch.lessons import lesson_from_trace
 from dropmatch.models import load_embedded_pair
 from dropmatch.record import mentioned_tokens
 
@@ -63,8 +63,7 @@ def main() -> int:
             trace = run_to_end(engine.speculative(engine.encode(prompt), decode, rule))
             tokens = {t: engine.token_text(t) for t in sorted(mentioned_tokens(trace))}
             runs.append((prompt, trace, tokens))
-            slots = [s for i, (_, t, k) in enumerate(runs)
-                     for s in lesson_from_trace(t, lambda x, k=k: k.get(x, ""), run=i)["slots"]]
+            slots = candidate_slots(runs)
             lacking = missing(spec, trace.rule, slots, each=1)
             if not missing(spec, trace.rule, slots, each=2) or (not lacking and len(runs) >= ENOUGH_RUNS):
                 break
@@ -79,9 +78,7 @@ def main() -> int:
                     "runs": [{"prompt": prompt, "trace": trace.to_dict(), "tokens": {str(k): v for k, v in tokens.items()}}
                              for prompt, trace, tokens in runs]}
         runs_path(name).write_text(json.dumps(document, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-        counts = {}
-        for s in lesson["slots"]:
-            counts[s["answer"]] = counts.get(s["answer"], 0) + 1
+        counts = dict(Counter(s["answer"] for s in lesson["slots"]))
         tags = sorted({t for s in lesson["slots"] for t in s["tags"]})
         print(f"{name}: {len(runs)} runs, {len(lesson['slots'])} slots {counts}, close calls {tags}")
     return 1 if failed else 0

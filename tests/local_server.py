@@ -62,3 +62,15 @@ TEXT_CONTRAST_JS = """
   });
 }
 """
+
+
+def assert_no_horizontal_scroll(page) -> None:
+    """The page is no wider than its viewport (a phone-width viewport scrolls only down)."""
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), \
+        page.evaluate("document.documentElement.scrollWidth")
+
+
+def assert_contrast(found: list[dict], minimum: float = 4.5) -> None:
+    """Every element TEXT_CONTRAST_JS found meets `minimum` (WCAG AA for text: 4.5)."""
+    worst = min(found, key=lambda item: item["ratio"])
+    assert worst["ratio"] >= minimum, worst

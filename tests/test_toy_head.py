@@ -11,7 +11,7 @@ import torch
 
 from dropmatch.toy_head import TOY_RULES, toy_numbers
 
-from local_server import TEXT_CONTRAST_JS
+from local_server import TEXT_CONTRAST_JS, assert_contrast, assert_no_horizontal_scroll
 
 RELATIVE = 1e-9
 FLOOR = 1e-15  # float64 rounding of values that are 0 in exact arithmetic (identical paths' JS)
@@ -179,10 +179,8 @@ def test_the_toy_head_fits_a_phone_and_its_text_meets_4_5_contrast(toy_page, the
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
     page.set_viewport_size({"width": 390, "height": 844})
     page.locator("[data-preset=majority]").click()
-    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), \
-        page.evaluate("document.documentElement.scrollWidth")
+    assert_no_horizontal_scroll(page)
     found = page.evaluate(TEXT_CONTRAST_JS, ".dm-toy")
     assert len(found) > 50 and {"TD", "SPAN", "BUTTON"} <= {item["tag"] for item in found}
-    worst = min(found, key=lambda item: item["ratio"])
-    assert worst["ratio"] >= 4.5, worst
+    assert_contrast(found)
     page.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from ... import config
 from ...config import ConfigError
 from .settings import ServeSettings
 
@@ -34,8 +35,8 @@ def asked(vllm_config) -> dict | None:
 
 
 def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 300 else text[:297] + "…"
+    """config.one_line at 300 characters, or the error's type where it has no message."""
+    return config.one_line(error, 300) or type(error).__name__
 
 
 def platform_name() -> str:
