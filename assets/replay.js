@@ -223,6 +223,7 @@
       if (this.columns.every((c) => c.cursor === c.stages.length - 1)) { this.time = 0; }
       else { this.time = Math.min(...this.columns.map((c) => c.stages[c.cursor].time)); }
       this.playing = true; this.last = null;
+      this.root.dataset.playing = "1";  // at once, as pause() clears it: not only at the first frame
       this.root.querySelector("[data-act=step-mode]").checked = false;
       this.root.querySelector("[data-act=play]").textContent = "⏸ Pause";
       const tick = (now) => {
