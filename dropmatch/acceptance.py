@@ -389,8 +389,10 @@ def run_scan(steps, reason_at: Callable[[int], str]) -> tuple[str, ...]:
 def rule_reasons(cfg: RuleKnobs, signals: Signals) -> list[str]:
     """What the rule says of each position [g] by itself, the exact test aside: the reason of its
     first accepting check, else "rejected"."""
-    reasons = ["rejected"] * int(signals.draft_tokens.shape[0])
-    for name, mask in reversed(rule_checks(cfg, signals)):  # reversed: the first accepting check wins
-        for i in mask.nonzero().flatten().tolist():
-            reasons[i] = name
-    return reasons
+    num_drafted = int(signals.draft_tokens.shape[0])
+    checks = rule_checks(cfg, signals)
+    if not checks or not num_drafted:
+        return ["rejected"] * num_drafted
+    accepted = torch.stack([mask for _, mask in checks]).tolist()  # [checks][g]: one host copy for all checks
+    names = [name for name, _ in checks]
+    return [next((name for name, row in zip(names, accepted) if row[i]), "rejected") for i in range(num_drafted)]

@@ -276,7 +276,8 @@ def start_server() -> tuple:
     # this module is the same OpenAI-compatible server, started without the CLI.
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir(), "--port", str(port), "--dtype",
                "float32", "--enforce-eager", "--max-model-len", "2048", "--speculative-config", json.dumps(spec),
-               "--additional-config", json.dumps({"dropmatch": LOSSY})]
+               "--additional-config", json.dumps({"dropmatch": LOSSY}),
+               "--per-request-spec-decode-metrics", "summary"]
     log_path = ROOT / "runs" / "vllm" / "serve.log"
     log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -427,14 +428,37 @@ def _client(server):
 def test_the_openai_client_gets_completions_and_chat_completions_from_a_dropmatch_engine(server, stream):
     client = _client(server)
     asks = {"model": target_dir(), "max_tokens": 24, "temperature": 0}
+    if stream:
+        asks["stream_options"] = {"include_usage": True}
     completion = client.completions.create(prompt="The three primary colours are", stream=stream, **asks)
     chat = client.chat.completions.create(messages=[{"role": "user", "content": QUESTIONS[0]}], stream=stream, **asks)
     if stream:
+        completion, chat = list(completion), list(chat)
         text = "".join(chunk.choices[0].text for chunk in completion if chunk.choices)
         reply = "".join(chunk.choices[0].delta.content or "" for chunk in chat if chunk.choices)
+        completion, chat = completion[-1], chat[-1]  # the usage chunk, which carries the metrics
     else:
         text, reply = completion.choices[0].text, chat.choices[0].message.content
     assert text.strip() and reply.strip(), (text, reply)
+    for response in (completion, chat):
+        assert_dropmatch_counts_agree_with_vllms(speculative_metrics(response))
+
+
+def speculative_metrics(response) -> dict:
+    """vLLM's per-request spec-decode metrics of an OpenAI client's response (an extra field)."""
+    metrics = (response.model_extra or {}).get("metrics") or {}
+    assert metrics.get("speculative_decoding"), f"no per-request spec-decode metrics in {response.model_extra}"
+    return metrics["speculative_decoding"]
+
+
+def assert_dropmatch_counts_agree_with_vllms(spec: dict) -> None:
+    """DropMatch's counts (request_counts.summary) against vLLM's own for the same request: the same
+    drafted tokens, and vLLM's accepted drafts are DropMatch's exact and lossy acceptances."""
+    counts = spec.get("dropmatch")
+    assert counts, f"no DropMatch counts in {spec}"
+    assert counts["drafted"] == spec["num_draft_tokens"] > 0, spec
+    assert counts["accepted_exactly"] + counts["accepted_lossy"] == spec["num_accepted_draft_tokens"], spec
+    assert counts["drafted"] == sum(counts["reasons"].values()) and counts["reasons"].get("exact") == counts["accepted_exactly"]
 
 
 def test_a_requests_own_vllm_xargs_reach_dropmatch_through_the_openai_client(server):
@@ -446,6 +470,31 @@ def test_a_requests_own_vllm_xargs_reach_dropmatch_through_the_openai_client(ser
     again = client.completions.create(extra_body={"vllm_xargs": {"dropmatch_rule": "lossless"}}, **asks)
     lossy = client.completions.create(extra_body={"vllm_xargs": {"dropmatch_p": 0.5}}, **asks)
     assert lossless.choices[0].text == again.choices[0].text and lossy.choices[0].text.strip()
+    assert "dropmatch" not in speculative_metrics(lossless)  # vLLM verified it: its own numbers alone
+    counts = speculative_metrics(lossy)
+    assert_dropmatch_counts_agree_with_vllms(counts)
+    assert counts["dropmatch"]["accepted_lossy"] > 0, counts  # at p 0.5 the rule accepts beyond the exact test
+
+
+def test_dropmatchs_counts_cross_vllms_msgpack_and_reach_the_responses_dict():
+    """The field request_counts declares survives vLLM's own engine-core -> API-server encoding, and
+    to_dict (the response's source) carries the summary; a step's reasons add up per request."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from dropmatch.serving.vllm import register, request_counts
+
+    register()
+    metrics = RequestSpecDecodeMetrics.new(4)
+    requests = {"a": type("Request", (), {"spec_decode_metrics": metrics})(), "b": object()}
+    for step in ({"a": {"exact": 2, "js": 1, "rejected": 1}, "b": {"exact": 4}}, {"a": {"exact": 1, "majority": 1, "unchecked": 2}}):
+        request_counts.add_step(requests, step)
+    sent = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="a", new_token_ids=[1], spec_decode_metrics=metrics)])
+    received = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(sent)).outputs[0].spec_decode_metrics
+    assert received.to_dict()["dropmatch"] == {"drafted": 8, "accepted_exactly": 3, "accepted_lossy": 2, "reasons": {
+        "exact": 3, "js": 1, "majority": 1, "rejected": 1, "unchecked": 2}}
+    assert "dropmatch" not in RequestSpecDecodeMetrics.new(4).to_dict()
 
 
 def test_a_bad_setting_reaches_the_openai_client_as_a_400_with_the_one_line(server):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Installs the plugin's hooks (hooks.py) and its counters on /metrics. Imports no model runner
+    """Installs the plugin's hooks (hooks.py), its counters on /metrics and, optionally, its
+    per-request counts in responses (request_counts.py). Imports no model runner
     (the worker imports its platform's when an engine asks for DropMatch) and never raises: a hook
     that fails is logged in one line, and only engines that ask for DropMatch are then refused.
     vLLM may call this several times in one process: each hook installs once."""
@@ -32,6 +33,13 @@ def register() -> None:
                 hooks.PROBLEMS.append(line)
             logging.getLogger("dropmatch.vllm").warning("DropMatch plugin not installed here (%s); engines that "
                                                         "ask for DropMatch will be refused", line)
+    try:  # optional: without it DropMatch still serves, its responses only lack the per-request counts
+        from . import request_counts
+
+        request_counts.install()
+    except Exception as error:  # noqa: BLE001 - a general plugin must never stop vLLM
+        logging.getLogger("dropmatch.vllm").warning("DropMatch: per-request counts not carried in responses (%s)",
+                                                    hooks.one_line(error))
 
 
 def _register_collector() -> None:

@@ -23,6 +23,7 @@ accepts a token vLLM rejected.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -31,6 +32,7 @@ from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_greedy
 from .params import SAMPLING_EPS, edits_target_logits
+from .request_counts import attach_step
 from .settings import ServeSettings, request_settings
 from .stats import StatsFile
 
@@ -61,14 +63,18 @@ class DropMatchRunner:
         self.dropmatch = None if given is None else _Verifier.start(self, given)
 
     def sample_tokens(self, grammar_output):
-        state = self.execute_model_state
-        if getattr(self, "dropmatch", None) is not None and state is not None:
-            self.dropmatch.hidden = state.sample_hidden_states
-        try:
+        verifier = getattr(self, "dropmatch", None)
+        if verifier is None:
             return super().sample_tokens(grammar_output)
+        state = self.execute_model_state
+        verifier.hidden = state.sample_hidden_states if state is not None else None
+        verifier.step_reasons = {}
+        try:
+            output = super().sample_tokens(grammar_output)
         finally:
-            if getattr(self, "dropmatch", None) is not None:
-                self.dropmatch.hidden = None
+            verifier.hidden = None
+        attach_step(output, verifier.step_reasons)  # the response's per-request counts (request_counts.py)
+        return output
 
     def _sample(self, logits, spec_decode_metadata):
         verifier = getattr(self, "dropmatch", None)
@@ -103,6 +109,7 @@ class _Verifier:
         self.drafted: list[torch.Tensor] = []  # the draft_steps the drafts being verified came from
         self.per_request: dict[str, ServeSettings] = {}
         self.mask_seeds: dict[str, int] = {}
+        self.step_reasons: dict[str, dict[str, int]] = {}  # this step's reasons per re-verified request
         # Under tensor parallelism every rank re-verifies the same rows (same masks, gathered logits) and
         # emits the same tokens; one of them counts, or /metrics would count each token once per rank.
         self.stats = StatsFile.for_this_process() if _counting_rank() else None
@@ -244,16 +251,17 @@ class _Verifier:
         sampled = output.sampled_token_ids
         emitted = sampled.tolist()  # one host copy of vLLM's verdicts
         for row, req_id, settings, round_ in work:
-            by_rule.setdefault(settings.rule, []).append((row, replace(round_, lossless=vllm_verdict(emitted[row]))))
+            by_rule.setdefault(settings.rule, []).append((row, req_id, replace(round_, lossless=vllm_verdict(emitted[row]))))
         rows, lines = [], []
         for rule, items in by_rule.items():
-            verdicts = verify_greedy(self.head, rule, [round_ for _, round_ in items])
-            for (row, round_), verdict in zip(items, verdicts):
+            verdicts = verify_greedy(self.head, rule, [round_ for _, _, round_ in items])
+            for (row, req_id, round_), verdict in zip(items, verdicts):
                 # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
                 accepted = _accepted_drafts(emitted[row], round_, verdict.num_accepted)
                 line = accepted + [verdict.next_token]
                 rows.append(row)
                 lines.append(line + [-1] * (sampled.shape[1] - len(line)))
+                self.step_reasons[req_id] = dict(Counter(verdict.reasons))
                 if self.stats is not None:
                     self.stats.add(verdict.reasons)
         # every rewritten row in one copy to the device
