@@ -76,8 +76,9 @@ class JudgedPositions:
 
 
 def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
-                     paths: mc_head.PathStats | None = None) -> Signals:
-    """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V]."""
+                     paths: mc_head.PathStats | None = None, settle_on_host: bool = True) -> Signals:
+    """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V];
+    settle_on_host: settle_close_calls's."""
     index = draft_tokens.unsqueeze(-1)
     target_tokens = top_token(p_target)
     signals = dict(
@@ -93,7 +94,7 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
-        signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known))
+        signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known, settle_on_host))
     return Signals(**signals)
 
 
@@ -114,7 +115,7 @@ def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, to
 
 def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats,
                  draft_entropy: torch.Tensor | None = None,
-                 js_draft_centroid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                 js_draft_centroid: torch.Tensor | None = None, settle_on_host: bool = True) -> dict[str, torch.Tensor]:
     """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]
     (on a reduced support the draft's distribution is reduced the same way before the divergence).
     What the caller computed already over the full vocabulary: draft_entropy [m] H(q_draft), and
@@ -123,7 +124,7 @@ def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_he
         q_draft, draft_entropy = mc_head.reduce_to_support(q_draft, paths.support), None
     if js_draft_centroid is None:
         js_draft_centroid = js_divergence(q_draft, paths.centroid, draft_entropy)
-    js_draft_centroid, threshold = settle_close_calls(q_draft, paths, js_draft_centroid)
+    js_draft_centroid, threshold = settle_close_calls(q_draft, paths, js_draft_centroid, settle_on_host)
     return dict(
         path_tokens=paths.tokens,
         js_draft_centroid=js_draft_centroid,
@@ -132,13 +133,21 @@ def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_he
     )
 
 
-def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats,
-                       js_draft_centroid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats, js_draft_centroid: torch.Tensor,
+                       on_host: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(JS(q || centroid) [m], the threshold max_i JS(p_i || centroid) [m]), both again with
     js_divergence_accurate where the fast values lie closer than the fast form's error bound
-    (sampling.fast_js_error): float32 cancellation can then not flip the JS rule's comparison."""
+    (sampling.fast_js_error): float32 cancellation can then not flip the JS rule's comparison.
+    on_host: the close positions are found on the host (a sync), and only they recomputed; else
+    every position is, and the close ones picked on the device (the same values, no sync)."""
     threshold = paths.threshold
-    close = ((js_draft_centroid - threshold).abs() <= fast_js_error(paths.centroid.shape[-1])).nonzero().flatten()
+    is_close = (js_draft_centroid - threshold).abs() <= fast_js_error(paths.centroid.shape[-1])
+    if not on_host:
+        accurate_js = js_divergence_accurate(q_draft, paths.centroid).to(js_draft_centroid.dtype)
+        accurate_threshold = js_divergence_accurate(paths.probs, paths.centroid.unsqueeze(0)).max(0).values
+        return (torch.where(is_close, accurate_js, js_draft_centroid),
+                torch.where(is_close, accurate_threshold.to(threshold.dtype), threshold))
+    close = is_close.nonzero().flatten()
     if close.numel() == 0:
         return js_draft_centroid, threshold
     js_draft_centroid, threshold = js_draft_centroid.clone(), threshold.clone()
@@ -295,11 +304,12 @@ def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tup
 
 
 def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
-                  judge: TrainedJudge | None = None) -> Signals:
+                  judge: TrainedJudge | None = None, settle_on_host: bool = True) -> Signals:
     """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
     drafted positions together), the paths (when the rule reads them) at all of them in one head
     pass, each position with its own sequence's masks (mask_seed, position): the values
     judge_positions gives each position it judges, whatever else is in the batch (tested).
+    settle_on_host False: no host copy (settle_close_calls).
 
     No stages: a server's pieces are each one position the exact test rejected (serving/verify.py),
     where the rule reads its paths anyway; judging a batch in one pass is what makes it cheap."""
@@ -316,7 +326,7 @@ def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
         if rule.path_support and p != 0.0:  # as _stage_paths: the labelled approximation, row by row
             support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
         paths = path_stats_at(target, hidden, clean_logits, rule, p, temperature, keys, support, p_signal)
-    signals = position_signals(draft_tokens, q_signal, p_signal, paths)
+    signals = position_signals(draft_tokens, q_signal, p_signal, paths, settle_on_host)
     if rule.uses_judge:
         hidden_after = torch.cat([inputs.hidden[1 : inputs.num_drafted + 1] for inputs in batch])
         signals = with_judge_scores(signals, hidden_after, judge)

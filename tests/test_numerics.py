@@ -73,6 +73,8 @@ def test_a_comparison_closer_than_float32_can_see_is_decided_as_float64_decides_
             truth = float(js_float64(q, stats.centroid)) <= threshold64
             fast_js = js_divergence(q, stats.centroid)
             js, threshold = settle_close_calls(q, stats, fast_js)
+            on_device = settle_close_calls(q, stats, fast_js, on_host=False)  # no sync: the same values
+            assert torch.equal(on_device[0], js) and torch.equal(on_device[1], threshold)
             settled_right += bool(js <= threshold) == truth
             fast_right += bool(fast_js <= stats.threshold) == truth
             cases += 1
@@ -87,3 +89,5 @@ def test_far_apart_comparisons_are_left_to_the_fast_form():
     fast_js = js_divergence(q, stats.centroid)
     js, threshold = settle_close_calls(q, stats, fast_js)
     assert js is fast_js and threshold is stats.threshold
+    on_device = settle_close_calls(q, stats, fast_js, on_host=False)
+    assert torch.equal(on_device[0], fast_js) and torch.equal(on_device[1], stats.threshold)

@@ -12,7 +12,7 @@ import torch
 from dropmatch import acceptance, judging
 from dropmatch.config import ConfigError, RuleConfig
 from dropmatch.mc_head import mask_seed
-from dropmatch.serving.verify import Round, verify_greedy
+from dropmatch.serving.verify import Round, verify_greedy, verify_in_one_pass
 from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
 from dropmatch.serving.vllm.stats import StatsFile, read_counts
@@ -51,6 +51,50 @@ def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
         assert verdict == expected
         path_rows += alone.path_rows
     assert path_rows > 0 or not rule.uses_paths  # the batched first stage had work to share
+
+
+@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
+                                  RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
+                                  RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
+                                  RuleConfig("dropmatch", p=0.3, path_support=8)])
+def test_one_pass_gives_the_verdicts_of_the_scan_pass_by_pass(tiny_engine, rule):
+    """verify_greedy(one_pass=True), every position judged at once and the scans run on the host, gives
+    the verdicts of the incremental scan (which judges only the positions each scan reaches)."""
+    rounds = rounds_of(tiny_engine.target, num_requests=8)
+    verdicts = verify_greedy(tiny_engine.target, rule, rounds)
+    assert verify_greedy(tiny_engine.target, rule, rounds, one_pass=True) == verdicts
+    _, lines = verify_in_one_pass(tiny_engine.target, rule, rounds)  # the rows a server writes
+    assert lines == [round_.draft_tokens[:verdict.num_accepted].tolist() + [verdict.next_token]
+                     for round_, verdict in zip(rounds, verdicts)]
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the tensor operations that read a value on the host (a sync on an accelerator)."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS or (name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])):
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6)])
+def test_one_pass_reads_the_device_once_for_the_whole_batch(tiny_engine, rule):
+    rounds = rounds_of(tiny_engine.target, num_requests=8)
+    for round_ in rounds:  # the inputs a server hands over, computed before the verify step
+        round_.q_signal
+    with HostReads() as one_pass:
+        verify_greedy(tiny_engine.target, rule, rounds, one_pass=True)
+    with HostReads() as by_passes:
+        verify_greedy(tiny_engine.target, rule, rounds)
+    assert one_pass.reads == ["tolist"]
+    assert len(by_passes.reads) > 1  # what it replaces: a copy per pass, per check and per round
 
 
 def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):

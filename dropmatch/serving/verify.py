@@ -97,9 +97,13 @@ class Round:
                                    torch.zeros(1, dtype=torch.bool), 0.0, self.mask_seed)
 
 
-def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> list[Verdict]:
+def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False) -> list[Verdict]:
     """The verdict of each round under `rule` (greedy): how many drafted tokens it accepts, why each
     ended as it did, and the token emitted after them (the target's argmax there).
+
+    one_pass: every drafted position of the batch judged in one stacked call, and everything the
+    scans read copied to the host at once (`verify_in_one_pass`); the same verdicts (tested), for a
+    device where each host copy is a sync; else, as follows.
 
     Each round is scanned left to right as acceptance.judge scans it: the exact test's run, then
     the one position it rejected, which the rule judges (its checks read that position only); where
@@ -109,6 +113,8 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> 
     bookkeeping. The verdicts equal judge_positions + decide on each whole round (tested)."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
+    if one_pass:
+        return verify_in_one_pass(head, rule, rounds)[0]
     scans = [acceptance.scan(round_.num_drafted, round_.is_exact()) for round_ in rounds]
     reasons: list[tuple[str, ...] | None] = [None] * len(rounds)
     asked = {i: _step(scans[i], None, reasons, i) for i in range(len(rounds))}
@@ -131,3 +137,50 @@ def _step(steps, reason: str | None, reasons: list, index: int) -> int | None:
     except StopIteration as done:
         reasons[index] = done.value
         return None
+
+
+def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> tuple[list[Verdict], list[list[int]]]:
+    """verify_greedy with one device-to-host copy: (the verdicts, each round's emitted tokens: its
+    accepted drafts, then the token after them, the row a server writes).
+
+    The rule's signals at every drafted position of every round (one judge_stacked call; its
+    close-call check without a sync), then one int64 tensor of the rule's check masks, the exact
+    test, the target's argmax at every verified position and the drafted tokens, copied at once; the
+    scans run on the host over it. The paths are computed at every drafted position, where the
+    incremental scan computes them at the positions it reaches: more head rows, no sync per pass.
+    The server's own verdict (Round.lossless) is not read: the exact test is computed, the same test."""
+    if not rounds:
+        return [], []
+    signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
+                                    [round_.judge_inputs() for round_ in rounds], settle_on_host=False)
+    checks = acceptance.rule_checks(rule, signals)
+    exact = torch.cat([round_.exact() for round_ in rounds])  # [n]
+    parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
+    parts += [exact, torch.cat([top_token(round_.clean_logits) for round_ in rounds]),
+              torch.cat([round_.draft_tokens for round_ in rounds])]
+    host = torch.cat([part.long() for part in parts]).tolist()  # the one copy
+    n, c = int(exact.shape[0]), len(checks)
+    masks = {name: host[i * n:(i + 1) * n] for i, (name, _) in enumerate(checks)}
+    argmax_from = (c + 1) * n
+    drafts = host[argmax_from + n + len(rounds):]
+    return _host_scans(rounds, masks, host[c * n:argmax_from], host[argmax_from:argmax_from + n + len(rounds)], drafts)
+
+
+def _host_scans(rounds: list[Round], masks: dict[str, list[int]], exact: list[int], argmax: list[int],
+                drafts: list[int]) -> tuple[list[Verdict], list[list[int]]]:
+    """Each round's scan over host lists: masks {check: [n]} in the rule's order, exact [n] and drafts
+    [n] over the rounds' drafted positions in order, argmax [n + rounds] over their verified positions."""
+    verdicts, lines, first = [], [], 0
+    for index, round_ in enumerate(rounds):
+        g = round_.num_drafted
+
+        def reason_at(i: int, at: int = first) -> str:
+            return next((name for name, row in masks.items() if row[at + i]), "rejected")
+
+        reasons = acceptance.run_scan(acceptance.scan(g, lambda i, at=first: bool(exact[at + i])), reason_at)
+        accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+        next_token = argmax[first + index + accepted]  # round `index` starts at first + index there
+        verdicts.append(Verdict(accepted, reasons, next_token, BONUS if accepted == g else CORRECTION))
+        lines.append(drafts[first:first + accepted] + [next_token])
+        first += g
+    return verdicts, lines

@@ -25,6 +25,7 @@ from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
 
 STEPS: list = []
 ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify
+ONE_PASS: set[bool] = set()  # how the steps were verified (runner.one_pass_on)
 
 
 def record_steps() -> None:
@@ -33,6 +34,7 @@ def record_steps() -> None:
 
     def rejudge(self, output, work):
         before = output.sampled_token_ids.clone()
+        ONE_PASS.add(self.one_pass)
         original(self, output, work)
         judged_rows = {row for row, _, _, _ in work}
         untouched = [row for row in range(before.shape[0]) if row not in judged_rows]
@@ -128,6 +130,7 @@ def main() -> int:
                 by_output.setdefault(req_id.rsplit("-", 1)[0], []).extend(found)
             result.setdefault("lossy_positions", {})[run["name"]] = [sorted(by_output.get(out.request_id, []))
                                                                      for out in outputs]
+    result["one_pass"] = sorted(ONE_PASS)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

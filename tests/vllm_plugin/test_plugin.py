@@ -48,12 +48,15 @@ def draft_dir() -> str:
     return str(out)
 
 
-def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False) -> dict:
-    """One engine in its own process (driver.py): its JSON result."""
+def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False,
+               env: dict | None = None) -> dict:
+    """One engine in its own process (driver.py), `env` over this one's: its JSON result."""
+    import os
+
     spec = {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
             "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None}
     done = subprocess.run([sys.executable, str(HERE / "driver.py"), json.dumps(spec)], capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env={**os.environ, **(env or {})})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -139,9 +142,10 @@ def engine_specs() -> dict[str, tuple]:
         # engine-wide DropMatch at p = 0; requests raise p for themselves; sampled requests beside
         "dropmatch_ngram": ("ngram", {"rule": "dropmatch", "p": 0.0}, [
             greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
-        # DropMatch engine-wide at p = 0.3 with the exported draft model
+        # DropMatch engine-wide at p = 0.3 with the exported draft model, verified as off a CPU: every
+        # drafted position at once, one host copy per step (runner.one_pass_on); the engine above pass by pass
         "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3}, [
-            greedy("lossy"), greedy("lossless", {"rule": "lossless"})], True),
+            greedy("lossy"), greedy("lossless", {"rule": "lossless"})], True, {"DROPMATCH_VLLM_ONE_PASS": "1"}),
     }
 
 
@@ -195,13 +199,16 @@ def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(pla
     assert dropmatch_ngram["steps"]["p0"]["rounds"] > 0 and dropmatch_ngram["steps"]["p0"]["lossy"] == 0
 
 
-@pytest.mark.parametrize("engine", ["dropmatch_ngram", "dropmatch_draft_model"])
-def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, request):
+@pytest.mark.parametrize("engine, one_pass", [("dropmatch_ngram", False), ("dropmatch_draft_model", True)])
+def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, one_pass, request):
     """(b) Each round the plugin re-verified, judged again alone by judging.judge_positions with the
     same head, hidden rows and masks, gives the row the plugin emitted; every token accepted as exact
     is the target's argmax; some tokens were accepted by the rule alone; a draft model's kept
-    distributions belong to the tokens it drafted."""
-    steps = request.getfixturevalue(engine)["steps"]["lossy"]
+    distributions belong to the tokens it drafted. Verified pass by pass (a CPU's way) and in one
+    pass with one host copy per step (an accelerator's)."""
+    result = request.getfixturevalue(engine)
+    assert result["one_pass"] == [one_pass]
+    steps = result["steps"]["lossy"]
     assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
     assert steps["lossy"] > 0 and steps["q_not_draft"] == 0, steps
 

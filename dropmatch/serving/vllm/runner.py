@@ -23,14 +23,16 @@ accepts a token vLLM rejected.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
+from itertools import accumulate
 from dataclasses import replace
 
 import torch
 
 from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
-from ..verify import Round, verify_greedy
+from ..verify import Round, verify_greedy, verify_in_one_pass
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
 from .settings import ServeSettings, request_settings
@@ -38,6 +40,16 @@ from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
 READS_DRAFT = ("js", "dropmatch", "fixed_js")  # rules whose signals read the draft's distribution
+ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": pass by pass; unset: by the device
+
+
+def one_pass_on(device) -> bool:
+    """Whether the verify step judges every drafted position at once with one host copy (off a CPU,
+    where each copy is a sync) or pass by pass (fewer head rows; on a CPU a copy costs nothing)."""
+    given = os.environ.get(ONE_PASS_ENV, "")
+    if given in ("0", "1"):
+        return given == "1"
+    return torch.device(device).type != "cpu"
 
 
 class VllmHead:
@@ -103,6 +115,7 @@ class _Verifier:
         self.settings = settings
         self.method = method
         self.head = VllmHead(runner.get_model())
+        self.one_pass = one_pass_on(runner.device)
         self.hidden = None
         self.draft_steps: list[torch.Tensor] | None = None  # the draft's logits [batch, V], one per drafted position
         self.draft_rows: dict[str, int] = {}  # request id -> its row in those, for the drafts being verified
@@ -130,8 +143,8 @@ class _Verifier:
             raise ValueError(f"DropMatch's rule {settings.rule.rule!r} reads the draft's distribution, which "
                              f"speculative method {method!r} does not give; use method 'ngram' or 'draft_model', or "
                              "a rule that reads none (majority, naive, typical)")
-        LOG.info("DropMatch on: rule %s, p %s, K %d (method %s)", settings.rule.rule, settings.rule.p,
-                 settings.rule.num_paths, method)
+        LOG.info("DropMatch on: rule %s, p %s, K %d (method %s; verify %s)", settings.rule.rule, settings.rule.p,
+                 settings.rule.num_paths, method, "in one pass" if verifier.one_pass else "pass by pass")
         if method == "draft_model":
             LOG.info("%s", memory_line(runner.model_config.get_vocab_size(), spec.num_speculative_tokens,
                                        runner.scheduler_config.max_num_seqs))
@@ -182,7 +195,7 @@ class _Verifier:
                   for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens))]
         if not any(settings is not None and drafted for _, _, drafted, settings in judged):
             return work
-        cu_drafts = _host_list(metadata.cu_num_draft_tokens)  # one host copy of the step's offsets
+        cu_drafts = list(accumulate(metadata.num_draft_tokens))  # cu_num_draft_tokens, from the host's list
         start = 0
         for row, req_id, drafted, settings in judged:
             rows = slice(start, start + drafted + 1)
@@ -247,18 +260,16 @@ class _Verifier:
         if not work:
             self._forget_finished()
             return
-        by_rule: dict = {}
         sampled = output.sampled_token_ids
-        emitted = sampled.tolist()  # one host copy of vLLM's verdicts
+        emitted = None if self.one_pass else sampled.tolist()  # pass by pass: vLLM's verdicts, one host copy
+        by_rule: dict = {}
         for row, req_id, settings, round_ in work:
-            by_rule.setdefault(settings.rule, []).append((row, req_id, replace(round_, lossless=vllm_verdict(emitted[row]))))
+            if emitted is not None:
+                round_ = replace(round_, lossless=vllm_verdict(emitted[row]))
+            by_rule.setdefault(settings.rule, []).append((row, req_id, round_))
         rows, lines = [], []
         for rule, items in by_rule.items():
-            verdicts = verify_greedy(self.head, rule, [round_ for _, _, round_ in items])
-            for (row, req_id, round_), verdict in zip(items, verdicts):
-                # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
-                accepted = _accepted_drafts(emitted[row], round_, verdict.num_accepted)
-                line = accepted + [verdict.next_token]
+            for (row, req_id, _), verdict, line in zip(items, *self.verify(rule, items, emitted)):
                 rows.append(row)
                 lines.append(line + [-1] * (sampled.shape[1] - len(line)))
                 self.step_reasons[req_id] = dict(Counter(verdict.reasons))
@@ -269,6 +280,18 @@ class _Verifier:
         if self.stats is not None:
             self.stats.write_soon()
         self._forget_finished()
+
+    def verify(self, rule, items: list, emitted: list | None) -> tuple[list, list[list[int]]]:
+        """(the verdicts of items [(row, request id, Round)] under rule, each row's emitted tokens: its
+        accepted drafts, then the target's token)."""
+        rounds = [round_ for _, _, round_ in items]
+        if self.one_pass:
+            return verify_in_one_pass(self.head, rule, rounds)
+        verdicts = verify_greedy(self.head, rule, rounds)
+        # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
+        lines = [_accepted_drafts(emitted[row], round_, verdict.num_accepted) + [verdict.next_token]
+                 for (row, _, round_), verdict in zip(items, verdicts)]
+        return verdicts, lines
 
     def _forget_finished(self) -> None:
         if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
@@ -281,11 +304,6 @@ class _Verifier:
             self.warned.add(key)
             LOG.warning(message)
 
-
-
-def _host_list(values) -> list[int]:
-    """A tensor's or a sequence's values as a list of ints (one copy for a tensor)."""
-    return values.tolist() if isinstance(values, torch.Tensor) else [int(v) for v in values]
 
 
 def _accepted_drafts(emitted_row: list[int], round_: Round, num_accepted: int) -> list[int]:
