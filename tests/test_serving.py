@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from dropmatch.serving.verify import Round, verify_greedy, verify_in_one_pass
 from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
 from dropmatch.serving.vllm.stats import StatsFile, read_counts
+from judges import judge_dict, random_judge
 
 
 def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> list[Round]:
@@ -95,6 +97,44 @@ def test_one_pass_reads_the_device_once_for_the_whole_batch(tiny_engine, rule):
         verify_greedy(tiny_engine.target, rule, rounds)
     assert one_pass.reads == ["tolist"]
     assert len(by_passes.reads) > 1  # what it replaces: a copy per pass, per check and per round
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("name", ["judge", "dropmatch_judge"])
+def test_the_judge_rules_decide_in_a_batch_what_the_engines_judge_step_decides(tiny_engine, name, one_pass):
+    """The trained judge's rules served: each request's verdict equals judge_positions + decide with the
+    same judge, which reads the target's hidden state on reading each drafted token."""
+    judge = random_judge(int(tiny_engine.target.hidden_size), seed=1, threshold=0.6)
+    rule = RuleConfig(name, p=0.3, judge_threshold=0.6)
+    rounds = rounds_of(tiny_engine.target, num_requests=8)
+    reasons = set()
+    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds, one_pass, judge)):
+        inputs = round_.judge_inputs()
+        alone = judging.judge_positions(tiny_engine.target, rule, 0.3 if rule.uses_paths else None, inputs, judge=judge)
+        assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
+                                            torch.Generator(), exact=inputs.exact)
+        reasons.update(verdict.reasons)
+    assert "judge" in reasons and "rejected" in reasons  # the judge decided both ways
+
+
+def test_the_judge_rules_need_the_engines_judge_file_and_a_bad_one_is_refused_in_one_line(tmp_path):
+    good, bad = tmp_path / "judge.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(judge_dict(16)))
+    bad.write_text('{"format": "something else"}')
+    with pytest.raises(ConfigError, match="reads a trained judge: start the engine with one"):
+        ServeSettings().updated({"rule": "judge"}, engine=True)
+    engine = ServeSettings().updated({"rule": "dropmatch", "judge": str(good)}, engine=True)
+    assert engine.updated({"rule": "judge", "judge_threshold": 0.3}).rule.judge_threshold == 0.3
+    with pytest.raises(ConfigError, match="the engine's setting"):
+        engine.updated({"judge": str(good)})  # a request may not name a file on the server
+    with pytest.raises(ConfigError) as refused:
+        ServeSettings().updated({"rule": "judge", "judge": str(bad)}, engine=True)
+    assert str(refused.value).startswith("judge: ") and "is not a judge file" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    check_request(SimpleNamespace(temperature=0.0, extra_args={"dropmatch_rule": "dropmatch_judge"}),
+                  {"rule": "dropmatch", "judge": str(good)})  # admitted: the engine has a judge
+    with pytest.raises(ValueError, match="reads a trained judge"):
+        check_request(SimpleNamespace(temperature=0.0, extra_args={"dropmatch_rule": "judge"}), {"rule": "dropmatch"})
 
 
 def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):

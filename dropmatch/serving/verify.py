@@ -21,6 +21,7 @@ from .. import acceptance, judging
 from ..acceptance import BONUS, CORRECTION, Verdict
 from ..config import RuleConfig
 from ..sampling import signal_probs, top_token
+from ..trained_judge import TrainedJudge
 
 
 @dataclass(frozen=True)
@@ -97,13 +98,15 @@ class Round:
                                    torch.zeros(1, dtype=torch.bool), 0.0, self.mask_seed)
 
 
-def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False) -> list[Verdict]:
+def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False,
+                  judge: TrainedJudge | None = None) -> list[Verdict]:
     """The verdict of each round under `rule` (greedy): how many drafted tokens it accepts, why each
     ended as it did, and the token emitted after them (the target's argmax there).
 
     one_pass: every drafted position of the batch judged in one stacked call, and everything the
     scans read copied to the host at once (`verify_in_one_pass`); the same verdicts (tested), for a
-    device where each host copy is a sync; else, as follows.
+    device where each host copy is a sync; else, as follows. judge: the trained judge the judge
+    rules read (from the target's hidden state on reading each drafted token, Round.hidden).
 
     Each round is scanned left to right as acceptance.judge scans it: the exact test's run, then
     the one position it rejected, which the rule judges (its checks read that position only); where
@@ -114,14 +117,14 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
     if one_pass:
-        return verify_in_one_pass(head, rule, rounds)[0]
+        return verify_in_one_pass(head, rule, rounds, judge)[0]
     scans = [acceptance.scan(round_.num_drafted, round_.is_exact()) for round_ in rounds]
     reasons: list[tuple[str, ...] | None] = [None] * len(rounds)
     asked = {i: _step(scans[i], None, reasons, i) for i in range(len(rounds))}
     pending = {i: at for i, at in asked.items() if at is not None}
     while pending:  # one pass: the position each unfinished scan asks about, judged in one stacked call
         signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
-                                        [rounds[i].piece(at) for i, at in pending.items()])
+                                        [rounds[i].piece(at) for i, at in pending.items()], judge)
         ruled = acceptance.rule_reasons(rule, signals)
         asked = {i: _step(scans[i], reason, reasons, i) for i, reason in zip(pending, ruled)}
         pending = {i: at for i, at in asked.items() if at is not None}
@@ -139,7 +142,8 @@ def _step(steps, reason: str | None, reasons: list, index: int) -> int | None:
         return None
 
 
-def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round]) -> tuple[list[Verdict], list[list[int]]]:
+def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round],
+                       judge: TrainedJudge | None = None) -> tuple[list[Verdict], list[list[int]]]:
     """verify_greedy with one device-to-host copy: (the verdicts, each round's emitted tokens: its
     accepted drafts, then the token after them, the row a server writes).
 
@@ -152,7 +156,7 @@ def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round]
     if not rounds:
         return [], []
     signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
-                                    [round_.judge_inputs() for round_ in rounds], settle_on_host=False)
+                                    [round_.judge_inputs() for round_ in rounds], judge, settle_on_host=False)
     checks = acceptance.rule_checks(rule, signals)
     exact = torch.cat([round_.exact() for round_ in rounds])  # [n]
     parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []

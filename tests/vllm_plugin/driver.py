@@ -40,7 +40,7 @@ def record_steps() -> None:
         untouched = [row for row in range(before.shape[0]) if row not in judged_rows]
         ROWS_CHANGED.append(int((before[untouched] != output.sampled_token_ids[untouched]).any(-1).sum()))
         for row, req_id, settings, round_ in work:
-            STEPS.append((req_id, settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head))
+            STEPS.append((req_id, settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head, self.judge))
 
     dm_runner._Verifier.rejudge = rejudge
 
@@ -54,10 +54,12 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
 
     mismatches, lossy, exact, not_allowed, q_not_draft = 0, 0, 0, 0, 0
     lossy_positions: dict[str, list[int]] = {}
-    for req_id, rule, round_, emitted, head in STEPS:
+    by_reason: dict[str, int] = {}
+    for req_id, rule, round_, emitted, head, judge in STEPS:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
         inputs = round_.judge_inputs()
-        judged = judging.judge_positions(head, rule, rule.p if rule.uses_paths else None, inputs)
+        rule = judge.filled(rule) if rule.uses_judge else rule  # as the runner fills it
+        judged = judging.judge_positions(head, rule, rule.p if rule.uses_paths else None, inputs, judge=judge)
         verdict = acceptance.decide(rule, True, judged.signals, round_.q_signal, round_.clean_logits,
                                     torch.Generator(), exact=inputs.exact)
         expected = round_.draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
@@ -67,11 +69,12 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
         for i, reason in enumerate(verdict.reasons[: verdict.num_accepted]):
             exact += reason == "exact"
             lossy += reason != "exact"
+            by_reason[reason] = by_reason.get(reason, 0) + 1
             if reason != "exact":
                 lossy_positions.setdefault(req_id, []).append(round_.first_position + i)
             not_allowed += reason == "exact" and got[i] != argmax[i]
     counts = {"rounds": len(STEPS), "mismatches": mismatches, "lossy": lossy, "exact": exact,
-              "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft}
+              "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft, "accepted_by": by_reason}
     return counts, lossy_positions
 
 

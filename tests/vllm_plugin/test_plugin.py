@@ -21,6 +21,7 @@ QUESTIONS = [
 ]
 MAX_TOKENS = 48
 LOSSY = {"rule": "dropmatch", "p": 0.3}
+SHIPPED_JUDGE = ROOT / "assets" / "judge" / "judge.json"
 
 
 @lru_cache(maxsize=None)
@@ -144,8 +145,10 @@ def engine_specs() -> dict[str, tuple]:
             greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
         # DropMatch engine-wide at p = 0.3 with the exported draft model, verified as off a CPU: every
         # drafted position at once, one host copy per step (runner.one_pass_on); the engine above pass by pass
-        "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3}, [
-            greedy("lossy"), greedy("lossless", {"rule": "lossless"})], True, {"DROPMATCH_VLLM_ONE_PASS": "1"}),
+        # and the trained judge's combination (the shipped judge, trained on this target's hidden states)
+        "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3, "judge": str(SHIPPED_JUDGE)}, [
+            greedy("lossy"), greedy("lossless", {"rule": "lossless"}), greedy("with_judge", {"rule": "dropmatch_judge"})],
+            True, {"DROPMATCH_VLLM_ONE_PASS": "1"}),
     }
 
 
@@ -211,6 +214,15 @@ def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, one_pass, re
     steps = result["steps"]["lossy"]
     assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
     assert steps["lossy"] > 0 and steps["q_not_draft"] == 0, steps
+
+
+def test_the_trained_judges_rule_decides_in_vllm_what_the_judge_step_decides(dropmatch_draft_model):
+    """DropMatch + the shipped trained judge on the plugin's engine: every round equal to judge_positions
+    + decide with the same judge (it reads the target's hidden state vLLM computed), and the judge
+    accepted some drafts itself."""
+    steps = dropmatch_draft_model["steps"]["with_judge"]
+    assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
+    assert steps["accepted_by"].get("judge", 0) > 0, steps
 
 
 def test_lossy_outputs_differ_from_lossless_only_where_the_rule_accepted(dropmatch_ngram, vllm_ngram):

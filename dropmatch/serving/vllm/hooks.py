@@ -52,7 +52,7 @@ def refusal(vllm_config, platform: str, uses_v2_runner: bool) -> str | None:
     if given is None:
         return None
     try:
-        ServeSettings().updated(given)
+        ServeSettings().updated(given, engine=True)
     except ConfigError as error:
         return f"DropMatch: additional_config['dropmatch']: {error}"
     if PROBLEMS:

@@ -47,7 +47,7 @@ def effective_settings(engine: dict | None, extra_args: dict | None) -> ServeSet
             raise ConfigError("this engine was started without DropMatch (additional_config['dropmatch']); "
                               "its requests cannot ask for a lossy rule")
         return None
-    return ServeSettings().updated(engine).updated(given)
+    return ServeSettings().updated(engine, engine=True).updated(given)
 
 
 def check_request(sampling_params, engine: dict | None = None) -> None:

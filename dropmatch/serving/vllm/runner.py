@@ -35,11 +35,11 @@ from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_greedy, verify_in_one_pass
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
-from .settings import ServeSettings, request_settings
+from .settings import ServeSettings, read_judge, request_settings
 from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
-READS_DRAFT = ("js", "dropmatch", "fixed_js")  # rules whose signals read the draft's distribution
+READS_DRAFT = ("js", "dropmatch", "fixed_js", "dropmatch_judge")  # rules whose signals read the draft's distribution
 ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": pass by pass; unset: by the device
 
 
@@ -111,9 +111,10 @@ class _Verifier:
     """What the runner keeps for DropMatch: the engine-wide settings, the head, the hidden rows of
     the step being sampled, the draft's distributions per request, the counters."""
 
-    def __init__(self, runner, settings: ServeSettings, method: str | None):
+    def __init__(self, runner, settings: ServeSettings, method: str | None, judge=None):
         self.settings = settings
         self.method = method
+        self.judge = judge  # the engine's trained judge (trained_judge.TrainedJudge), or None
         self.head = VllmHead(runner.get_model())
         self.one_pass = one_pass_on(runner.device)
         self.hidden = None
@@ -131,12 +132,12 @@ class _Verifier:
     @classmethod
     def start(cls, runner, given: dict) -> "_Verifier":
         try:
-            settings = ServeSettings().updated(given)
+            settings = ServeSettings().updated(given, engine=True)
         except ConfigError as error:
             raise ValueError(f"additional_config['dropmatch']: {error}") from None
         spec = runner.speculative_config
         method = spec.method if spec is not None else None
-        verifier = cls(runner, settings, method)
+        verifier = cls(runner, settings, method, _fitting_judge(settings, runner.model_config.get_hidden_size()))
         if method == "draft_model":
             verifier.capture_drafts(runner.drafter)
         elif method != "ngram" and settings.rule.rule in READS_DRAFT:
@@ -285,9 +286,11 @@ class _Verifier:
         """(the verdicts of items [(row, request id, Round)] under rule, each row's emitted tokens: its
         accepted drafts, then the target's token)."""
         rounds = [round_ for _, _, round_ in items]
+        if rule.uses_judge:
+            rule = self.judge.filled(rule)  # the judge's validation-chosen threshold where the request set none
         if self.one_pass:
-            return verify_in_one_pass(self.head, rule, rounds)
-        verdicts = verify_greedy(self.head, rule, rounds)
+            return verify_in_one_pass(self.head, rule, rounds, self.judge)
+        verdicts = verify_greedy(self.head, rule, rounds, judge=self.judge)
         # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
         lines = [_accepted_drafts(emitted[row], round_, verdict.num_accepted) + [verdict.next_token]
                  for (row, _, round_), verdict in zip(items, verdicts)]
@@ -323,6 +326,19 @@ def memory_line(vocab_size: int, gamma: int, max_requests: int) -> str:
     return (f"DropMatch keeps the draft model's logits of each greedy DropMatch request whose rule reads them: "
             f"{per_token / 1e3:.0f} kB per drafted token, {per_token * gamma / 1e6:.2f} MB per request at gamma "
             f"{gamma}; at most {most / 1e6:.0f} MB for {max_requests} requests, outside vLLM's memory profile")
+
+
+def _fitting_judge(settings: ServeSettings, hidden_size: int):
+    """The engine's judge (None where it names none); ValueError (one line) unless it reads this
+    model's hidden size (its own name is the Studio's label of the model, which vLLM does not know)."""
+    if settings.judge is None:
+        return None
+    judge = read_judge(settings.judge)
+    if judge.hidden_size != hidden_size:
+        raise ValueError(f"additional_config['dropmatch']['judge']: this judge was trained on {judge.target} (hidden "
+                         f"size {judge.hidden_size}); this model's hidden size is {hidden_size}")
+    LOG.info("DropMatch's judge: %s, trained on %s, threshold %.3f", settings.judge, judge.target, judge.threshold)
+    return judge
 
 
 def _counting_rank() -> bool:

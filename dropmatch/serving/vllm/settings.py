@@ -3,54 +3,82 @@ from `SamplingParams(extra_args={"dropmatch": {...}})` (over HTTP: `"vllm_xargs"
 is not nested, so a request there gives the keys flat with a `dropmatch_` prefix). Pure Python: the
 same parsing runs in the front end (validating a request, HTTP 400 on a bad one) and in the worker.
 
-Keys: rule, p, k, majority_fraction, centroid, typical_eps, typical_delta, fixed_js_threshold, seed.
-Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0.
+Keys: rule, p, k, majority_fraction, centroid, typical_eps, typical_delta, fixed_js_threshold,
+judge_threshold, seed; and, engine-wide only, judge: a trained judge's file (trained_judge.py), which
+the rules "judge" and "dropmatch_judge" read (the embedded target's: assets/judge/judge.json).
+Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0, no judge.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from ...config import ConfigError, RuleConfig
 
 KEYS = {"rule": "rule", "p": "p", "k": "num_paths", "majority_fraction": "majority_fraction",
         "centroid": "centroid", "typical_eps": "typical_eps", "typical_delta": "typical_delta",
-        "fixed_js_threshold": "fixed_js_threshold"}
+        "fixed_js_threshold": "fixed_js_threshold", "judge_threshold": "judge_threshold"}
+OTHER_KEYS = ("seed", "judge")
 FLAT_PREFIX = "dropmatch_"
 DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """A request's rule (config.RuleConfig, validated there) and the seed that keys its masks."""
+    """A request's rule (config.RuleConfig, validated there), the seed that keys its masks, and the
+    engine's judge file (None: none; the judge rules are then refused)."""
 
     rule: RuleConfig = field(default_factory=lambda: RuleConfig("dropmatch", p=DEFAULT_P))
     seed: int = 0
+    judge: str | None = None
 
     @property
     def lossless(self) -> bool:
         return self.rule.rule == "lossless"
 
-    def updated(self, given: dict | None) -> "ServeSettings":
-        """These settings with the keys of `given` applied; ConfigError (one line) on a bad key or value."""
+    def updated(self, given: dict | None, engine: bool = False) -> "ServeSettings":
+        """These settings with the keys of `given` applied (engine: the engine's own, which may name a
+        judge file); ConfigError (one line) on a bad key or value."""
         if not given:
             return self
         if not isinstance(given, dict):
             raise ConfigError(f"DropMatch settings must be a mapping of keys to values, got {type(given).__name__}")
-        unknown = sorted(set(given) - set(KEYS) - {"seed"})
+        unknown = sorted(set(given) - set(KEYS) - set(OTHER_KEYS))
         if unknown:
-            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the keys are {', '.join([*KEYS, 'seed'])}")
+            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the keys are {', '.join([*KEYS, *OTHER_KEYS])}")
+        if "judge" in given and not engine:
+            raise ConfigError("the judge file is the engine's setting (additional_config['dropmatch']['judge']), "
+                              "not a request's")
         if given.get("p") == "auto":
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
                               f"give p as a number (e.g. {DEFAULT_P})")
         rule = replace(self.rule, **{KEYS[key]: value for key, value in given.items() if key in KEYS})
-        if rule.uses_judge:  # refused, never served as another rule
-            raise ConfigError(f"the rule {rule.rule!r} reads a trained judge, which the vLLM plugin does not load; "
-                              "it runs in the Studio and dropmatch-bench")
+        judge = given.get("judge", self.judge)
+        if judge is not None:
+            read_judge(judge)
+        if rule.uses_judge and judge is None:  # refused, never served as another rule
+            raise ConfigError(f"the rule {rule.rule!r} reads a trained judge: start the engine with one, "
+                              "additional_config['dropmatch']['judge'] = its file (the embedded target's: "
+                              "assets/judge/judge.json)")
         seed = given.get("seed", self.seed)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
-        return ServeSettings(rule, seed)
+        return ServeSettings(rule, seed, judge)
+
+
+@lru_cache(maxsize=8)
+def read_judge(path: str):
+    """The trained judge in a file (trained_judge.TrainedJudge), read once per process; ConfigError with
+    its one line if it is not one."""
+    from ...trained_judge import JudgeFileError, TrainedJudge
+
+    if not isinstance(path, str):
+        raise ConfigError(f"judge must be the path of a judge file, got {path!r}")
+    try:
+        return TrainedJudge.read(path)
+    except JudgeFileError as error:
+        raise ConfigError(f"judge: {error}") from None
 
 
 def request_settings(extra_args: dict | None) -> dict | None:
