@@ -365,3 +365,20 @@ def test_the_vllm_engine_gets_every_setting_of_the_command_it_was_started_with()
     assert (taken.limit, taken.concurrency, taken.p, taken.repeats, taken.rounds) == (8, [1, 16], [0.1, 0.2], 2, 3)
     bare = vllm_bench_args(build_parser().parse_args(["--engine", "vllm", "--prompts", "a.jsonl"]))
     assert "--repeats" not in bare and "--rounds" not in bare and "--limit" not in bare
+
+
+def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_range():
+    """The shipped judge scores every mismatch in a narrow band (0.79-0.82): its frontier points take
+    the judge's chosen threshold and its validation quantiles, never fixed values that accept nothing."""
+    from dropmatch.bench.running import FRONTIER_KNOBS, variants, with_judge_knob
+    from dropmatch.config import RuleConfig
+    from dropmatch.trained_judge import SHIPPED_JUDGE, TrainedJudge
+
+    judge = TrainedJudge.read(SHIPPED_JUDGE)
+    runs = with_judge_knob(variants(["lossless"], RuleConfig(), [], frontier=True), judge)
+    points = [run for run in runs if run.knob == "judge_threshold"]
+    values = [run.value for run in points]
+    assert judge.threshold in values and len(values) == 5 and len(set(run.label for run in runs)) == len(runs)
+    assert all(min(judge.thresholds) <= value <= max(judge.thresholds) for value in values)
+    assert not set(values) & set(FRONTIER_KNOBS["judge_threshold"])
+    assert all(run.rule.judge_threshold == run.value and run.rule.rule == "judge" for run in points)

@@ -180,7 +180,7 @@ def test_settings_apply_over_the_engines_and_refuse_bad_ones_in_one_line():
     for bad, words in [({"p": 2}, "p (dropout rate) must be in [0, 1)"), ({"p": "auto"}, "give p as a number"),
                        ({"tau": 1}, "unknown DropMatch setting 'tau'"), ({"rule": "magic"}, "unknown rule"),
                        ({"seed": "x"}, "seed must be an integer"), ({"k": 0}, "K (paths)"),
-                       ({"rule": "judge"}, "the vLLM plugin does not load"),
+                       ({"rule": "judge"}, "reads a trained judge: start the engine with one"),
                        ({"rule": "dropmatch_judge"}, "reads a trained judge")]:
         with pytest.raises(ConfigError, match=None) as raised:
             ServeSettings().updated(bad)

@@ -38,7 +38,7 @@ from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from ..report import markdown_table, write_report
 from .prompts import BenchError, _count, _positive, parse_file, read_prompts
-from .running import peer_runs, run_benchmark, variants, warm_up
+from .running import peer_runs, run_benchmark, variants, warm_up, with_judge_knob
 from .summary import format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
 
 
@@ -230,12 +230,14 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
 
 def runnable(engine, runs: list) -> list:
     """The runs this pair can make: the frontier's points of the judge rules need a trained judge (a
-    named --rules judge without one is refused by the engine, in one line)."""
+    named --rules judge without one is refused by the engine, in one line), and sweep its threshold
+    over the judge's own values."""
     dropped = [run for run in runs if run.knob and run.rule.uses_judge and engine.judge is None]
     if dropped:
         print(f"note: no trained judge for this target: the frontier leaves out {len(dropped)} judge-rule points",
               file=sys.stderr)
-    return [run for run in runs if run not in dropped]
+        return [run for run in runs if run not in dropped]
+    return with_judge_knob(runs, engine.judge) if engine.judge is not None else runs
 
 
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):

@@ -20,8 +20,9 @@ FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path 
     "p": FRONTIER_P,
     "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
     "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
-    "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),
+    "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),  # stand-ins: a pair's judge has its own (judge_knob_values)
 }
+JUDGE_QUANTILES = (0.05, 0.25, 0.5, 0.75)  # of the judge's validation thresholds, beside its chosen one
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,24 @@ def frontier_variants(template: RuleConfig) -> list[Variant]:
                 config = replace(template, rule=name, centroid=centroid, **{rule.knob: value})
                 runs.append(Variant(f"{prefix}@{rule.knob}={value:g}", config, rule.knob, value))
     return runs
+
+
+def judge_knob_values(judge) -> tuple[float, ...]:
+    """The judge threshold's frontier values for a trained judge: its validation-chosen threshold and
+    its validation quantiles at JUDGE_QUANTILES. Its scores sit in a narrow band (the shipped judge's
+    in 0.79-0.82), so fixed values would accept all or nothing."""
+    ordered = sorted(judge.thresholds)
+    picked = {ordered[round(q * (len(ordered) - 1))] for q in JUDGE_QUANTILES} if ordered else set()
+    return tuple(sorted(picked | {judge.threshold}))
+
+
+def with_judge_knob(runs: list[Variant], judge) -> list[Variant]:
+    """runs with each judge-threshold frontier sweep at the judge's own values (judge_knob_values)."""
+    kept = [run for run in runs if run.knob != "judge_threshold"]
+    sweeps = {run.label.split("@")[0]: run.rule for run in runs if run.knob == "judge_threshold"}
+    return kept + [Variant(f"{prefix}@judge_threshold={value:.4f}", replace(rule, judge_threshold=value),
+                           "judge_threshold", value)
+                   for prefix, rule in sweeps.items() for value in judge_knob_values(judge)]
 
 
 @dataclass
