@@ -341,7 +341,7 @@ def decide(
     if exact is None:
         exact = exact_accepts(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
     reasons = judge(cfg, signals, exact)
-    num_accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+    num_accepted = accepted_count(reasons)
     if num_accepted < num_drafted:
         token = correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator)
         return Verdict(num_accepted, reasons, token, CORRECTION)
@@ -394,5 +394,19 @@ def rule_reasons(cfg: RuleKnobs, signals: Signals) -> list[str]:
     if not checks or not num_drafted:
         return ["rejected"] * num_drafted
     accepted = torch.stack([mask for _, mask in checks]).tolist()  # [checks][g]: one host copy for all checks
-    names = [name for name, _ in checks]
-    return [next((name for name, row in zip(names, accepted) if row[i]), "rejected") for i in range(num_drafted)]
+    rows = dict(zip([name for name, _ in checks], accepted))
+    return [first_accepting(rows, i) for i in range(num_drafted)]
+
+
+def first_accepting(rows: dict[str, list], at: int) -> str:
+    """The reason at position `at` of host check rows {check: [n] 0/1} in the rule's order: the name of
+    the first check that accepts it, else "rejected" (the rule's checks are tried in order)."""
+    return next((name for name, row in rows.items() if row[at]), "rejected")
+
+
+NOT_ACCEPTED = ("rejected", "unchecked")  # every other reason names the check that accepted the token
+
+
+def accepted_count(reasons) -> int:
+    """How many drafted tokens a scan's reasons accept: every position not rejected nor left unchecked."""
+    return sum(reason not in NOT_ACCEPTED for reason in reasons)

@@ -122,7 +122,7 @@ def _rows(prepared, columns, token_text) -> list[dict]:
             for cfg, column in columns:
                 reasons, signals = column[r]
                 reason = reasons[i]
-                cells.append({"reason": reason, "accepted": reason not in ("rejected", "unchecked"),
+                cells.append({"reason": reason, "accepted": reason not in acceptance.NOT_ACCEPTED,
                               "info": cell_info(cfg, signals, i, reason, token_text)})
             rows.append({"round": r, "slot": i, "token": token, "text": token_text(token), "cells": cells})
     return rows
@@ -130,7 +130,7 @@ def _rows(prepared, columns, token_text) -> list[dict]:
 
 def _summary(rule: str, column) -> dict:
     drafted = sum(len(reasons) for reasons, _ in column)
-    accepted = sum(sum(reason not in ("rejected", "unchecked") for reason in reasons) for reasons, _ in column)
+    accepted = sum(acceptance.accepted_count(reasons) for reasons, _ in column)
     rounds = len(column)
     return {"rule": rule, "drafted": drafted, "accepted": accepted, "share": accepted / drafted if drafted else 0.0,
             "tau": (accepted + rounds) / rounds if rounds else 0.0}

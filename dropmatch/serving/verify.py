@@ -85,7 +85,7 @@ class Round:
     def emitted_after(self, reasons: tuple[str, ...]) -> tuple[int, str]:
         """The token after the accepted drafts: the target's argmax at the rejected position (correction),
         or after the last draft (bonus); the server's own where its verdict covers that position."""
-        accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+        accepted = acceptance.accepted_count(reasons)
         kind = BONUS if accepted == self.num_drafted else CORRECTION
         if self.lossless is not None and accepted == self.lossless[0]:
             return self.lossless[1], kind
@@ -128,7 +128,7 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one
         ruled = acceptance.rule_reasons(rule, signals)
         asked = {i: _step(scans[i], reason, reasons, i) for i, reason in zip(pending, ruled)}
         pending = {i: at for i, at in asked.items() if at is not None}
-    return [Verdict(sum(r not in ("rejected", "unchecked") for r in found), found, *round_.emitted_after(found))
+    return [Verdict(acceptance.accepted_count(found), found, *round_.emitted_after(found))
             for round_, found in zip(rounds, reasons)]
 
 
@@ -178,11 +178,9 @@ def _host_scans(rounds: list[Round], masks: dict[str, list[int]], exact: list[in
     for index, round_ in enumerate(rounds):
         g = round_.num_drafted
 
-        def reason_at(i: int, at: int = first) -> str:
-            return next((name for name, row in masks.items() if row[at + i]), "rejected")
-
-        reasons = acceptance.run_scan(acceptance.scan(g, lambda i, at=first: bool(exact[at + i])), reason_at)
-        accepted = sum(reason not in ("rejected", "unchecked") for reason in reasons)
+        reasons = acceptance.run_scan(acceptance.scan(g, lambda i, at=first: bool(exact[at + i])),
+                                      lambda i, at=first: acceptance.first_accepting(masks, at + i))
+        accepted = acceptance.accepted_count(reasons)
         next_token = argmax[first + index + accepted]  # round `index` starts at first + index there
         verdicts.append(Verdict(accepted, reasons, next_token, BONUS if accepted == g else CORRECTION))
         lines.append(drafts[first:first + accepted] + [next_token])
