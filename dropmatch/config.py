@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 
 from .acceptance import RULES
-from .mc_head import CENTROIDS
+from .mc_head import CENTROIDS, MASK_DRAWS
 
 EMBEDDED = "embedded"
 MAX_GAMMA = 16
@@ -222,6 +222,10 @@ class RuleConfig:
     # The trained judge's rules: accept a mismatch the judge scores below this. None: the judge's own,
     # chosen on its validation split (trained_judge.py); the engine fills it in.
     judge_threshold: float | None = None
+    # How the drafted positions' dropout masks are drawn (mc_head.MASK_DRAWS): "per_position" (every recorded
+    # run's) or "counter", a labelled option: a server's whole step in one batched draw, the same masks on
+    # every device, other masks (so other decisions) than per_position's.
+    mask_draw: str = "per_position"
 
     def __post_init__(self):
         names = rule_names()
@@ -258,6 +262,8 @@ class RuleConfig:
             if not 0.0 <= threshold <= 1.0:
                 raise ConfigError(f"judge threshold must be in [0, 1] (a probability), got {threshold:g}")
             object.__setattr__(self, "judge_threshold", threshold)
+        if self.mask_draw not in MASK_DRAWS:
+            raise ConfigError(f"mask draw must be one of {', '.join(MASK_DRAWS)}, got {self.mask_draw!r}")
 
     @property
     def uses_paths(self) -> bool:

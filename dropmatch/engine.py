@@ -389,6 +389,7 @@ class Engine:
             first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
             draft_source=decode.draft_source if mode == "sd" else "model", rescue_argmax=rule.rescue_argmax,
             path_support=rule.path_support, judge_threshold=rule.judge_threshold if rule.uses_judge else None,
+            mask_draw=rule.mask_draw,
             **dict(zip(("weights", "device", "dtype"), self.computed_by())),
         )
 

@@ -297,7 +297,7 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
 
 def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tuple:
     # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
-    return ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid)
+    return ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid, rule.mask_draw)
 
 
 # ---------------------------------------------------------------- many sequences at once (a serving batch)
@@ -350,7 +350,7 @@ def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor
     if p == 0.0:  # every path is the clean row
         clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
         return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)
-    keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype)
+    keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype, rule.mask_draw)
     if support is None:
         return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)
     path_logits = target.support_path_logits(hidden, keep, p, clean_logits, support)

@@ -69,7 +69,7 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
     if trace is not None and trace.p is not None:
         base = dataclasses.replace(base, num_paths=trace.num_paths, p=trace.p, centroid=trace.centroid,
                                    majority_fraction=trace.majority_fraction, rescue_argmax=trace.rescue_argmax,
-                                   path_support=trace.path_support)
+                                   path_support=trace.path_support, mask_draw=trace.mask_draw)
     settings = dataclasses.replace(base, **changes)
     if settings.p is None:
         raise ConfigError("the rule lab needs a number for p")

@@ -37,15 +37,28 @@ def mc_generator(key: int, device: torch.device | str = "cpu") -> torch.Generato
     return torch.Generator(device=device).manual_seed(derived)
 
 
+# How the drafted positions' masks are drawn (RuleConfig.mask_draw). "per_position": a torch generator
+# seeded with each position's key, one draw per position (MT19937 on a CPU, the device's own generator
+# elsewhere); every recorded run uses it. "counter": a keyed integer hash of (position key, path, unit),
+# every position of a step in one batched draw and the same bits on every device (a labelled option:
+# other masks than per_position's, so other decisions).
+MASK_DRAWS = ("per_position", "counter")
+
+
 def keyed_masks(keys: list[tuple[int, int]], num_paths: int, p: float, hidden_size: int,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                draw: str = "per_position") -> torch.Tensor:
     """K Bernoulli(1 - p) keep masks [K, n, H] for n drafted tokens, keys [n] of (a run's mask key,
     the token's sequence position).
 
     Each position draws from a stream keyed by (the run's mask key, position) alone, apart from
     sampling's: so a position's paths are the same whichever other positions (or runs, in a served
     batch) are computed with it, and the rule lab re-judges a run's drafts with the very paths the
-    engine drew."""
+    engine drew. draw: one of MASK_DRAWS."""
+    if draw == "counter":
+        return counter_masks(keys, num_paths, p, hidden_size, device).to(dtype)
+    if draw != "per_position":
+        raise ValueError(f"mask draw must be one of {MASK_DRAWS}, got {draw!r}")
     generator = torch.Generator(device=device)
     columns = []
     for key, position in keys:
@@ -57,6 +70,43 @@ def keyed_masks(keys: list[tuple[int, int]], num_paths: int, p: float, hidden_si
 
 def _position_key(key: int, position: int) -> int:
     return (key * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (2**63 - 1)
+
+
+def counter_masks(keys: list[tuple[int, int]], num_paths: int, p: float, hidden_size: int,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """keyed_masks' "counter" draw: [K, n, H] bool, unit (k, h) of position i kept iff
+    hash32(hash32((k * H + h) ^ a_i) ^ b_i) >= round(p * 2^32), with (a_i, b_i) two 32-bit words of
+    the position's key (_position_key). Integer ops only (no generator, no float), so the bits are the
+    same on every device and for any batch: P(keep) = 1 - p to within 2^-32. The whole step is one
+    fixed chain of elementwise ops, whatever n: no reseed and no launch per position."""
+    position_keys = torch.tensor([_position_key(key, int(position)) for key, position in keys],
+                                 dtype=torch.int64, device=device)  # [n], each in [0, 2^63)
+    word_a = _hash32(position_keys & _LOW32)
+    word_b = _hash32((position_keys >> 32) ^ word_a)
+    units = torch.arange(num_paths * hidden_size, dtype=torch.int64, device=device)  # [K * H]
+    bits = _hash32(_hash32(units.view(1, -1) ^ word_a.view(-1, 1)) ^ word_b.view(-1, 1))  # [n, K * H]
+    kept = bits >= round(p * 2**32)
+    return kept.view(-1, num_paths, hidden_size).transpose(0, 1)
+
+
+_LOW32 = 0xFFFFFFFF
+
+
+def _hash32(words: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer (xor-shift, multiply, twice: the "lowbias32" constants) on int64 words
+    in [0, 2^32), elementwise; every product stays below 2^63, so no op overflows on any device."""
+    words = words ^ (words >> 16)
+    words = _times32(words, 0x7FEB352D)
+    words = words ^ (words >> 15)
+    words = _times32(words, 0x846CA68B)
+    return words ^ (words >> 16)
+
+
+def _times32(words: torch.Tensor, factor: int) -> torch.Tensor:
+    """words * factor mod 2^32 for int64 words in [0, 2^32): the factor in two 16-bit halves."""
+    low = words * (factor & 0xFFFF)
+    high = ((words * (factor >> 16)) & 0xFFFF) << 16
+    return (low + high) & _LOW32
 
 
 def dropout_masks(hidden: torch.Tensor, num_paths: int, p: float, generator: torch.Generator) -> torch.Tensor:

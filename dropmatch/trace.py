@@ -158,6 +158,7 @@ class GenerationTrace:
     rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
     path_support: int = 0  # the paths scored this many tokens (0: every token)
     judge_threshold: float | None = None  # the judge rules' threshold (None: the rule reads no judge)
+    mask_draw: str = "per_position"  # how the drafted positions' masks were drawn (RuleConfig.mask_draw)
     # What computed the run: CausalLM.fingerprint of target and draft ("target+draft"; empty in runs
     # written before), and the target's device type and dtype. The rule lab re-judges only with the same.
     weights: str = ""

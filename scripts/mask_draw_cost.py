@@ -4,9 +4,10 @@ Today (mc_head.keyed_masks) each drafted position seeds a torch CPU generator wi
 torch.bernoulli over [K, 1, H]: the first K x H outputs of MT19937 (init_genrand with the key's low 32 bits),
 each compared as (output & 0xffffff) / 2**24 < 1 - p. This script re-implements that draw with MT19937
 vectorised over positions (numpy), checks it equals torch's bit for bit on a few keys, and times both for
-n positions. (It is the evidence for keeping the per-position draw: see docs/serving.md.)
+n positions, beside mc_head's own draws: today's per-position one and the "counter" draw (RuleConfig.mask_draw,
+one batched hash over every position, other masks). (The evidence for docs/serving.md's choice of default.)
 
-    python scripts/mask_draw_cost.py [--k 5] [--hidden 576] [--p 0.3]
+    python scripts/mask_draw_cost.py [--k 5] [--hidden 576] [--p 0.3] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 
 import numpy as np
 import torch
+
+from dropmatch.mc_head import keyed_masks
 
 MASK32 = 0xFFFFFFFF
 
@@ -71,19 +74,30 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--p", type=float, default=0.3)
+    parser.add_argument("--repeats", type=int, default=7, help="draws timed per setting (the median)")
     args = parser.parse_args()
     keys = [12345, 2**32 - 5, 7, 2**63 - 25, 2**40 + 3]
     same = np.array_equal(vectorised_masks(keys, args.k, args.hidden, args.p), torch_masks(keys, args.k, args.hidden, args.p))
     print(f"vectorised MT19937 equals torch's per-position bernoulli on {len(keys)} keys: {same}")
+    draws = {"vectorised MT19937": lambda keys: vectorised_masks(keys, args.k, args.hidden, args.p),
+             "per position (today)": lambda keys: keyed_masks([(key, 0) for key in keys], args.k, args.p, args.hidden),
+             "counter (mask_draw)": lambda keys: keyed_masks([(key, 0) for key in keys], args.k, args.p, args.hidden,
+                                                             draw="counter")}
     for n in (1, 16, 256):
         keys = list(range(1, n + 1))
-        timings = []
-        for draw in (vectorised_masks, torch_masks):
-            started = time.perf_counter()
-            draw(keys, args.k, args.hidden, args.p)
-            timings.append(1e3 * (time.perf_counter() - started))
-        print(f"n = {n:3d} positions: vectorised {timings[0]:.2f} ms, per position {timings[1]:.2f} ms")
+        timings = {name: median_ms(draw, keys, args.repeats) for name, draw in draws.items()}
+        print(f"n = {n:3d} positions: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in timings.items()))
     return 0 if same else 1
+
+
+def median_ms(draw, keys: list[int], repeats: int) -> float:
+    """The median wall time of `repeats` draws, in ms."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        draw(keys)
+        times.append(1e3 * (time.perf_counter() - started))
+    return sorted(times)[len(times) // 2]
 
 
 if __name__ == "__main__":

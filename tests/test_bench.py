@@ -367,6 +367,23 @@ def test_the_vllm_engine_gets_every_setting_of_the_command_it_was_started_with()
     assert "--repeats" not in bare and "--rounds" not in bare and "--limit" not in bare
 
 
+def test_the_vllm_benchmark_refuses_a_missing_prompt_file_in_one_line_before_any_model_work(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A prompt file that is not there (the default dev set on a fresh checkout) stops the vLLM benchmark
+    with one line naming it, exit 2, no traceback, and no model loaded or exported."""
+    from dropmatch.models import loading
+    from dropmatch.serving.vllm import bench
+
+    monkeypatch.setattr(loading, "embedded_target_source", lambda: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    assert bench.main([]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == ("error: prompt file not found: runs/distill/dev.jsonl "
+                     "(the dev prompts: python scripts/distill_draft.py devset)")
+    assert bench.main(["--prompts", "elsewhere.jsonl"]) == 2
+    assert capsys.readouterr().err.strip() == "error: prompt file not found: elsewhere.jsonl"
+
+
 def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_range():
     """The shipped judge scores every mismatch in a narrow band (0.79-0.82): its frontier points take
     the judge's chosen threshold and its validation quantiles, never fixed values that accept nothing."""

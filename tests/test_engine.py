@@ -482,18 +482,62 @@ def test_a_cpu_model_gets_row_linears_with_its_weights_shared_and_its_logits_kep
     assert all(type(m) is torch.nn.Linear for m in bf16.modules() if isinstance(m, torch.nn.Linear))
 
 
-def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only():
+@pytest.mark.parametrize("draw", ["per_position", "counter"])
+def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only(draw):
     """The mask key changes with the seed and with the prompt's token ids; a position's masks are the
-    same whichever other positions are drawn with it."""
+    same whichever other positions are drawn with it, under either draw."""
     from dropmatch.mc_head import keyed_masks, mask_seed
 
     key = mask_seed(0, [1, 2, 3])
     assert mask_seed(0, (1, 2, 3)) == key
     assert len({key, mask_seed(0, [1, 2, 4]), mask_seed(1, [1, 2, 3]), mask_seed(0, [1, 2, 3, 0])}) == 4
-    together, alone = keyed_masks([(key, 5), (key, 6)], 5, 0.3, 64), keyed_masks([(key, 6)], 5, 0.3, 64)
+    together = keyed_masks([(key, 5), (key, 6)], 5, 0.3, 64, draw=draw)
+    alone = keyed_masks([(key, 6)], 5, 0.3, 64, draw=draw)
     assert torch.equal(together[:, 1:], alone), "a position's masks depend on the positions drawn with it"
-    other_prompt = keyed_masks([(mask_seed(0, [1, 2, 4]), 5)], 5, 0.3, 64)
+    other_prompt = keyed_masks([(mask_seed(0, [1, 2, 4]), 5)], 5, 0.3, 64, draw=draw)
     assert not torch.equal(together[:, :1], other_prompt), "two prompts drew the same masks at position 5"
+    assert not torch.equal(together[:, :1], together[:, 1:]), "two positions drew the same masks"
+
+
+def _lowbias32(word: int) -> int:
+    """The 32-bit mixer written with Python integers (an independent reference for mc_head._hash32)."""
+    word ^= word >> 16
+    word = (word * 0x7FEB352D) & 0xFFFFFFFF
+    word ^= word >> 15
+    word = (word * 0x846CA68B) & 0xFFFFFFFF
+    return word ^ (word >> 16)
+
+
+def test_counter_masks_are_the_keyed_hash_bit_for_bit():
+    """The counter draw is exactly its formula, checked unit by unit with Python integers (so it holds on
+    any device that computes the same integer ops): unit (k, h) of a position kept iff
+    hash(hash((k * H + h) ^ a) ^ b) >= round(p * 2^32), (a, b) from the position's key."""
+    from dropmatch.mc_head import _position_key, keyed_masks
+
+    keys, num_paths, hidden, p = [(12345, 0), (2**63 - 25, 7), (3, 2**20)], 3, 40, 0.3
+    masks = keyed_masks(keys, num_paths, p, hidden, draw="counter")
+    for i, (key, position) in enumerate(keys):
+        full = _position_key(key, position)
+        word_a = _lowbias32(full & 0xFFFFFFFF)
+        word_b = _lowbias32((full >> 32) ^ word_a)
+        expected = [[_lowbias32(_lowbias32((k * hidden + h) ^ word_a) ^ word_b) >= round(p * 2**32)
+                     for h in range(hidden)] for k in range(num_paths)]
+        assert masks[:, i].tolist() == [[float(kept) for kept in row] for row in expected], f"position {i}"
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.7])
+def test_counter_masks_keep_each_unit_at_one_minus_p_and_paths_independent(p):
+    """Over 300 positions x 5 paths x 576 units: the kept share is 1 - p, two paths of a position agree
+    as independent draws do ((1-p)^2 + p^2), and neighbouring positions' and units' masks as well (within
+    0.005, over 4 standard errors of each share)."""
+    from dropmatch.mc_head import keyed_masks
+
+    masks = keyed_masks([(99, position) for position in range(300)], 5, p, 576, draw="counter")
+    independent = (1 - p) ** 2 + p ** 2
+    assert abs(float(masks.mean()) - (1 - p)) < 0.005
+    assert abs(float((masks[0] == masks[1]).float().mean()) - independent) < 0.005
+    assert abs(float((masks[:, 1:] == masks[:, :-1]).float().mean()) - independent) < 0.005
+    assert abs(float((masks[:, :, 1:] == masks[:, :, :-1]).float().mean()) - independent) < 0.005
 
 
 def test_path_support_over_the_whole_vocabulary_equals_the_full_paths(tiny_dirs, monkeypatch):

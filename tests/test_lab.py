@@ -51,6 +51,25 @@ def test_rejudging_a_run_with_its_own_settings_reproduces_its_decisions(far_engi
     assert matrix_reasons(matrix, 0) == [lossless_reasons(states.exact) for states in trace.states if states.exact]
 
 
+def test_a_run_with_counter_masks_is_rejudged_with_its_own_masks(far_engine):
+    """mask_draw "counter" draws other masks than per_position's (the paths' votes differ somewhere on
+    the same prompt); the run records it and the lab, from the run alone, re-judges with those masks."""
+    engine, decode = far_engine, DecodeConfig(gamma=4, max_new_tokens=40)
+    runs = {draw: run_to_end(engine.speculative(engine.encode(PROMPTS[0]), decode,
+                                                RuleConfig("dropmatch", p=0.3, mask_draw=draw), keep_states=True))
+            for draw in ("per_position", "counter")}
+    trace = runs["counter"]
+    assert trace.mask_draw == "counter" and runs["per_position"].mask_draw == "per_position"
+    assert [d.path_tokens for r in trace.rounds for d in r.drafted] != \
+        [d.path_tokens for r in runs["per_position"].rounds for d in r.drafted], "the two draws gave the same paths"
+    settings = lab.lab_settings(trace)
+    assert settings.mask_draw == "counter"
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings, engine.token_text,
+                         rules=("dropmatch",))
+    assert matrix_reasons(matrix, 0) == reasons_of(trace)
+    assert GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict()))).mask_draw == "counter"
+
+
 def lossless_reasons(exact: tuple[bool, ...]) -> list[str]:
     reasons = []
     for accepted in exact:

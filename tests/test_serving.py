@@ -38,7 +38,8 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
 
 
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6),
-                                  RuleConfig("naive", p=0.2), RuleConfig("fixed_js", fixed_js_threshold=0.5)])
+                                  RuleConfig("naive", p=0.2), RuleConfig("fixed_js", fixed_js_threshold=0.5),
+                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter")])
 def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
     """One batched head pass for the first stage of every request gives each request the verdict
     judge_positions + decide give it alone (the engine's and the rule lab's own path)."""
@@ -58,7 +59,8 @@ def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
                                   RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
                                   RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
-                                  RuleConfig("dropmatch", p=0.3, path_support=8)])
+                                  RuleConfig("dropmatch", p=0.3, path_support=8),
+                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter")])
 def test_one_pass_gives_the_verdicts_of_the_scan_pass_by_pass(tiny_engine, rule):
     """verify_greedy(one_pass=True), every position judged at once and the scans run on the host, gives
     the verdicts of the incremental scan (which judges only the positions each scan reaches)."""
@@ -135,6 +137,19 @@ def test_the_judge_rules_need_the_engines_judge_file_and_a_bad_one_is_refused_in
                   {"rule": "dropmatch", "judge": str(good)})  # admitted: the engine has a judge
     with pytest.raises(ValueError, match="reads a trained judge"):
         check_request(SimpleNamespace(temperature=0.0, extra_args={"dropmatch_rule": "judge"}), {"rule": "dropmatch"})
+
+
+def test_a_request_may_ask_for_the_counter_mask_draw_and_a_bad_draw_is_refused_in_one_line():
+    """mask_draw is a rule setting like the others: engine-wide or per request (flat over HTTP), checked
+    once with one line."""
+    engine = ServeSettings().updated({"rule": "dropmatch", "p": 0.2}, engine=True)
+    assert engine.rule.mask_draw == "per_position"
+    assert engine.updated({"mask_draw": "counter"}).rule.mask_draw == "counter"
+    asked = engine.updated(request_settings({"dropmatch_mask_draw": "counter"}))
+    assert asked.rule.mask_draw == "counter" and asked.rule.p == 0.2
+    with pytest.raises(ConfigError) as refused:
+        engine.updated({"mask_draw": "philox"})
+    assert str(refused.value) == "mask draw must be one of per_position, counter, got 'philox'"
 
 
 def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):

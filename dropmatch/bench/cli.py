@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
                       PRESET_SETTINGS, RuleConfig, parse_auto, parse_p, rule_names)
 from ..engine import Engine
+from ..mc_head import MASK_DRAWS
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from ..report import markdown_table, write_report
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the judge rules' threshold, or 'auto' (the judge's validation-chosen one)")
     parser.add_argument("--path-support", default=DEFAULTS.path_support,
                         help="0: the MC paths score every token; k: only k likely tokens (an approximation)")
+    parser.add_argument("--mask-draw", default="per_position", choices=MASK_DRAWS,
+                        help="how the drafted positions' masks are drawn: per_position (every recorded run's) or "
+                             "counter (one batched draw per step, the same on every device; other masks)")
     parser.add_argument("--support-sweep", default=None,
                         help="extra DropMatch runs at these path supports, e.g. 0,64,256 (same prompts, same process)")
     parser.add_argument("--reference-samples", default=3,
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                               draft_confidence=args.draft_confidence, draft_source=args.draft_source)
         template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
                               centroid=args.centroid, majority_fraction=args.majority_fraction,
-                              path_support=args.path_support,
+                              path_support=args.path_support, mask_draw=args.mask_draw,
                               judge_threshold=parse_auto("judge threshold", args.judge_threshold))
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:

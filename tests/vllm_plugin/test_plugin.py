@@ -145,9 +145,11 @@ def engine_specs() -> dict[str, tuple]:
             greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
         # DropMatch engine-wide at p = 0.3 with the exported draft model, verified as off a CPU: every
         # drafted position at once, one host copy per step (runner.one_pass_on); the engine above pass by pass
-        # and the trained judge's combination (the shipped judge, trained on this target's hidden states)
+        # and the trained judge's combination (the shipped judge, trained on this target's hidden states);
+        # a request's own mask_draw "counter" (the step's masks in one batched draw: an accelerator's way)
         "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3, "judge": str(SHIPPED_JUDGE)}, [
-            greedy("lossy"), greedy("lossless", {"rule": "lossless"}), greedy("with_judge", {"rule": "dropmatch_judge"})],
+            greedy("lossy"), greedy("lossless", {"rule": "lossless"}), greedy("with_judge", {"rule": "dropmatch_judge"}),
+            greedy("lossy_counter", {"mask_draw": "counter"})],
             True, {"DROPMATCH_VLLM_ONE_PASS": "1"}),
     }
 
@@ -202,16 +204,19 @@ def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(pla
     assert dropmatch_ngram["steps"]["p0"]["rounds"] > 0 and dropmatch_ngram["steps"]["p0"]["lossy"] == 0
 
 
-@pytest.mark.parametrize("engine, one_pass", [("dropmatch_ngram", False), ("dropmatch_draft_model", True)])
-def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, one_pass, request):
+@pytest.mark.parametrize("engine, run, one_pass", [("dropmatch_ngram", "lossy", False),
+                                                    ("dropmatch_draft_model", "lossy", True),
+                                                    ("dropmatch_draft_model", "lossy_counter", True)])
+def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, run, one_pass, request):
     """(b) Each round the plugin re-verified, judged again alone by judging.judge_positions with the
     same head, hidden rows and masks, gives the row the plugin emitted; every token accepted as exact
     is the target's argmax; some tokens were accepted by the rule alone; a draft model's kept
     distributions belong to the tokens it drafted. Verified pass by pass (a CPU's way) and in one
-    pass with one host copy per step (an accelerator's)."""
+    pass with one host copy per step (an accelerator's); with the per-position masks and with a
+    request's own mask_draw "counter" (every position's masks in one batched draw)."""
     result = request.getfixturevalue(engine)
     assert result["one_pass"] == [one_pass]
-    steps = result["steps"]["lossy"]
+    steps = result["steps"][run]
     assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
     assert steps["lossy"] > 0 and steps["q_not_draft"] == 0, steps
 

@@ -117,19 +117,20 @@ def jobs_for(concurrency: int, args, base: dict) -> list[dict]:
     ]
 
 
-def chat_prompts(target: str, files: str, limit: int | None) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
+def read_questions(files: str, limit: int | None) -> list[str]:
+    """The prompts of the files (comma-separated), `limit` per file; BenchError (one line) on a bad file."""
     from ...bench.prompts import read_prompts
 
+    return [item.prompt for path in files.split(",") for item in read_prompts(path, limit)[1]]
+
+
+def chat_prompts(target: str, questions: list[str]) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(target)
-    prompts = []
-    for path in files.split(","):
-        _, items = read_prompts(path, limit)
-        prompts += [list(tokenizer.apply_chat_template([{"role": "user", "content": item.prompt}],
-                                                       add_generation_prompt=True, tokenize=True, return_dict=False))
-                    for item in items]
-    return prompts
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=False))
+            for question in questions]
 
 
 def score(target: str, prompts: list, outputs: list) -> dict:
@@ -155,12 +156,16 @@ def score(target: str, prompts: list, outputs: list) -> dict:
             "distinct2": sum(distinct2(a) for a in outputs if a) / max(sum(1 for a in outputs if a), 1)}
 
 
+DEFAULT_PROMPTS = "runs/distill/dev.jsonl"  # the written dev prompts + GSM8K train (scripts/distill_draft.py devset)
+
+
 def benchmark(args) -> dict:
     from ...models.loading import embedded_target_source
 
+    questions = read_questions(args.prompts, args.limit)  # a bad prompt file stops it before any model work
     target = embedded_target_source()[0]
+    prompts = chat_prompts(target, questions)
     draft = str(export_draft()) if args.method == "draft_model" else None
-    prompts = chat_prompts(target, args.prompts, args.limit)
     base = {"target": target, "draft": draft, "method": args.method, "prompts": prompts,
             "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     reference = reference_band(base, prompts, max(args.concurrency))
@@ -276,7 +281,7 @@ def positive(text: str) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", default="runs/distill/dev.jsonl", help="prompt files, comma-separated")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="prompt files, comma-separated")
     parser.add_argument("--limit", type=int, default=16, help="prompts per file")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--concurrency", default="1,4,16", type=lambda text: [int(c) for c in text.split(",")])
@@ -298,8 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         print("JOB " + json.dumps(engine_runs(json.loads(args.job))), flush=True)
         return 0
+    from ...bench.prompts import BenchError
+
     try:
         document = benchmark(args)
+    except BenchError as error:
+        hint = " (the dev prompts: python scripts/distill_draft.py devset)" if args.prompts == DEFAULT_PROMPTS else ""
+        print(f"error: {error}{hint}", file=sys.stderr)
+        return 2
     except (RuntimeError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
