@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the judge rules' threshold, or 'auto' (the judge's validation-chosen one)")
     parser.add_argument("--path-support", default=DEFAULTS.path_support,
                         help="0: the MC paths score every token; k: only k likely tokens (an approximation)")
-    parser.add_argument("--mask-draw", default="per_position", choices=MASK_DRAWS,
+    parser.add_argument("--mask-draw", default=RuleConfig.mask_draw, choices=MASK_DRAWS,
                         help="how the drafted positions' masks are drawn: per_position (every recorded run's) or "
                              "counter (one batched draw per step, the same on every device; other masks)")
     parser.add_argument("--support-sweep", default=None,

@@ -4,8 +4,9 @@ is not nested, so a request there gives the keys flat with a `dropmatch_` prefix
 same parsing runs in the front end (validating a request, HTTP 400 on a bad one) and in the worker.
 
 Keys: rule, p, k, majority_fraction, centroid, typical_eps, typical_delta, fixed_js_threshold,
-judge_threshold, mask_draw ("per_position", or "counter": a step's masks in one batched draw), seed; and, engine-wide only, judge: a trained judge's file (trained_judge.py), which
-the rules "judge" and "dropmatch_judge" read (the embedded target's: assets/judge/judge.json).
+judge_threshold, mask_draw ("per_position", or "counter": a step's masks in one batched draw), seed;
+and, engine-wide only, judge: a trained judge's file (trained_judge.py), which the rules "judge" and
+"dropmatch_judge" read (the embedded target's: assets/judge/judge.json).
 Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0, no judge.
 """
 
