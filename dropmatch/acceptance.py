@@ -53,6 +53,12 @@ class Reason:
     dark_background: str  # the highlight in a dark theme (light text on it)
     cue: str  # a second cue beside the colour: the CSS text-decoration of its tokens
     lossy: bool = False
+    # The reason's own sentences (render.explain fills them from a drafted token's numbers: tok, target,
+    # p_target, p_x, q_x, js, js_cmp, threshold, votes, k, needed, js_target, judge_score, judge_threshold).
+    says: str = ""  # the whole sentence for a token this check accepted ({earlier}: the checks before it that failed)
+    fails: str = ""  # the clause for a rejected token: why this check did not accept it
+    before: str = ""  # the clause {earlier} gets when a later check of the rule accepted the token
+    reads: str = ""  # the numbers its sentences need: "paths", "judge", or "" (the draft and the clean target's)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,10 @@ class Rule:
     check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
     knob: str | None = None
     uses_judge: bool = False
+    checks: tuple[str, ...] = ()  # the reasons its check gives, in the order it tries them
+    reads_draft: bool = False  # its checks read the draft's distribution (not only the drafted token)
+    # The rule lab's line for a position: (signals, knobs, position) -> text; None: its checks' numbers say it.
+    lab_line: Callable[["Signals", RuleKnobs, int], str] | None = None
 
     @property
     def judges_mismatches(self) -> bool:
@@ -100,27 +110,32 @@ def lossy_reasons() -> tuple[str, ...]:
     return tuple(name for name, reason in REASONS.items() if reason.lossy)
 
 
-def path_rules() -> tuple[str, ...]:
-    return tuple(name for name, rule in RULES.items() if rule.uses_paths)
-
-
-def judge_rules() -> tuple[str, ...]:
-    return tuple(name for name, rule in RULES.items() if rule.uses_judge)
-
-
 for _reason in (
     Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
-    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True),
+    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True,
+           says="{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
+                "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.",
+           fails="JS {js:.4f} {js_cmp} threshold {threshold:.4f}",
+           before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="paths"),
     Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
-           lossy=True),
+           lossy=True, says="{tok} {earlier}{votes} of {k} dropout paths chose it: at least the {needed} the majority "
+                            "rule asks, and no other token has as many.",
+           fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="paths"),
     Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", "#8a3c00",
-           "underline dashed", lossy=True),
+           "underline dashed", lossy=True, says="{tok} is one of the K path tokens ({votes} of {k} paths chose it).",
+           fails="none of the {k} paths chose it", reads="paths"),
     Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#d7ccc8", "#4e342e",
-           "underline dotted", lossy=True),
+           "underline dotted", lossy=True, says="{tok} has target probability {p_x:.3f}, above the typical-acceptance floor.",
+           fails="its target probability {p_x:.3f} is below the typical-acceptance floor"),
     Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#b2ebf2", "#005662",
-           "underline wavy", lossy=True),
+           "underline wavy", lossy=True,
+           says="JS(draft ‖ target) = {js_target:.4f} is under the fixed threshold, so {tok} is accepted.",
+           fails="JS(draft ‖ target) = {js_target:.4f} is above the fixed threshold"),
     Reason("judge", "judge", "accepted by the trained judge (scored unimportant)", "#ad1457", "#f8bbd0",
-           "#880e4f", "overline", lossy=True),
+           "#880e4f", "overline", lossy=True,
+           says="{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
+                "P(it changes the answer) = {judge_score:.3f} < threshold {judge_threshold}.",
+           fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_threshold})", reads="judge"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -236,50 +251,41 @@ def _fixed_js(s: Signals, cfg: RuleKnobs) -> Check:
     return [("fixed_js", s.js_draft_target <= cfg.fixed_js_threshold)]
 
 
+def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    floor = float(typical_floor(s.target_entropy[i], cfg))
+    return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {floor:.3f}"
+
+
+def _fixed_js_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    return f"JS(draft, target) {float(s.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}"
+
+
 for _rule in (
     Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, colour="#455a64", check=lambda s, cfg: []),
-    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p"),
+    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p",
+         checks=("naive",)),
     # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
-    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js),
-    Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p"),
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js, checks=("js",),
+         reads_draft=True),
+    Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p",
+         checks=("majority",)),
     Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, colour="#0d47a1",
-         check=_dropmatch, knob="p"),
+         check=_dropmatch, knob="p", checks=("js", "majority"), reads_draft=True),
     Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, colour="#8d6e63", check=_typical,
-         knob="typical_eps"),
+         knob="typical_eps", checks=("typical",), lab_line=_typical_line),
     Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, colour="#00838f",
-         check=_fixed_js, knob="fixed_js_threshold"),
+         check=_fixed_js, knob="fixed_js_threshold", checks=("fixed_js",), reads_draft=True, lab_line=_fixed_js_line),
     Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, colour="#ad1457", check=_judge,
-         knob="judge_threshold", uses_judge=True),
+         knob="judge_threshold", uses_judge=True, checks=("judge",)),
     Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
-         check=_dropmatch_judge, knob="p", uses_judge=True),
+         check=_dropmatch_judge, knob="p", uses_judge=True, checks=("js", "majority", "judge"), reads_draft=True),
 ):
     register_rule(_rule)
 
 
 def check_names(rule: str) -> tuple[str, ...]:
     """The reasons a rule's own checks give, in the order it tries them (the exact test aside)."""
-    # A check names its reason whatever the numbers: one position of zeros is enough to read them.
-    number, token = torch.zeros(1), torch.zeros(1, dtype=torch.long)
-    signals = Signals(draft_tokens=token, target_tokens=token, draft_prob=number, target_prob=number,
-                      target_token_prob=number, js_draft_target=number, target_entropy=number,
-                      path_tokens=token.view(1, 1), js_draft_centroid=number, js_threshold=number,
-                      majority_tokens=token, majority_votes=token, draft_votes=token, judge_scores=number)
-    knobs = _Knobs(rule)
-    return tuple(name for name, _ in RULES[rule].check(signals, knobs))
-
-
-@dataclass(frozen=True)
-class _Knobs:
-    """Any valid knobs (check_names reads the names of the checks, not their verdicts)."""
-
-    rule: str
-    num_paths: int = 1
-    majority_fraction: float = 0.8
-    typical_eps: float = 0.3
-    typical_delta: float = 0.09
-    fixed_js_threshold: float = 0.1
-    rescue_argmax: bool = False
-    judge_threshold: float | None = 0.5
+    return RULES[rule].checks
 
 
 # ---------------------------------------------------------------- one round's decision

@@ -20,7 +20,7 @@ from .assets import LESSONS_DIR
 from .config import ConfigError
 from .lessons import CLOSE_CALLS, LESSON_VERSION, lesson_from_trace, rule_reasons, short_lesson
 from .runfile_schema import SchemaError, check_trace_consistency, check_value
-from .trace import GenerationTrace
+from .trace import GenerationTrace, upgraded_dict
 
 LESSON_FORMAT, RUNS_FORMAT = "dropmatch-lesson", "dropmatch-lesson-runs"
 LESSON_SIZE = 16  # slots per built-in lesson
@@ -190,10 +190,11 @@ def read_runs(path: Path) -> list[tuple[str, GenerationTrace, dict[int, str]]]:
             raise SchemaError(f"not a {RUNS_FORMAT} file of version {LESSON_VERSION}")
         runs = []
         for i, run in enumerate(data["runs"]):
-            check_value(run["trace"], GenerationTrace, f"runs[{i}].trace")
-            check_trace_consistency(run["trace"], f"runs[{i}].trace", REASONS)
+            trace = upgraded_dict(run["trace"])  # runs recorded before the settings were kept whole
+            check_value(trace, GenerationTrace, f"runs[{i}].trace")
+            check_trace_consistency(trace, f"runs[{i}].trace", REASONS)
             check_value(run["prompt"], str, f"runs[{i}].prompt")
-            runs.append((run["prompt"], GenerationTrace.from_dict(run["trace"]),
+            runs.append((run["prompt"], GenerationTrace.from_dict(trace),
                          {int(k): v for k, v in run["tokens"].items()}))
     except (SchemaError, KeyError, AttributeError, TypeError, ValueError) as error:
         raise ConfigError(f"{path.name}: this lesson's runs file is damaged ({error})") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .acceptance import RULES
@@ -83,11 +84,7 @@ class Settings:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
                               temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                               draft_confidence=self.draft_confidence, draft_source=self.draft_source)
-        rule = RuleConfig(rule=self.rule, num_paths=self.k, p=parse_p(self.p), centroid=self.centroid,
-                          majority_fraction=self.majority_fraction, fixed_js_threshold=self.fixed_js_threshold,
-                          typical_eps=self.typical_eps, rescue_argmax=self.rescue_argmax,
-                          path_support=self.path_support, judge_threshold=parse_auto("judge threshold",
-                                                                                     self.judge_threshold))
+        rule = RuleConfig.from_mapping({key: getattr(self, key) for key in SETTINGS_RULE_KEYS})
         return decode, rule
 
     def pair_spec(self) -> "PairSpec":
@@ -104,6 +101,9 @@ class Settings:
 
 
 DEFAULTS = Settings()
+# The Settings fields that are a rule's (RuleConfig.from_mapping's names): the rest are the decode's and the pair's.
+SETTINGS_RULE_KEYS = ("rule", "k", "p", "centroid", "majority_fraction", "fixed_js_threshold", "typical_eps",
+                      "rescue_argmax", "path_support", "judge_threshold")
 # The method's own operating point (arXiv 2603.03333): DropMatch with K 5 paths at p 0.3, the mean of
 # the path distributions as centroid, and "nearly all paths" (4 of 5) for the majority test.
 METHOD_SETTINGS = {"rule": "dropmatch", "k": 5, "p": "0.3", "centroid": "probs", "majority_fraction": 0.8}
@@ -265,6 +265,30 @@ class RuleConfig:
         if self.mask_draw not in MASK_DRAWS:
             raise ConfigError(f"mask draw must be one of {', '.join(MASK_DRAWS)}, got {self.mask_draw!r}")
 
+    @classmethod
+    def from_mapping(cls, given, base: "RuleConfig | None" = None, keys: tuple[str, ...] | None = None) -> "RuleConfig":
+        """`base` (default: the bare RuleConfig) with the entries of `given` applied: the one way a CLI's
+        flags, a vLLM request, the generate() keywords and the rule lab turn user values into a rule.
+        Keys are RuleConfig's field names, "k" for num_paths; p and judge_threshold take "auto" (None).
+        keys: the names this entry point offers (default: all). ConfigError (one line) on an unknown key
+        or a bad value."""
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"DropMatch settings must be a mapping of names to values, got {type(given).__name__}")
+        offered = keys or rule_keys()
+        unknown = sorted(set(given) - set(offered))
+        if unknown:
+            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the settings are {', '.join(offered)}")
+        changes = {RULE_KEY_ALIASES.get(key, key): value for key, value in given.items()}
+        for name, label in (("p", "p (dropout rate)"), ("judge_threshold", "judge threshold")):
+            if name in changes:
+                changes[name] = parse_auto(label, changes[name])
+        return dataclasses.replace(base or cls(), **changes)
+
+    def to_mapping(self) -> dict:
+        """The settings as from_mapping reads them (every field; "k" for num_paths)."""
+        inverse = {field: key for key, field in RULE_KEY_ALIASES.items()}
+        return {inverse.get(name, name): value for name, value in dataclasses.asdict(self).items()}
+
     @property
     def uses_paths(self) -> bool:
         return RULES[self.rule].uses_paths
@@ -272,6 +296,14 @@ class RuleConfig:
     @property
     def uses_judge(self) -> bool:
         return RULES[self.rule].uses_judge
+
+
+RULE_KEY_ALIASES = {"k": "num_paths"}  # the name users type -> the RuleConfig field
+
+
+def rule_keys() -> tuple[str, ...]:
+    """Every name RuleConfig.from_mapping reads: the fields, and "k" for num_paths."""
+    return (*RULE_KEY_ALIASES, *(f.name for f in dataclasses.fields(RuleConfig)))
 
 
 def rule_names() -> tuple[str, ...]:

@@ -378,18 +378,14 @@ class Engine:
         output = seq.output
         shown = output[:-1] if output and output[-1] in self.stop_ids else output
         return GenerationTrace(
-            mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, num_paths=rule.num_paths,
-            gamma=decode.gamma, temperature=decode.temperature, top_p=decode.top_p, seed=decode.seed,
-            prompt_ids=tuple(seq.prompt), first_token=output[0], rounds=tuple(rounds), output_ids=tuple(output),
-            token_texts=self.decode_tokens(output), text=self.tokenizer.decode(shown, skip_special_tokens=True),
-            stop_reason=stop_reason, t_prefill=t_prefill, t_total=t_total,
-            target_name=self.target.name, draft_name=self.draft.name if mode == "sd" else "",
-            centroid=rule.centroid, majority_fraction=rule.majority_fraction, t_calibration=t_calibration,
+            mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, decode_config=decode,
+            rule_config=rule, prompt_ids=tuple(seq.prompt), first_token=output[0], rounds=tuple(rounds),
+            output_ids=tuple(output), token_texts=self.decode_tokens(output),
+            text=self.tokenizer.decode(shown, skip_special_tokens=True), stop_reason=stop_reason,
+            t_prefill=t_prefill, t_total=t_total, target_name=self.target.name,
+            draft_name=self.draft.name if mode == "sd" else "", t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
-            first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states, gamma_auto=decode.gamma_auto,
-            draft_source=decode.draft_source if mode == "sd" else "model", rescue_argmax=rule.rescue_argmax,
-            path_support=rule.path_support, judge_threshold=rule.judge_threshold if rule.uses_judge else None,
-            mask_draw=rule.mask_draw,
+            first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states,
             **dict(zip(("weights", "device", "dtype"), self.computed_by())),
         )
 

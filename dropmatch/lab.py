@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from . import acceptance
-from .config import ConfigError, RuleConfig
+from .config import LAB_P, ConfigError, RuleConfig
 from .judging import JudgeInputs, judge_positions
 from .mc_head import mask_seed
 from .models import CausalLM
@@ -63,14 +63,13 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[J
 
 
 def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
-    """The lab's knobs as one RuleConfig (its rule field unused): the lossy run's own where it had
-    them (K, p, vote fraction, centroid), else the defaults; p must be a number here."""
-    base = RuleConfig()
-    if trace is not None and trace.p is not None:
-        base = dataclasses.replace(base, num_paths=trace.num_paths, p=trace.p, centroid=trace.centroid,
-                                   majority_fraction=trace.majority_fraction, rescue_argmax=trace.rescue_argmax,
-                                   path_support=trace.path_support, mask_draw=trace.mask_draw)
-    settings = dataclasses.replace(base, **changes)
+    """The lab's knobs as one RuleConfig (its rule field unused): the lossy run's own, whole (its p the
+    one it used, a number under p = auto; the lab's p where the run read no paths), else the defaults;
+    `changes` (RuleConfig.from_mapping's names) over them; p must be a number here."""
+    base = RuleConfig(p=LAB_P)
+    if trace is not None and trace.mode == "sd":
+        base = dataclasses.replace(trace.rule_config, p=LAB_P if trace.p is None else trace.p)
+    settings = RuleConfig.from_mapping(changes, base)
     if settings.p is None:
         raise ConfigError("the rule lab needs a number for p")
     return settings
@@ -146,11 +145,8 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
              f"({float(signals.target_token_prob[i]):.3f})"]
     if reason == "exact":
         lines.append("accepted by the lossless test")
-    elif cfg.rule == "typical":
-        floor = float(acceptance.typical_floor(signals.target_entropy[i], cfg))
-        lines.append(f"typical: p(x) {target_prob:.3f} vs floor {floor:.3f}")
-    elif cfg.rule == "fixed_js":
-        lines.append(f"JS(draft, target) {float(signals.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}")
+    elif acceptance.RULES[cfg.rule].lab_line is not None:
+        lines.append(acceptance.RULES[cfg.rule].lab_line(signals, cfg, i))
     if cfg.uses_paths and reason != "exact":
         lines.append(_path_info(cfg, signals, i, token_text))
     if cfg.uses_judge and reason != "exact" and signals.judge_scores is not None:

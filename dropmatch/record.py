@@ -25,9 +25,11 @@ from .assets import RECORDED_DIR
 from .config import ConfigError, one_line
 from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
-from .trace import GenerationTrace
+from .trace import GenerationTrace, upgraded_dict
 
-RUN_FORMAT, RUN_VERSION = "dropmatch-run", 3  # 3: masks keyed by (seed, prompt, position)
+# 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole.
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 4
+READ_VERSIONS = (3, 4)  # a version 3 file's loose settings are read into whole ones (trace.upgraded_dict)
 KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
 MAX_RUN_FILE_BYTES = 20_000_000  # a 96-token run with its states is about 2 MB
 
@@ -65,10 +67,11 @@ class RunRecord:
         (every field is checked against the records' declared types before it is read)."""
         if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
             raise ConfigError("this file is not a DropMatch Studio run (its trace JSON from Downloads)")
-        if data.get("version") != RUN_VERSION:
+        if data.get("version") not in READ_VERSIONS:
             raise ConfigError(f"this run was written in format version {data.get('version')!r:.40}; this app "
-                              f"reads version {RUN_VERSION}: record it again")
+                              f"reads versions {', '.join(map(str, READ_VERSIONS))}: record it again")
         try:
+            data = {**data, **{name: upgraded_dict(data.get(name)) for name in ("lossless", "lossy", "autoregressive")}}
             _check_run(data)
             ar = data["autoregressive"]
             return RunRecord(data["prompt"], data["rule"], data["p_auto"],

@@ -240,38 +240,48 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
     return f'<table class="dm-stats">{body}</table>'
 
 
+# A token whose rule is not named is explained with every test DropMatch and the trained judge read.
+UNNAMED_RULE = "dropmatch_judge"
+
+
 def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
             judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None) -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why. greedy False:
     the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax.
-    rule: the tests named are the ones it reads (None: every test whose numbers the token has)."""
+    The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before); rule: the
+    tests named are the ones it reads (None: UNNAMED_RULE's)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
-    reads = set(check_names(rule)) if rule in RULES else None
-    k = len(d.path_tokens)
     if d.reason == "exact" and not greedy:
         return f"The lossless coin accepted {tok}: " + _coin(d) + "."
     if d.reason == "exact":
         return f"{tok} is the clean target's own choice (p = {d.target_token_prob:.2f}), so lossless SD accepts it too."
-    if d.reason == "js":
-        return (f"{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
-                f"centroid as the paths themselves: JS {d.js:.4f} ≤ threshold {d.threshold:.4f}.")
-    if d.reason == "majority":
-        failed = f"failed the JS test ({d.js:.4f} > {d.threshold:.4f}), but " if reads is None or "js" in reads else ""
-        return (f"{tok} {failed}{d.draft_votes} of {k} dropout paths chose it: at least the "
-                f"{votes_needed(k, majority_fraction)} the majority rule asks, and no other token has as many.")
-    if d.reason == "naive":
-        return f"{tok} is one of the K path tokens ({d.draft_votes} of {k} paths chose it)."
-    if d.reason == "typical":
-        return f"{tok} has target probability {d.target_prob:.3f}, above the typical-acceptance floor."
-    if d.reason == "fixed_js":
-        return f"JS(draft ‖ target) = {d.js_target:.4f} is under the fixed threshold, so {tok} is accepted."
-    if d.reason == "judge":
-        return (f"{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
-                f"P(it changes the answer) = {d.judge_score:.3f} < threshold {_threshold(judge_threshold)}.")
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
-    why = [_exact_failed(d, tok, target, greedy)] + _checks_failed(d, reads, majority_fraction, judge_threshold)
+    checks = check_names(rule if rule in RULES else UNNAMED_RULE)
+    numbers = _numbers(d, tok, target, majority_fraction, judge_threshold)
+    readable = [name for name in checks if _has_numbers(d, REASONS[name].reads)]
+    if d.reason != "rejected":
+        earlier = checks[: checks.index(d.reason)] if d.reason in checks else ()
+        numbers["earlier"] = "".join(REASONS[name].before.format(**numbers) for name in earlier if name in readable)
+        return REASONS[d.reason].says.format(**numbers)
+    why = [_exact_failed(d, tok, target, greedy)] + [REASONS[name].fails.format(**numbers) for name in readable]
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
+
+
+def _has_numbers(d: DraftedToken, reads: str) -> bool:
+    """Whether the token carries the numbers a reason's sentence reads (paths, the judge's score)."""
+    return {"paths": bool(d.path_tokens), "judge": d.judge_score is not None}.get(reads, True)
+
+
+def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
+             judge_threshold: float | None) -> dict:
+    """A drafted token's numbers under the names the reasons' sentences use."""
+    k = len(d.path_tokens)
+    return {"tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
+            "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": k, "js_target": d.js_target,
+            "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤",
+            "needed": votes_needed(k, majority_fraction) if k else None, "judge_score": d.judge_score,
+            "judge_threshold": _threshold(judge_threshold), "earlier": ""}
 
 
 def _exact_failed(d: DraftedToken, tok: str, target: str, greedy: bool) -> str:
@@ -280,28 +290,6 @@ def _exact_failed(d: DraftedToken, tok: str, target: str, greedy: bool) -> str:
     if d.draft_prob <= d.target_prob:  # only top-p can make a sure acceptance a rejection
         return "the lossless coin rejected it: top-p left it outside the target's nucleus (p = 0 there)"
     return f"the lossless coin rejected it ({_coin(d)})"
-
-
-def _checks_failed(d: DraftedToken, reads: set[str] | None, majority_fraction: float,
-                   judge_threshold: float | None) -> list[str]:
-    """Why each test the rule reads did not accept (reads None: every test the token has numbers of)."""
-    def asks(name: str, has: bool) -> bool:
-        return has if reads is None else name in reads and has
-
-    k, why = len(d.path_tokens), []
-    if asks("js", bool(d.path_tokens)):
-        why.append(f"JS {d.js:.4f} {'>' if d.js > d.threshold else '≤'} threshold {d.threshold:.4f}")
-    if asks("majority", bool(d.path_tokens)):
-        why.append(f"{d.draft_votes} of {k} paths chose it (the majority rule asks {votes_needed(k, majority_fraction)})")
-    if asks("naive", bool(d.path_tokens)) and reads is not None:
-        why.append(f"none of the {k} paths chose it")
-    if asks("typical", True) and reads is not None:
-        why.append(f"its target probability {d.target_prob:.3f} is below the typical-acceptance floor")
-    if asks("fixed_js", True) and reads is not None:
-        why.append(f"JS(draft ‖ target) = {d.js_target:.4f} is above the fixed threshold")
-    if asks("judge", d.judge_score is not None):
-        why.append(f"the judge scores it important (P = {d.judge_score:.3f} ≥ {_threshold(judge_threshold)})")
-    return why
 
 
 def _coin(d: DraftedToken) -> str:

@@ -11,6 +11,8 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 
+from .config import DecodeConfig, RuleConfig
+
 TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
 
 
@@ -124,17 +126,16 @@ class GenerationTrace:
     """A whole generation: settings, prefill, rounds, the text.
 
     mode: "sd" (speculative, with `rule`) or "ar" (autoregressive target baseline).
-    p: the dropout rate actually used (None when the rule reads no paths).
+    p: the dropout rate actually used (None when the rule reads no paths; a number under p = auto).
+    decode_config, rule_config: the run's settings whole, as the engine read them (an AR run's rule is
+    lossless); the properties below read them, so a knob is never kept twice.
     """
 
     mode: str
     rule: str
     p: float | None
-    num_paths: int
-    gamma: int
-    temperature: float
-    top_p: float
-    seed: int
+    decode_config: DecodeConfig
+    rule_config: RuleConfig
     prompt_ids: tuple[int, ...]
     first_token: int
     rounds: tuple[RoundTrace, ...]
@@ -146,19 +147,11 @@ class GenerationTrace:
     t_total: float
     target_name: str = ""
     draft_name: str = ""
-    centroid: str = "probs"  # the path rules' centroid: mean of path distributions, or softmax of mean logits
-    majority_fraction: float = 0.8
     t_calibration: float = 0.0  # p = auto's calibration (Monte-Carlo work, counted in the MC share)
     p_auto_reached: bool | None = None  # p = auto: did any grid value reach the agreement target
     first_logprob: float | None = None  # the prefill token, as emitted_logprob
     first_in_nucleus: bool | None = None
     states: tuple[RoundStates, ...] = ()  # per round, for the rule lab; empty unless the run kept them
-    gamma_auto: bool = False  # gamma is then the cap; each round's own is RoundTrace.gamma
-    draft_source: str = "model"
-    rescue_argmax: bool = False  # the path rules judged top-token drafts the sampled coin rejected
-    path_support: int = 0  # the paths scored this many tokens (0: every token)
-    judge_threshold: float | None = None  # the judge rules' threshold (None: the rule reads no judge)
-    mask_draw: str = "per_position"  # how the drafted positions' masks were drawn (RuleConfig.mask_draw)
     # What computed the run: CausalLM.fingerprint of target and draft ("target+draft"; empty in runs
     # written before), and the target's device type and dtype. The rule lab re-judges only with the same.
     weights: str = ""
@@ -169,11 +162,36 @@ class GenerationTrace:
     def label(self) -> str:
         return "autoregressive" if self.mode == "ar" else self.rule
 
+    # The knobs most views read, from the settings kept whole.
+    num_paths = property(lambda self: self.rule_config.num_paths)
+    centroid = property(lambda self: self.rule_config.centroid)
+    majority_fraction = property(lambda self: self.rule_config.majority_fraction)
+    rescue_argmax = property(lambda self: self.rule_config.rescue_argmax)
+    path_support = property(lambda self: self.rule_config.path_support)
+    mask_draw = property(lambda self: self.rule_config.mask_draw)
+    gamma = property(lambda self: self.decode_config.gamma)  # the cap under gamma = auto (RoundTrace.gamma: a round's)
+    gamma_auto = property(lambda self: self.decode_config.gamma_auto)
+    temperature = property(lambda self: self.decode_config.temperature)
+    top_p = property(lambda self: self.decode_config.top_p)
+    seed = property(lambda self: self.decode_config.seed)
+
+    @property
+    def judge_threshold(self) -> float | None:
+        """The judge rules' threshold (None: the rule reads no judge)."""
+        return self.rule_config.judge_threshold if self.rule_config.uses_judge else None
+
+    @property
+    def draft_source(self) -> str:
+        return self.decode_config.draft_source if self.mode == "sd" else "model"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @staticmethod
     def from_dict(data: dict) -> "GenerationTrace":
+        """A trace from its JSON (written by to_dict, or before the settings were kept whole:
+        upgraded_dict); ConfigError for settings out of range."""
+        data = upgraded_dict(data)
         rounds = tuple(
             RoundTrace(**{**r, "drafted": tuple(_drafted_from_dict(d) for d in r["drafted"]),
                           "emitted": tuple(r["emitted"]), "emitted_logprob": tuple(r.get("emitted_logprob", ())),
@@ -181,7 +199,8 @@ class GenerationTrace:
             for r in data["rounds"]
         )
         states = tuple(RoundStates(**{**st, "exact": tuple(st["exact"])}) for st in data.get("states", ()))
-        fields = {**data, "rounds": rounds, "states": states}
+        fields = {**data, "rounds": rounds, "states": states, "decode_config": DecodeConfig(**data["decode_config"]),
+                  "rule_config": RuleConfig(**data["rule_config"])}
         for name in ("prompt_ids", "output_ids", "token_texts"):
             fields[name] = tuple(data[name])
         return GenerationTrace(**fields)
@@ -194,3 +213,27 @@ def _drafted_from_dict(data: dict) -> DraftedToken:
         fields[name] = tuple(tuple(pair) for pair in data[name])
     fields["path_top"] = tuple(tuple(tuple(pair) for pair in top) for top in data["path_top"])
     return DraftedToken(**fields)
+
+
+# Settings a trace kept as loose fields before they were kept whole (run file version 3 and the lessons' runs
+# of that time), and the field each fills.
+_LOOSE_DECODE = ("gamma", "temperature", "top_p", "seed", "gamma_auto", "draft_source")
+_LOOSE_RULE = {"num_paths": "num_paths", "centroid": "centroid", "majority_fraction": "majority_fraction",
+               "rescue_argmax": "rescue_argmax", "path_support": "path_support", "judge_threshold": "judge_threshold",
+               "mask_draw": "mask_draw"}
+
+
+def upgraded_dict(data: dict) -> dict:
+    """A trace's JSON with its settings whole: one written with loose settings gets a decode_config and a
+    rule_config from them (knobs it did not keep, such as typical's eps, take their defaults: such a run
+    cannot say what they were). A trace already whole is returned as is."""
+    if not isinstance(data, dict) or "rule_config" in data:
+        return data
+    fields = dict(data)
+    decode = {name: fields.pop(name) for name in _LOOSE_DECODE if name in fields}
+    if fields.get("mode") != "sd":
+        decode.pop("draft_source", None)
+    rule = {field: fields.pop(name) for name, field in _LOOSE_RULE.items() if name in fields}
+    rule["rule"] = fields.get("rule") if fields.get("mode") == "sd" else "lossless"
+    rule["p"] = fields.get("p")
+    return {**fields, "decode_config": decode, "rule_config": rule}

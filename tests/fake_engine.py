@@ -107,9 +107,8 @@ class FakeEngine:
         output = [answer[0]] + [t for r in rounds for t in r.emitted]
         shown = [t for t in output if t != EOS]
         return GenerationTrace(
-            mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, num_paths=rule.num_paths,
-            gamma=decode.gamma, temperature=decode.temperature, top_p=decode.top_p, seed=decode.seed,
-            prompt_ids=tuple(prompt_ids), first_token=answer[0], rounds=tuple(rounds), output_ids=tuple(output),
+            mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, decode_config=decode,
+            rule_config=rule, prompt_ids=tuple(prompt_ids), first_token=answer[0], rounds=tuple(rounds), output_ids=tuple(output),
             token_texts=tuple(self.token_text(t) for t in output),
             text="".join(self.token_text(t) for t in shown).strip(),
             stop_reason="eos" if output[-1] == EOS else "max_new_tokens",

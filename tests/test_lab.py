@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -194,3 +195,55 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     with torch.no_grad():
         next(altered.target.model.parameters()).view(-1)[0] += 1.0
     assert Engine(altered).weights != engine.weights
+
+
+@pytest.mark.parametrize("pair, rule, default_rule", [
+    ("far_engine", dict(rule="typical", typical_eps=0.001, typical_delta=1.0), dict(rule="typical")),
+    ("tiny_engine", dict(rule="fixed_js", fixed_js_threshold=0.4), dict(rule="fixed_js")),
+])
+def test_the_lab_rejudges_a_run_at_its_own_knobs_without_being_told_them(request, pair, rule, default_rule):
+    """A typical / fixed-JS run at knobs off their defaults: the lab, from the trace alone, decides as the run
+    did; at the default knobs the same drafts are decided otherwise (so the knobs had to come from the trace)."""
+    engine, decode = request.getfixturevalue(pair), DecodeConfig(gamma=4, max_new_tokens=40)
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), decode, RuleConfig(**rule), keep_states=True))
+    trace = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))  # as a run file keeps it
+    prepared = lab.prepare(trace, engine.target, engine.draft)
+    own = lab.rejudge(prepared, engine.target, lab.lab_settings(trace), engine.token_text, rules=(rule["rule"],))
+    assert matrix_reasons(own, 0) == reasons_of(trace)
+    defaults = lab.rejudge(prepared, engine.target, lab.lab_settings(None, **{k: v for k, v in default_rule.items()
+                                                                               if k != "rule"}),
+                           engine.token_text, rules=(rule["rule"],))
+    assert matrix_reasons(defaults, 0) != reasons_of(trace), "the knob changes no decision on this run"
+
+
+def test_a_trace_keeps_every_rule_and_decode_setting_whole(far_engine):
+    """Every RuleConfig and DecodeConfig field of a run is in its trace's JSON, and reads back equal."""
+    engine = far_engine
+    decode = DecodeConfig(gamma=3, max_new_tokens=12, temperature=0.7, top_p=0.9, seed=4, gamma_auto=False)
+    rule = RuleConfig("dropmatch", p=0.2, num_paths=4, majority_fraction=0.6, typical_eps=0.05, typical_delta=0.2,
+                      fixed_js_threshold=0.07, auto_agreement=0.6, rescue_argmax=True, mask_draw="counter")
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), decode, rule))
+    data = json.loads(json.dumps(trace.to_dict()))
+    assert set(data["rule_config"]) == {f.name for f in dataclasses.fields(RuleConfig)}
+    assert set(data["decode_config"]) == {f.name for f in dataclasses.fields(DecodeConfig)}
+    back = GenerationTrace.from_dict(data)
+    assert back.rule_config == rule and back.decode_config == decode
+    assert (back.num_paths, back.temperature, back.majority_fraction) == (4, 0.7, 0.6)
+
+
+def test_a_trace_written_with_loose_settings_reads_into_whole_ones(far_engine):
+    """A trace of run file version 3 (settings as loose fields, some knobs not kept) still reads: its
+    loose settings fill the whole ones, the rest take their defaults."""
+    engine = far_engine
+    trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), DecodeConfig(gamma=3, max_new_tokens=8),
+                                          RuleConfig("majority", p=0.2, num_paths=7, majority_fraction=0.6)))
+    data = json.loads(json.dumps(trace.to_dict()))
+    rule, decode = data.pop("rule_config"), data.pop("decode_config")
+    data.update(num_paths=rule["num_paths"], centroid=rule["centroid"], majority_fraction=rule["majority_fraction"],
+                gamma=decode["gamma"], temperature=decode["temperature"], top_p=decode["top_p"], seed=decode["seed"],
+                gamma_auto=False, draft_source="model", rescue_argmax=False, path_support=0, judge_threshold=None,
+                mask_draw="per_position")
+    old = GenerationTrace.from_dict(data)
+    assert old.rule_config == RuleConfig("majority", p=0.2, num_paths=7, majority_fraction=0.6)
+    kept = dataclasses.replace(trace.decode_config, max_new_tokens=DecodeConfig().max_new_tokens)  # not kept then
+    assert old.decode_config == kept and old.rounds == trace.rounds

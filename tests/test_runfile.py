@@ -63,7 +63,7 @@ def _with(path: list, value) -> dict:
 @pytest.mark.parametrize("path, value, message", [
     (["lossy", "rounds", 0, "emitted"], "seven", "lossy.rounds[0].emitted: expected a list"),
     (["lossy", "rounds", 0, "drafted", 0, "token"], 1.5, "lossy.rounds[0].drafted[0].token: expected int"),
-    (["lossless", "seed"], 10 ** 30, "lossless.seed: expected int"),
+    (["lossless", "decode_config", "seed"], 10 ** 30, "lossless.decode_config.seed: expected int"),
     (["lossless", "text"], KeyError, "lossless: missing field 'text'"),
     (["lossless", "surprise"], 1, "lossless: unknown field 'surprise'"),
     (["surprise"], 1, "unknown field 'surprise'"),

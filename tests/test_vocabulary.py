@@ -19,8 +19,10 @@ def coin_rule():
         return [("heads", positions % 2 == 1)]
 
     acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
-                                      "underline dotted", lossy=True))
-    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check))
+                                      "underline dotted", lossy=True, says="{tok} came up heads (draft p {q_x:.2f}).",
+                                      fails="the coin came up tails for {tok}"))
+    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check,
+                                  checks=("heads",)))
     yield "coin"
     RULES.pop("coin")
     REASONS.pop("heads")
@@ -51,6 +53,25 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     assert "text-decoration: underline dotted;" in css and ".dark .dm-heads { background: #1a237e;" in css
     spans = render.token_spans(lossy.first_token, list(lossy.rounds), engine.token_text)
     assert any(kind == "heads" and "accepted by the coin" in tip for _, kind, tip in spans)
+    accepted = next(d for r in lossy.rounds for d in r.drafted if d.reason == "heads")
+    assert render.explain(accepted, engine.token_text, rule=coin_rule) == \
+        f"“{engine.token_text(accepted.token)}” came up heads (draft p {accepted.draft_prob:.2f})."
+    rejected = next(d for r in lossy.rounds for d in r.drafted if d.reason == "rejected")
+    assert "the coin came up tails for" in render.explain(rejected, engine.token_text, rule=coin_rule)
     heads = [t for t in plots.js_scatter(lossy, engine.token_text).data if t.name == "heads"]
     assert heads and heads[0].marker.color == "#123456"
     assert (RULES[coin_rule].label, coin_rule) in lossy_rule_choices()
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
+    """Rule.checks (what the sentences, lessons and lab read) names exactly what its check function returns."""
+    signals = judging.position_signals(torch.tensor([1, 2]), torch.full((2, 4), 0.25), torch.eye(4)[[0, 0]])
+    paths = torch.zeros(5, 2, dtype=torch.long)
+    signals = acceptance.Signals(**{**vars(signals), "path_tokens": paths, "js_draft_centroid": torch.zeros(2),
+                                    "js_threshold": torch.zeros(2), "majority_tokens": torch.zeros(2, dtype=torch.long),
+                                    "majority_votes": torch.zeros(2, dtype=torch.long),
+                                    "draft_votes": torch.zeros(2, dtype=torch.long), "judge_scores": torch.zeros(2)})
+    given = tuple(reason for reason, _ in RULES[name].check(signals, RuleConfig(name, judge_threshold=0.5)))
+    assert given == RULES[name].checks
+    assert all(REASONS[reason].says and REASONS[reason].fails for reason in given), "a reason without its sentences"

@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
-                      PRESET_SETTINGS, RuleConfig, parse_auto, parse_p, rule_names)
+                      PRESET_SETTINGS, RuleConfig, parse_p, rule_names)
 from ..engine import Engine
 from ..mc_head import MASK_DRAWS
 from ..models import ModelLoadError, load_pair
@@ -138,6 +138,11 @@ def check_sandbox() -> None:
         raise BenchError(str(error)) from None
 
 
+# The flags that are a rule's settings (RuleConfig.from_mapping's names); --rules says which rules run.
+RULE_FLAGS = ("k", "p", "auto_agreement", "centroid", "majority_fraction", "path_support", "mask_draw",
+              "judge_threshold")
+
+
 def apply_preset(args) -> None:
     """--preset's knobs over the parsed flags (its rule aside: --rules still says which rules run)."""
     for name, value in PRESET_SETTINGS.get(args.preset, {}).items():
@@ -154,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               draft_confidence=args.draft_confidence, draft_source=args.draft_source)
-        template = RuleConfig(num_paths=args.k, p=parse_p(args.p), auto_agreement=args.auto_agreement,
-                              centroid=args.centroid, majority_fraction=args.majority_fraction,
-                              path_support=args.path_support, mask_draw=args.mask_draw,
-                              judge_threshold=parse_auto("judge threshold", args.judge_threshold))
+        template = RuleConfig.from_mapping({key: getattr(args, key) for key in RULE_FLAGS})
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:
             rules.insert(0, "lossless")  # the frontier's origin

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import torch
 
+from ...acceptance import RULES
 from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_greedy, verify_in_one_pass
@@ -39,7 +40,6 @@ from .settings import ServeSettings, read_judge, request_settings
 from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
-READS_DRAFT = ("js", "dropmatch", "fixed_js", "dropmatch_judge")  # rules whose signals read the draft's distribution
 ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": pass by pass; unset: by the device
 
 
@@ -140,7 +140,7 @@ class _Verifier:
         verifier = cls(runner, settings, method, _fitting_judge(settings, runner.model_config.get_hidden_size()))
         if method == "draft_model":
             verifier.capture_drafts(runner.drafter)
-        elif method != "ngram" and settings.rule.rule in READS_DRAFT:
+        elif method != "ngram" and RULES[settings.rule.rule].reads_draft:
             raise ValueError(f"DropMatch's rule {settings.rule.rule!r} reads the draft's distribution, which "
                              f"speculative method {method!r} does not give; use method 'ngram' or 'draft_model', or "
                              "a rule that reads none (majority, naive, typical)")
@@ -181,7 +181,7 @@ class _Verifier:
 
     def reads_draft(self, runner, req_id: str) -> bool:
         settings = self.request(runner, req_id) if req_id in runner.requests else None
-        return settings is not None and settings.rule.rule in READS_DRAFT
+        return settings is not None and RULES[settings.rule.rule].reads_draft
 
     # ------------------------------------------------------------ one step
 
@@ -241,7 +241,7 @@ class _Verifier:
         """(whether the request can be judged, its draft's logits rows [V] at the drafted positions,
         None for a lookup draft whose distribution is one-hot, or where the rule reads none)."""
         settings = self.per_request[req_id]
-        if settings.rule.rule not in READS_DRAFT:
+        if not RULES[settings.rule.rule].reads_draft:
             return True, None  # Round's one-hot stand-in, which no check of this rule reads
         if self.draft_steps is not None:
             row = self.draft_rows.get(req_id)
@@ -249,7 +249,7 @@ class _Verifier:
                 return True, tuple(step[row] for step in self.drafted[:drafted])
             self._warn(req_id, f"request {req_id}: no draft distribution kept for this step; verified losslessly")
             return False, None
-        if self.method != "ngram" and settings.rule.rule in READS_DRAFT:
+        if self.method != "ngram" and RULES[settings.rule.rule].reads_draft:
             self._warn(req_id, f"request {req_id}: rule {settings.rule.rule!r} reads the draft's distribution, which "
                                f"method {self.method!r} does not give; verified losslessly")
             return False, None

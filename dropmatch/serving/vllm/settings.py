@@ -12,14 +12,15 @@ Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0, no judge.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ...config import ConfigError, RuleConfig
 
-KEYS = {"rule": "rule", "p": "p", "k": "num_paths", "majority_fraction": "majority_fraction",
-        "centroid": "centroid", "typical_eps": "typical_eps", "typical_delta": "typical_delta",
-        "fixed_js_threshold": "fixed_js_threshold", "judge_threshold": "judge_threshold", "mask_draw": "mask_draw"}
+# The rule's settings a request may give (RuleConfig.from_mapping's names): greedy serving has no use for
+# rescue_argmax (sampling only), path_support (an approximation) or auto_agreement (p = auto is not run).
+KEYS = ("rule", "p", "k", "majority_fraction", "centroid", "typical_eps", "typical_delta", "fixed_js_threshold",
+        "judge_threshold", "mask_draw")
 OTHER_KEYS = ("seed", "judge")
 FLAT_PREFIX = "dropmatch_"
 DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
@@ -54,7 +55,7 @@ class ServeSettings:
         if given.get("p") == "auto":
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
                               f"give p as a number (e.g. {DEFAULT_P})")
-        rule = replace(self.rule, **{KEYS[key]: value for key, value in given.items() if key in KEYS})
+        rule = RuleConfig.from_mapping({key: value for key, value in given.items() if key in KEYS}, self.rule, KEYS)
         judge = given.get("judge", self.judge)
         if judge is not None:
             read_judge(judge)
