@@ -96,15 +96,17 @@ class _Judgement:
 class Engine:
     """Speculative and autoregressive decoding over one loaded pair, batch size 1."""
 
-    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None):
+    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None, stop_ids=None):
         """judge: the trained judge for the judge rules; by default the shipped one where it was
-        trained on this target (the embedded pair), else none (those rules then refuse in one line)."""
+        trained on this target (the embedded pair), else none (those rules then refuse in one line).
+        stop_ids: the tokens that end a run (default: the tokenizer's and the chat template's). A pair
+        without a tokenizer (generate() given only ids) runs on ids; its traces hold no text."""
         self.pair = pair
         self.target: CausalLM = pair.target
         self.draft: CausalLM = pair.draft
         self.tokenizer = pair.tokenizer
         self.device = pair.target.device
-        self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model))
+        self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model) if stop_ids is None else stop_ids)
         self.source_label = pair.source or pair.spec.label
         self._token_texts: dict[int, str] = {}
         self._costs: drafting.StepCosts | None = None
@@ -141,7 +143,7 @@ class Engine:
         """The text of one token id, as the UI shows it."""
         text = self._token_texts.get(token)
         if text is None:
-            text = self._token_texts[token] = self.tokenizer.decode([token])
+            text = self._token_texts[token] = self.tokenizer.decode([token]) if self.tokenizer else f"<{token}>"
         return text
 
     def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
@@ -381,7 +383,7 @@ class Engine:
             mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, decode_config=decode,
             rule_config=rule, prompt_ids=tuple(seq.prompt), first_token=output[0], rounds=tuple(rounds),
             output_ids=tuple(output), token_texts=self.decode_tokens(output),
-            text=self.tokenizer.decode(shown, skip_special_tokens=True), stop_reason=stop_reason,
+            text=self.tokenizer.decode(shown, skip_special_tokens=True) if self.tokenizer else "", stop_reason=stop_reason,
             t_prefill=t_prefill, t_total=t_total, target_name=self.target.name,
             draft_name=self.draft.name if mode == "sd" else "", t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],

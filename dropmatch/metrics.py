@@ -137,6 +137,24 @@ def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int 
     return None
 
 
+def reason_counts(trace: GenerationTrace) -> dict[str, int]:
+    """How many drafted slots of a run ended with each reason."""
+    counts: dict[str, int] = {}
+    for r in trace.rounds:
+        for d in r.drafted:
+            counts[d.reason] = counts.get(d.reason, 0) + 1
+    return counts
+
+
+def reason_summary(reasons: dict[str, int]) -> dict:
+    """Reason counts -> the one shape every entry point reports them in (the vLLM plugin's per-request
+    `dropmatch` object, generate()'s `out.dropmatch`): drafted = every reason counted."""
+    lossy = set(lossy_reasons())
+    return {"drafted": sum(reasons.values()), "accepted_exactly": reasons.get("exact", 0),
+            "accepted_lossy": sum(count for reason, count in reasons.items() if reason in lossy),
+            "reasons": dict(sorted(reasons.items()))}
+
+
 def lossy_share(trace: GenerationTrace) -> float:
     """Share of the new tokens that only a lossy rule let through."""
     lossy = set(lossy_reasons())

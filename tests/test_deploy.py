@@ -82,3 +82,19 @@ def test_upload_without_a_space_name_is_one_clear_line():
     out = subprocess.run([sys.executable, "scripts/deploy_space.py"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--space owner/name" in out.stderr
+
+
+def test_the_generate_repositorys_dry_run_lists_custom_generate_its_requirements_and_the_model_card():
+    """What `custom_generate="owner/dropmatch"` needs on the Hub, and a card with the arguments and the citation."""
+    done = subprocess.run([sys.executable, "scripts/deploy_generate.py", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[-1] for line in done.stdout.splitlines()]
+    assert listed == ["custom_generate/generate.py", "custom_generate/requirements.txt", "README.md"]
+    from deploy_generate import model_card
+
+    card = model_card()
+    assert card.startswith("---\nlibrary_name: transformers") and "custom_generate" in card
+    assert "dropmatch_rule" in card and "2603.03333" in card and "```python" in card
+    requirements = (ROOT / "custom_generate" / "requirements.txt").read_text()
+    assert "dropmatch-studio" in requirements and "transformers" in requirements

@@ -293,14 +293,26 @@ def draft_in_dtype(model, dtype: torch.dtype):
     return model
 
 
-def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
-    """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
-    assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
-    device = device or pick_device()
+def load_embedded_models(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR):
+    """(target, draft, tokenizer) of the embedded pair as plain transformers models, for generate():
+    the draft shares the target's embedding and head rows, and computes in the device's fast dtype."""
+    return _embedded_models(device or pick_device(), draft_dir)[:3]
+
+
+def _embedded_models(device: torch.device, draft_dir: Path):
+    """(target, draft, tokenizer, where the target's GGUF came from)."""
     target_model, tokenizer, source = load_embedded_target(device)
     if not (draft_dir / "draft.safetensors").exists():
         raise ModelLoadError(f"the shipped draft is missing from {draft_dir}")
     draft_model = draft_in_dtype(load_draft_weights(draft_dir, target_model), fast_dtype(device))
+    return target_model, draft_model, tokenizer, source
+
+
+def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
+    """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
+    assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
+    device = device or pick_device()
+    target_model, draft_model, tokenizer, source = _embedded_models(device, draft_dir)
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
     prepare_for_cpu(target_model, available_memory(device))
     prepare_for_cpu(draft_model, available_memory(device))

@@ -25,13 +25,10 @@ STEP_ATTRIBUTE = "dropmatch_reasons"  # on ModelRunnerOutput: {request id: {reas
 
 
 def summary(reasons: dict[str, int]) -> dict:
-    """A request's reason counts -> the response's `dropmatch` object (drafted = every reason counted)."""
-    from ...acceptance import lossy_reasons
+    """A request's reason counts -> the response's `dropmatch` object (metrics.reason_summary)."""
+    from ...metrics import reason_summary
 
-    lossy = set(lossy_reasons())
-    return {"drafted": sum(reasons.values()), "accepted_exactly": reasons.get("exact", 0),
-            "accepted_lossy": sum(count for reason, count in reasons.items() if reason in lossy),
-            "reasons": dict(sorted(reasons.items()))}
+    return reason_summary(reasons)
 
 
 def add_step(requests: dict, step: dict[str, dict[str, int]]) -> None:
