@@ -12,6 +12,7 @@ check function) in `RULES`, plus a `Reason` for each new reason it gives (docs/a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -33,6 +34,9 @@ class RuleKnobs(Protocol):
     fixed_js_threshold: float
     rescue_argmax: bool
     judge_threshold: float | None
+    fly_window: int
+    fly_entropy_threshold: float
+    ensemble_weight: float
 
 
 CORRECTION, BONUS = "correction", "bonus"
@@ -80,6 +84,9 @@ class Rule:
     reads_draft: bool = False  # its checks read the draft's distribution (not only the drafted token)
     # The rule lab's line for a position: (signals, knobs, position) -> text; None: its checks' numbers say it.
     lab_line: Callable[["Signals", RuleKnobs, int], str] | None = None
+    modes: tuple[str, ...] = ("greedy", "sampling")  # the decoding modes the rule is defined under
+    why_mode: str = ""  # why it is defined under those only (the one-line refusal says it)
+    reads_later: bool = False  # reads the exact test's result at later drafted positions of its round (a window)
 
     @property
     def judges_mismatches(self) -> bool:
@@ -136,6 +143,19 @@ for _reason in (
            says="{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
                 "P(it changes the answer) = {judge_score:.3f} < threshold {judge_threshold}.",
            fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_threshold})", reads="judge"),
+    Reason("fly", "FLy", "accepted by FLy (an unsure target; the next drafts agree)", "#f9a825", "#fff59d", "#6d5200",
+           "overline dashed", lossy=True,
+           says="{tok} is not the target's choice {target}, but the target is unsure here (top-3 entropy "
+                "{fly_entropy:.3f} ≥ {fly_threshold}) and the next {fly_later} drafted tokens are the target's own "
+                "choices, so FLy lets the mismatch stand.",
+           fails="FLy lets a mismatch stand only where the target is unsure (top-3 entropy {fly_entropy:.3f}, "
+                 "threshold {fly_threshold}) and the next {fly_later} drafted tokens of the round are the target's",
+           reads="fly"),
+    Reason("ensemble", "ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
+           "overline double", lossy=True,
+           says="The lossless coin rejected {tok}, but the static ensemble verifies against v = {w} p + (1 − {w}) q: "
+                "its odds min(1, 1 − w + w p / q) = {ensemble_odds:.2f}, and the same coin passes them.",
+           fails="against v = {w} p + (1 − {w}) q its odds {ensemble_odds:.2f} did not pass the coin either"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -151,7 +171,8 @@ class Signals:
     target_entropy [g]; path_tokens [K, g] (each path's top token); js_draft_centroid,
     js_threshold [g]; majority_tokens [g] (the paths' top token, -1 when two tie at the top),
     majority_votes [g] (its votes), draft_votes [g]; judge_scores [g] the trained judge's probability
-    that accepting the token changes the answer (None unless the rule reads the judge).
+    that accepting the token changes the answer (None unless the rule reads the judge); exact, coin,
+    sample_target_prob, sample_draft_prob [g]: the lossless test (LosslessTest) the round ran.
     """
 
     draft_tokens: torch.Tensor
@@ -168,6 +189,11 @@ class Signals:
     majority_votes: torch.Tensor | None = None
     draft_votes: torch.Tensor | None = None
     judge_scores: torch.Tensor | None = None
+    exact: torch.Tensor | None = None  # [g] bool: the lossless test at every drafted position of the round
+    target_top3_entropy: torch.Tensor | None = None  # [g] -sum p log p over the clean target's three likeliest tokens
+    coin: torch.Tensor | None = None  # [g] the lossless test's uniform draws (sampling only)
+    sample_target_prob: torch.Tensor | None = None  # [g] p(x) under the sampled (temperature, top-p) target
+    sample_draft_prob: torch.Tensor | None = None  # [g] q(x), the distribution the draft token was drawn from
 
 
 def judged_by_paths(signals: Signals, cfg: RuleKnobs) -> torch.Tensor:
@@ -251,6 +277,45 @@ def _fixed_js(s: Signals, cfg: RuleKnobs) -> Check:
     return [("fixed_js", s.js_draft_target <= cfg.fixed_js_threshold)]
 
 
+def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
+    """[g] bool: FLy's deferred window at each drafted position i (AMD-AGI/FLy, `win_len`): the next
+    window - 1 drafted tokens are all the target's own choices, and the window ends before the round's
+    last drafted token (the public code lets no mismatch among the round's last `window` positions stand)."""
+    num_drafted = int(exact.shape[0])
+    holds = torch.zeros_like(exact, dtype=torch.bool)
+    for i in range(max(num_drafted - window, 0)):
+        holds[i] = bool(exact[i + 1 : i + window].all())
+    return holds
+
+
+def _fly(s: Signals, cfg: RuleKnobs) -> Check:
+    """FLy (arXiv 2511.22972, its public code): a mismatch stands where the target is unsure (its top-3
+    entropy at least the threshold) and the deferred window after it holds."""
+    unsure = s.target_top3_entropy >= cfg.fly_entropy_threshold
+    return [("fly", ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window))]
+
+
+def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
+    """DIVERSED's static ensemble (arXiv 2604.07622; transformers' assistant_ensemble_weight): the same
+    coin u as the lossless test, against v = w p + (1 - w) q: accept iff u q(x) < (1 - w) q(x) + w p(x),
+    i.e. u < min(1, 1 - w + w p(x) / q(x)). w = 1 is the lossless coin itself."""
+    w = cfg.ensemble_weight
+    q_x, p_x = s.sample_draft_prob, s.sample_target_prob
+    return [("ensemble", s.coin * q_x < (1.0 - w) * q_x + w * p_x)]
+
+
+def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    later = s.exact[i + 1 : i + cfg.fly_window].tolist()
+    return (f"FLy: top-3 entropy {float(s.target_top3_entropy[i]):.3f} vs {cfg.fly_entropy_threshold:g}; "
+            f"the next {cfg.fly_window - 1} drafts exact: {sum(later)}/{cfg.fly_window - 1}")
+
+
+def _ensemble_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    w, p_x, q_x = cfg.ensemble_weight, float(s.sample_target_prob[i]), float(s.sample_draft_prob[i])
+    odds = min(1.0, 1.0 - w + w * p_x / q_x) if q_x > 0 else 1.0
+    return f"ensemble (w {w:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
+
+
 def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     floor = float(typical_floor(s.target_entropy[i], cfg))
     return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {floor:.3f}"
@@ -279,6 +344,12 @@ for _rule in (
          knob="judge_threshold", uses_judge=True, checks=("judge",)),
     Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
          check=_dropmatch_judge, knob="p", uses_judge=True, checks=("js", "majority", "judge"), reads_draft=True),
+    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
+         knob="fly_entropy_threshold", checks=("fly",), lab_line=_fly_line, modes=("greedy",),
+         why_mode="its public code verifies greedy drafts (an argmax match and a window of them)", reads_later=True),
+    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
+         knob="ensemble_weight", checks=("ensemble",), reads_draft=True, lab_line=_ensemble_line,
+         modes=("sampling",), why_mode="it relaxes the lossless coin min(1, p / q), which greedy decoding has not"),
 ):
     register_rule(_rule)
 
@@ -301,18 +372,38 @@ class Verdict:
     next_kind: str
 
 
+@dataclass(frozen=True)
+class LosslessTest:
+    """The lossless test at g drafted positions: exact [g] bool; under sampling also its coin [g] (the
+    uniform draws) and p(x), q(x) [g], the sampled target's and the draft's probabilities of each drafted
+    token (None when greedy). A rule that relaxes the coin (the static ensemble) reads the same draws."""
+
+    exact: torch.Tensor
+    coin: torch.Tensor | None = None
+    p_x: torch.Tensor | None = None
+    q_x: torch.Tensor | None = None
+
+
+def lossless_test(
+    draft_tokens: torch.Tensor, q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool,
+    generator: torch.Generator,
+) -> LosslessTest:
+    """The lossless test per position [g]: argmax match, or u < p(x) / q(x) (Leviathan et al.)."""
+    index = draft_tokens.unsqueeze(-1)
+    if greedy:
+        return LosslessTest(p_sample.argmax(-1) == draft_tokens)
+    p_x = p_sample.gather(-1, index).squeeze(-1)
+    q_x = q_sample.gather(-1, index).squeeze(-1)
+    uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)
+    return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
+
+
 def exact_accepts(
     draft_tokens: torch.Tensor, q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """The lossless test per position [g]: argmax match, or u < p(x) / q(x) (Leviathan et al.)."""
-    index = draft_tokens.unsqueeze(-1)
-    if greedy:
-        return p_sample.argmax(-1) == draft_tokens
-    p_x = p_sample.gather(-1, index).squeeze(-1)
-    q_x = q_sample.gather(-1, index).squeeze(-1)
-    uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)
-    return uniform * q_x < p_x  # u < p/q without dividing by a zero q
+    """The lossless test's verdicts [g] (lossless_test's exact)."""
+    return lossless_test(draft_tokens, q_sample, p_sample, greedy, generator).exact
 
 
 def correction_token(
@@ -344,8 +435,13 @@ def decide(
     exact [g]: the lossless test's result when the caller computed it already."""
     draft_tokens = signals.draft_tokens
     num_drafted = int(draft_tokens.shape[0])
-    if exact is None:
-        exact = exact_accepts(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
+    if exact is None:  # the lossless test, run here: the rules that read it (its coin, its window) see it
+        test = lossless_test(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
+        exact = test.exact
+        signals = dataclasses.replace(signals, exact=exact, coin=test.coin, sample_target_prob=test.p_x,
+                                      sample_draft_prob=test.q_x)
+    elif signals.exact is None:
+        signals = dataclasses.replace(signals, exact=exact)
     reasons = judge(cfg, signals, exact)
     num_accepted = accepted_count(reasons)
     if num_accepted < num_drafted:

@@ -65,6 +65,8 @@ class Settings:
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
     path_support: int = 0  # 0: the paths score every token; k: only k likely tokens (an approximation)
     judge_threshold: str = "auto"  # the trained judge's: "auto" is the one chosen on its validation split
+    fly_entropy_threshold: float = 0.3  # FLy's gate (RuleConfig's)
+    ensemble_weight: float = 0.5  # the static ensemble's weight on the target (RuleConfig's)
     preset: str = ""  # "method": the method's own settings (METHOD_SETTINGS) over the fields above
 
     def with_preset(self) -> "Settings":
@@ -103,7 +105,7 @@ class Settings:
 DEFAULTS = Settings()
 # The Settings fields that are a rule's (RuleConfig.from_mapping's names): the rest are the decode's and the pair's.
 SETTINGS_RULE_KEYS = ("rule", "k", "p", "centroid", "majority_fraction", "fixed_js_threshold", "typical_eps",
-                      "rescue_argmax", "path_support", "judge_threshold")
+                      "rescue_argmax", "path_support", "judge_threshold", "fly_entropy_threshold", "ensemble_weight")
 # The method's own operating point (arXiv 2603.03333): DropMatch with K 5 paths at p 0.3, the mean of
 # the path distributions as centroid, and "nearly all paths" (4 of 5) for the majority test.
 METHOD_SETTINGS = {"rule": "dropmatch", "k": 5, "p": "0.3", "centroid": "probs", "majority_fraction": 0.8}
@@ -226,6 +228,13 @@ class RuleConfig:
     # run's) or "counter", a labelled option: a server's whole step in one batched draw, the same masks on
     # every device, other masks (so other decisions) than per_position's.
     mask_draw: str = "per_position"
+    # FLy (greedy): a mismatch stands where the target's top-3 entropy is at least the threshold and the next
+    # window - 1 drafts are exact; the authors' defaults (AMD-AGI/FLy's config; vLLM's fly_* options): 6 and 0.3.
+    fly_window: int = 6
+    fly_entropy_threshold: float = DEFAULTS.fly_entropy_threshold
+    # The static ensemble (sampling): verify against w p_target + (1 - w) q_draft; w = 1 is lossless SD. 0.5 is
+    # the authors' default (comeusr/diversed: draft weight 0.5).
+    ensemble_weight: float = DEFAULTS.ensemble_weight
 
     def __post_init__(self):
         names = rule_names()
@@ -264,6 +273,15 @@ class RuleConfig:
             object.__setattr__(self, "judge_threshold", threshold)
         if self.mask_draw not in MASK_DRAWS:
             raise ConfigError(f"mask draw must be one of {', '.join(MASK_DRAWS)}, got {self.mask_draw!r}")
+        object.__setattr__(self, "fly_window", _integer("FLy window", self.fly_window, 2, MAX_GAMMA))
+        threshold = _number("FLy entropy threshold", self.fly_entropy_threshold)
+        if threshold < 0:
+            raise ConfigError(f"FLy entropy threshold must be >= 0, got {threshold:g}")
+        object.__setattr__(self, "fly_entropy_threshold", threshold)
+        weight = _number("ensemble weight", self.ensemble_weight)
+        if not 0.0 < weight <= 1.0:
+            raise ConfigError(f"ensemble weight must be in (0, 1] (1: lossless SD), got {weight:g}")
+        object.__setattr__(self, "ensemble_weight", weight)
 
     @classmethod
     def from_mapping(cls, given, base: "RuleConfig | None" = None, keys: tuple[str, ...] | None = None) -> "RuleConfig":

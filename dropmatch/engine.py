@@ -214,6 +214,7 @@ class Engine:
         """Draft gamma tokens, verify gamma + 1 positions in one target call, judge, commit, crop.
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
         self.check_fits(prompt_ids, decode)
+        check_mode(rule, decode)
         rule = self.with_judge(rule)
         costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
         clock = _Clock(self.device)
@@ -275,7 +276,8 @@ class Engine:
         records = _records(judgement.host, verdict.reasons)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
-            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"]))
+            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"],
+                                                       judgement.host.get("coin")))
         # 5. Record.
         return RoundTrace(
             index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
@@ -292,9 +294,10 @@ class Engine:
         decode, rule = run.decode, run.rule
         gamma = draft.num_drafted
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
-        exact = acceptance.exact_accepts(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
+        test = acceptance.lossless_test(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
+        exact = test.exact
         inputs = judging.JudgeInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
-                                     decode.temperature, run.mask_seed)
+                                     decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x)
         judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now, judge=self.judge)
         host = _to_host({**vars(judged.signals), "exact": exact,
                          **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
@@ -392,6 +395,16 @@ class Engine:
         )
 
 
+def check_mode(rule: RuleConfig, decode: DecodeConfig) -> None:
+    """ConfigError (one line) when the rule is not defined under the run's decoding mode."""
+    entry = acceptance.RULES[rule.rule]
+    mode = "greedy" if decode.greedy else "sampling"
+    if mode not in entry.modes:
+        fix = "set a temperature above 0" if decode.greedy else "set the temperature to 0 (greedy)"
+        raise ConfigError(f"the rule {rule.rule!r} ({entry.label}) is defined under {' and '.join(entry.modes)} "
+                          f"decoding only: {entry.why_mode}; {fix}")
+
+
 def _emitted_view(logits: torch.Tensor, tokens: list[int]) -> dict[str, tuple]:
     """The clean target's log-probability of each emitted token and whether it lies in its top-p
     0.95 nucleus (temperature 1), from the logits [n, V] the run computed anyway."""
@@ -466,6 +479,8 @@ def _records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
             majority_votes=value["majority_votes"][i] if has_paths else None,
             draft_votes=value["draft_votes"][i] if has_paths else None,
             judge_score=value["judge_scores"][i] if value.get("judge_scores") is not None else None,
+            target_top3_entropy=value["target_top3_entropy"][i],
+            coin=value["coin"][i] if value.get("coin") is not None else None,
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
             target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
             path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])

@@ -52,6 +52,11 @@ class JudgeInputs:
     exact: torch.Tensor
     temperature: float
     mask_seed: int
+    # Under sampling, the lossless test's coin [g] and the sampled p(x), q(x) [g] (acceptance.LosslessTest):
+    # what the static ensemble relaxes. None when greedy, or where a caller does not keep them.
+    coin: torch.Tensor | None = None
+    sample_target_prob: torch.Tensor | None = None
+    sample_draft_prob: torch.Tensor | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -90,12 +95,19 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     )
     draft_entropy, target_entropy = entropy(q_draft), entropy(p_target)
     signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
-                   target_entropy=target_entropy)
+                   target_entropy=target_entropy, target_top3_entropy=top3_entropy(p_target))
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
         signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known, settle_on_host))
     return Signals(**signals)
+
+
+def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """probs [..., V] -> -sum p log p over each row's three likeliest tokens [...] (FLy's gate, its
+    `calculate_topk_entropy(logits, 3)`; the probabilities are not renormalised, as there)."""
+    top = probs.topk(min(3, probs.shape[-1]), dim=-1).values
+    return -(top * top.clamp_min(1e-30).log()).sum(-1)
 
 
 def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -231,7 +243,10 @@ def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Sign
     if memo is not None and key in memo:
         return memo[key]
     p_signal = signal_probs(inputs.clean_logits[: inputs.num_drafted], inputs.temperature)
-    found = p_signal, position_signals(inputs.draft_tokens, inputs.q_signal, p_signal)
+    signals = position_signals(inputs.draft_tokens, inputs.q_signal, p_signal)
+    signals = Signals(**{**vars(signals), "exact": inputs.exact, "coin": inputs.coin,
+                         "sample_target_prob": inputs.sample_target_prob, "sample_draft_prob": inputs.sample_draft_prob})
+    found = p_signal, signals
     if memo is not None:
         memo[key] = found
     return found
@@ -327,6 +342,7 @@ def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
             support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
         paths = path_stats_at(target, hidden, clean_logits, rule, p, temperature, keys, support, p_signal)
     signals = position_signals(draft_tokens, q_signal, p_signal, paths, settle_on_host)
+    signals = Signals(**{**vars(signals), "exact": torch.cat([inputs.exact for inputs in batch])})
     if rule.uses_judge:
         hidden_after = torch.cat([inputs.hidden[1 : inputs.num_drafted + 1] for inputs in batch])
         signals = with_judge_scores(signals, hidden_after, judge)

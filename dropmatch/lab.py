@@ -24,7 +24,7 @@ from .config import LAB_P, ConfigError, RuleConfig
 from .judging import JudgeInputs, judge_positions
 from .mc_head import mask_seed
 from .models import CausalLM
-from .sampling import signal_probs
+from .sampling import sampling_probs, signal_probs
 from .trace import GenerationTrace
 from .trained_judge import TrainedJudge
 
@@ -48,18 +48,45 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[J
         tokens = torch.tensor([d.token for d in round_trace.drafted], dtype=torch.long, device=target.device)
         if round_trace.draft_source == "ngram":  # prompt lookup: one-hot, as the engine drafted it
             q_signal = list(torch.nn.functional.one_hot(tokens, target.vocab_size).float())
+            q_sample = q_signal
         else:
-            q_signal = [signal_probs(draft.logits(row.to(draft.device)), trace.temperature) for row in draft_hidden]
+            draft_logits = [draft.logits(row.to(draft.device)) for row in draft_hidden]
+            q_signal = [signal_probs(logits, trace.temperature) for logits in draft_logits]
+            q_sample = [sampling_probs(logits, trace.temperature, trace.top_p) for logits in draft_logits]
         hidden = target_hidden.to(target.device)
+        clean_logits = target.logits(hidden)
         prepared.append(JudgeInputs(
             first_position=states.first_position,
             draft_tokens=tokens,
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
-            hidden=hidden, clean_logits=target.logits(hidden),
+            hidden=hidden, clean_logits=clean_logits,
             exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),
             temperature=trace.temperature, mask_seed=mask_seed(trace.seed, trace.prompt_ids),
+            **_coin_inputs(trace, states, tokens, q_sample, clean_logits),
         ))
     return prepared
+
+
+def _coin_inputs(trace: GenerationTrace, states, tokens: torch.Tensor, q_sample: list, clean_logits) -> dict:
+    """The lossless test's coins and the sampled p(x), q(x) of a sampled round (what the static ensemble
+    relaxes), where the run kept its coins; empty otherwise."""
+    if trace.temperature == 0.0 or len(states.coins) != len(states.exact) or not states.coins:
+        return {}
+    index = tokens.unsqueeze(-1)
+    p_sample = sampling_probs(clean_logits[: len(states.coins)], trace.temperature, trace.top_p)
+    return {"coin": torch.tensor(states.coins, dtype=torch.float32, device=tokens.device),
+            "sample_target_prob": p_sample.gather(-1, index).squeeze(-1),
+            "sample_draft_prob": torch.stack(q_sample).gather(-1, index).squeeze(-1)}
+
+
+def rules_for(prepared: list[JudgeInputs], judge: TrainedJudge | None) -> tuple[str, ...]:
+    """The rules the lab can re-judge these rounds with: those defined under the run's mode (greedy or
+    sampled), the judge rules with a judge, the static ensemble only where the run kept its coins."""
+    greedy = not prepared or prepared[0].temperature == 0.0
+    has_coins = all(rnd.coin is not None for rnd in prepared if rnd.num_drafted)
+    return tuple(name for name, rule in acceptance.RULES.items()
+                 if ("greedy" if greedy else "sampling") in rule.modes and (judge is not None or not rule.uses_judge)
+                 and (greedy or has_coins or name != "ensemble"))
 
 
 def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
@@ -83,7 +110,7 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
     share of drafted tokens it accepts and its acceptance length per round on these drafts. The judge
     rules take part where a trained judge is given (it reads the run's stored hidden states)."""
     start = time.perf_counter()
-    rules = rules or tuple(name for name, rule in acceptance.RULES.items() if judge is not None or not rule.uses_judge)
+    rules = rules or rules_for(prepared, judge)
     if judge is not None:
         settings = judge.filled(settings)
     memo: dict = {}
@@ -104,7 +131,9 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
                      "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
                      "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta,
                      "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support,
-                     "judge_threshold": settings.judge_threshold},
+                     "judge_threshold": settings.judge_threshold, "fly_window": settings.fly_window,
+                     "fly_entropy_threshold": settings.fly_entropy_threshold,
+                     "ensemble_weight": settings.ensemble_weight},
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,

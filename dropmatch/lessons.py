@@ -89,7 +89,7 @@ def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: li
              "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
              "answer": d.reason,
              "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold, trace.temperature == 0,
-                            trace.rule)}
+                            trace.rule, trace.rule_config)}
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found

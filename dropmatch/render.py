@@ -6,6 +6,7 @@ import html
 from typing import Callable
 
 from .acceptance import REASONS, RULES, check_names, votes_needed
+from .config import RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
 
@@ -245,11 +246,13 @@ UNNAMED_RULE = "dropmatch_judge"
 
 
 def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
-            judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None) -> str:
+            judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None,
+            knobs: RuleConfig | None = None) -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why. greedy False:
     the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax.
     The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before); rule: the
-    tests named are the ones it reads (None: UNNAMED_RULE's)."""
+    tests named are the ones it reads (None: UNNAMED_RULE's); knobs: the run's RuleConfig (FLy's window and
+    threshold, the ensemble's weight; default: the defaults)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     if d.reason == "exact" and not greedy:
         return f"The lossless coin accepted {tok}: " + _coin(d) + "."
@@ -258,7 +261,7 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
     checks = check_names(rule if rule in RULES else UNNAMED_RULE)
-    numbers = _numbers(d, tok, target, majority_fraction, judge_threshold)
+    numbers = _numbers(d, tok, target, majority_fraction, judge_threshold, knobs or RuleConfig())
     readable = [name for name in checks if _has_numbers(d, REASONS[name].reads)]
     if d.reason != "rejected":
         earlier = checks[: checks.index(d.reason)] if d.reason in checks else ()
@@ -270,14 +273,18 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
 
 def _has_numbers(d: DraftedToken, reads: str) -> bool:
     """Whether the token carries the numbers a reason's sentence reads (paths, the judge's score)."""
-    return {"paths": bool(d.path_tokens), "judge": d.judge_score is not None}.get(reads, True)
+    return {"paths": bool(d.path_tokens), "judge": d.judge_score is not None,
+            "fly": d.target_top3_entropy is not None}.get(reads, True)
 
 
 def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
-             judge_threshold: float | None) -> dict:
+             judge_threshold: float | None, knobs: RuleConfig) -> dict:
     """A drafted token's numbers under the names the reasons' sentences use."""
-    k = len(d.path_tokens)
-    return {"tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
+    k, w = len(d.path_tokens), knobs.ensemble_weight
+    odds = min(1.0, 1.0 - w + w * d.target_prob / d.draft_prob) if d.draft_prob > 0 else 1.0
+    return {"fly_entropy": d.target_top3_entropy, "fly_threshold": f"{knobs.fly_entropy_threshold:g}",
+            "fly_later": knobs.fly_window - 1, "w": f"{w:g}", "ensemble_odds": odds,
+            "tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
             "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": k, "js_target": d.js_target,
             "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤",
             "needed": votes_needed(k, majority_fraction) if k else None, "judge_score": d.judge_score,
@@ -310,7 +317,8 @@ def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
 
 
 def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8,
-              judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None) -> str:
+              judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None,
+              knobs: RuleConfig | None = None) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -334,7 +342,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy, rule))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy, rule, knobs))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

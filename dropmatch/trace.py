@@ -39,6 +39,8 @@ class DraftedToken:
     majority_votes: int | None = None
     draft_votes: int | None = None
     judge_score: float | None = None  # the trained judge's P(accepting it changes the answer); judge rules only
+    target_top3_entropy: float | None = None  # -sum p log p over the clean target's top 3 (FLy's gate)
+    coin: float | None = None  # the lossless test's uniform draw (sampling); the static ensemble reads it too
     draft_top: TopTokens = ()
     target_top: TopTokens = ()
     path_top: tuple[TopTokens, ...] = ()
@@ -93,11 +95,13 @@ class RoundStates:
     target_hidden: str
     draft_hidden: str
     exact: tuple[bool, ...]
+    coins: tuple[float, ...] = ()  # the lossless test's uniform draws (sampling; empty when greedy or kept before)
 
     @staticmethod
-    def from_tensors(first_position: int, target_hidden, draft_hidden, exact) -> "RoundStates":
+    def from_tensors(first_position: int, target_hidden, draft_hidden, exact, coins=None) -> "RoundStates":
         return RoundStates(first_position, _pack(target_hidden), _pack(draft_hidden),
-                           tuple(bool(x) for x in exact.tolist()))
+                           tuple(bool(x) for x in exact.tolist()),
+                           () if coins is None else tuple(float(x) for x in coins.tolist()))
 
     def tensors(self):
         """(target_hidden [g + 1, H], draft_hidden [g, H_d]) as float32 CPU tensors."""
@@ -198,7 +202,8 @@ class GenerationTrace:
                           "emitted_in_nucleus": tuple(r.get("emitted_in_nucleus", ()))})
             for r in data["rounds"]
         )
-        states = tuple(RoundStates(**{**st, "exact": tuple(st["exact"])}) for st in data.get("states", ()))
+        states = tuple(RoundStates(**{**st, "exact": tuple(st["exact"]), "coins": tuple(st.get("coins", ()))})
+                       for st in data.get("states", ()))
         fields = {**data, "rounds": rounds, "states": states, "decode_config": DecodeConfig(**data["decode_config"]),
                   "rule_config": RuleConfig(**data["rule_config"])}
         for name in ("prompt_ids", "output_ids", "token_texts"):

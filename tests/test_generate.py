@@ -131,15 +131,16 @@ def test_a_batch_and_a_missing_draft_are_refused_in_one_line(hf_pair):
         target.generate(**_prompt(tokenizer), custom_generate=REPO, trust_remote_code=True, max_new_tokens=5)
 
 
-RUNS = 3000
+RUNS = 2000
 ALPHA = 1e-4
 
 
-@pytest.mark.slow  # 3,000 seeded generate() calls a rule
-@pytest.mark.parametrize("knobs", [dict(dropmatch_rule="lossless"), dict(dropmatch_rule="dropmatch", dropmatch_p=0.0)])
-def test_sampling_through_generate_draws_the_targets_own_distribution(knobs, tmp_path_factory):
-    """The joint of the first three sampled tokens (T 0.8, gamma 3) through generate() equals the
-    target's exact one on the bigram pair (tests/test_exactness.py), lossless and DropMatch at p = 0."""
+@pytest.mark.slow  # 2,000 seeded generate() calls
+def test_sampling_through_generate_draws_the_targets_own_distribution(tmp_path_factory):
+    """The joint of the first three sampled tokens (T 0.8, gamma 3) through generate() with DropMatch at
+    p = 0 equals the target's exact one on the bigram pair (tests/test_exactness.py, where the engine itself
+    is held to 6,000 runs): the door hands temperature, the rule and the seed to the engine as given."""
+    knobs = dict(dropmatch_rule="dropmatch", dropmatch_p=0.0)
     from test_exactness import DRAFT_ROWS, TARGET_ROWS, _table
     from tiny_models import save_bigram_pair
     from transformers import AutoModelForCausalLM
@@ -162,7 +163,7 @@ def test_sampling_through_generate_draws_the_targets_own_distribution(knobs, tmp
         key = tuple(out[0, len(PROMPT):].tolist())
         counts[key] = counts.get(key, 0) + 1
     statistic, df = chi_square(counts, exact, RUNS)
-    assert detectable_bias(exact, RUNS, df, ALPHA) <= 0.03, "too few runs to catch a bias of 0.03"
+    assert detectable_bias(exact, RUNS, df, ALPHA) <= 0.035, "too few runs to catch a bias of 0.035"
     assert set(counts) <= set(exact) and all(len(key) == 3 and set(key) <= set(TOKENS) for key in counts)
     assert statistic <= chi_square_quantile(df, ALPHA), f"chi-square {statistic:.1f} (df {df})"
 

@@ -75,3 +75,23 @@ def test_dropmatch_on_the_gpu_runs_paths_only_where_judged_and_p0_is_lossless(cu
         judgeable = sum(d.reason != "exact" and d.token != d.target_token for d in r.drafted)
         assert path_rows % 5 == 0 and sum(1 for d in r.drafted if d.path_tokens) <= path_rows // 5 <= judgeable
         assert all(not d.path_tokens for d in r.drafted if d.reason == "exact")
+
+
+def test_generate_through_custom_generate_on_the_gpu_equals_the_targets_greedy_and_counts_lossy(tiny_dirs):
+    """transformers' door on CUDA: the pair on one device, p = 0 equals the target's greedy generate(),
+    p 0.3 returns its counts per reason (docs/generate.md)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = str(Path(__file__).resolve().parent.parent)
+    target_dir, draft_dir = tiny_dirs
+    target, draft = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to("cuda") for d in tiny_dirs)
+    inputs = AutoTokenizer.from_pretrained(target_dir)("what is two plus three?", return_tensors="pt").to("cuda")
+    expected = target.generate(**inputs, max_new_tokens=32, do_sample=False)
+    got = target.generate(**inputs, assistant_model=draft, custom_generate=root, trust_remote_code=True,
+                          max_new_tokens=32, do_sample=False, dropmatch_p=0.0)
+    assert got.device.type == "cuda" and got.tolist() == expected.tolist()
+    out = target.generate(**inputs, assistant_model=draft, custom_generate=root, trust_remote_code=True,
+                          max_new_tokens=32, do_sample=False, dropmatch_p=0.3, return_dict_in_generate=True)
+    assert out.dropmatch["drafted"] == sum(out.dropmatch["reasons"].values()) > 0

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..acceptance import RULES
 from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
                       PRESET_SETTINGS, RuleConfig, parse_p, rule_names)
 from ..engine import Engine
@@ -166,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
         support_sweep = tuple(RuleConfig(path_support=k).path_support for k in (args.support_sweep or "").split(",")
                               if k.strip())
-        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep)
+        mode = "greedy" if decode.greedy else "sampling"
+        for name in rules:
+            if mode not in RULES[name].modes:
+                raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only "
+                                 f"({RULES[name].why_mode}); this run is {mode}")
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep, mode)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)

@@ -21,6 +21,8 @@ FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path 
     "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
     "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
     "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),  # stand-ins: a pair's judge has its own (judge_knob_values)
+    "fly_entropy_threshold": (1.0, 0.6, 0.3, 0.15, 0.05),  # FLy's gate: a lower threshold tolerates more
+    "ensemble_weight": (0.9, 0.7, 0.5, 0.3, 0.1),  # w on the target: 1 is lossless, lower leans on the draft
 }
 JUDGE_QUANTILES = (0.05, 0.25, 0.5, 0.75)  # of the judge's validation thresholds, beside its chosen one
 
@@ -35,9 +37,11 @@ class Variant:
 
 
 def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
-             auto_sweep: tuple[float, ...] = (), support_sweep: tuple[int, ...] = ()) -> list[Variant]:
+             auto_sweep: tuple[float, ...] = (), support_sweep: tuple[int, ...] = (),
+             mode: str = "greedy") -> list[Variant]:
     """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
-    the auto sweep, DropMatch at each path support of the support sweep, then the frontier's points."""
+    the auto sweep, DropMatch at each path support of the support sweep, then the frontier's points
+    (of the rules defined under `mode`, "greedy" or "sampling")."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
     runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
     runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
@@ -45,16 +49,16 @@ def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontie
     runs += [Variant(f"dropmatch@path_support={k}", replace(template, rule="dropmatch", path_support=k),
                      "path_support", k) for k in support_sweep]
     if frontier:
-        runs += frontier_variants(template)
+        runs += frontier_variants(template, mode)
     labels = [run.label for run in runs]
     return [run for i, run in enumerate(runs) if run.label not in labels[:i]]  # one run per label
 
 
-def frontier_variants(template: RuleConfig) -> list[Variant]:
-    """Each lossy rule over its knob (FRONTIER_KNOBS); DropMatch with both centroids."""
+def frontier_variants(template: RuleConfig, mode: str = "greedy") -> list[Variant]:
+    """Each lossy rule defined under `mode` over its knob (FRONTIER_KNOBS); DropMatch with both centroids."""
     runs = []
     for name, rule in RULES.items():
-        if not rule.lossy or rule.knob is None:
+        if not rule.lossy or rule.knob is None or mode not in rule.modes:
             continue
         centroids = CENTROIDS if name == "dropmatch" else (template.centroid,)
         for centroid in centroids:

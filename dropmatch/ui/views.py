@@ -157,7 +157,7 @@ def step_view(record: RunRecord | None, which: str, index) -> str:
 def round_html(record: RunRecord, trace: GenerationTrace, index: int) -> str:
     """The step view of one round of a column, its sentences in the terms of the column's own rule."""
     return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold,
-                     trace.temperature == 0, trace.rule)
+                     trace.temperature == 0, trace.rule, trace.rule_config)
 
 
 def api_result(record: RunRecord, rule) -> dict:

@@ -56,6 +56,7 @@ class ServeSettings:
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
                               f"give p as a number (e.g. {DEFAULT_P})")
         rule = RuleConfig.from_mapping({key: value for key, value in given.items() if key in KEYS}, self.rule, KEYS)
+        refuse_unservable(rule.rule)
         judge = given.get("judge", self.judge)
         if judge is not None:
             read_judge(judge)
@@ -67,6 +68,22 @@ class ServeSettings:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         return ServeSettings(rule, seed, judge)
+
+
+def refuse_unservable(name: str) -> None:
+    """ConfigError (one line) for a rule the plugin cannot serve as written: one defined under sampling
+    only (the plugin re-verifies greedy requests), or one that reads the later drafted positions of its
+    round (the plugin judges a request's positions one at a time, stopping at its first rejection)."""
+    from ...acceptance import RULES
+
+    rule = RULES[name]
+    if "greedy" not in rule.modes:
+        raise ConfigError(f"the rule {name!r} ({rule.label}) is defined under sampling only, and the plugin "
+                          "re-verifies greedy requests: use it with the Studio's engine or generate()")
+    if rule.reads_later:
+        raise ConfigError(f"the rule {name!r} ({rule.label}) reads the exact test at later drafted positions of its "
+                          "round (a window), which the plugin's verify step does not hold: use it with the Studio's "
+                          "engine or generate()")
 
 
 @lru_cache(maxsize=8)

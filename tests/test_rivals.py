@@ -1,0 +1,129 @@
+"""The training-free rivals as rules of the table: FLy (entropy gate, deferred window) and DIVERSED's
+static ensemble, each from hand-made distributions where its decision is certain."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from dropmatch import acceptance
+from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
+from dropmatch.engine import run_to_end
+from dropmatch.judging import position_signals
+
+UNSURE = [0.40, 0.35, 0.25, 0.0]  # top-3 entropy 1.08: the target barely prefers token 0
+SURE = [0.97, 0.01, 0.01, 0.01]  # top-3 entropy 0.12 (below FLy's 0.3)
+
+
+def fly_round(first_row, drafted, exact):
+    """Signals of a greedy round over a 4-token vocabulary: the target's row at position 0 is
+    `first_row`, every later row sure of token 0; `exact` [g] the lossless test."""
+    g = len(drafted)
+    p_target = torch.tensor([first_row] + [SURE] * (g - 1))
+    q_draft = torch.full((g, 4), 0.25)
+    signals = position_signals(torch.tensor(drafted), q_draft, p_target)
+    return dataclasses.replace(signals, exact=torch.tensor(exact))
+
+
+def reasons(rule: RuleConfig, signals) -> tuple[str, ...]:
+    return acceptance.judge(rule, signals, signals.exact)
+
+
+def test_fly_lets_a_mismatch_stand_where_the_target_is_unsure_and_the_next_five_drafts_are_exact():
+    signals = fly_round(UNSURE, [1, 0, 0, 0, 0, 0, 0, 0], [False] + [True] * 7)
+    assert reasons(RuleConfig("fly"), signals) == ("fly",) + ("exact",) * 7
+
+
+@pytest.mark.parametrize("first_row, exact, why", [
+    (SURE, [False] + [True] * 7, "the target is sure of its own token there"),
+    (UNSURE, [False, True, True, False, True, True, True, True], "a later draft in the window is not the target's"),
+])
+def test_fly_rejects_where_its_gate_or_its_window_fails(first_row, exact, why):
+    signals = fly_round(first_row, [1] + [0] * 7, exact)
+    assert reasons(RuleConfig("fly"), signals)[0] == "rejected", why
+
+
+def test_fly_lets_no_mismatch_stand_in_the_rounds_last_window_positions():
+    """AMD-AGI/FLy: updated_accept[:, -win_len:] keeps only exact verdicts there; with 6 drafts and a
+    window of 6 no position may be tolerated, with 7 only the first."""
+    six = fly_round(UNSURE, [1, 0, 0, 0, 0, 0], [False] + [True] * 5)
+    assert reasons(RuleConfig("fly"), six)[0] == "rejected"
+    seven = fly_round(UNSURE, [1, 0, 0, 0, 0, 0, 0], [False] + [True] * 6)
+    assert reasons(RuleConfig("fly"), seven)[0] == "fly"
+
+
+def test_fly_at_an_unreachable_entropy_threshold_is_lossless():
+    signals = fly_round(UNSURE, [1] + [0] * 7, [False] + [True] * 7)
+    assert reasons(RuleConfig("fly", fly_entropy_threshold=1e9), signals) == \
+        reasons(RuleConfig("lossless"), signals)
+
+
+def ensemble_round(p_x: float, q_x: float, coin: float):
+    """One sampled drafted position whose lossless coin is `coin` against p(x) / q(x)."""
+    signals = position_signals(torch.tensor([1]), torch.tensor([[1 - q_x, q_x]]), torch.tensor([[1 - p_x, p_x]]))
+    exact = torch.tensor([coin * q_x < p_x])
+    return dataclasses.replace(signals, exact=exact, coin=torch.tensor([coin]), sample_target_prob=torch.tensor([p_x]),
+                               sample_draft_prob=torch.tensor([q_x]))
+
+
+@pytest.mark.parametrize("coin, weight, expected", [
+    (0.1, 0.5, "exact"),  # under p / q = 0.2: the lossless coin accepts
+    (0.4, 0.5, "ensemble"),  # between 0.2 and the ensemble's odds 1 - w + w p / q = 0.6
+    (0.7, 0.5, "rejected"),  # above 0.6
+    (0.4, 1.0, "rejected"),  # w = 1: v = p, the lossless coin alone
+    (0.83, 0.2, "ensemble"),  # w 0.2: odds 0.8 + 0.2 * 0.2 = 0.84
+    (0.85, 0.2, "rejected"),
+])
+def test_the_static_ensemble_accepts_with_odds_min_1_1_minus_w_plus_w_p_over_q(coin, weight, expected):
+    """p(x) 0.1, q(x) 0.5, the lossless test's own coin against the ensemble's odds."""
+    assert reasons(RuleConfig("ensemble", ensemble_weight=weight), ensemble_round(0.1, 0.5, coin)) == (expected,)
+
+
+def test_the_rivals_refuse_the_mode_they_are_not_defined_under_in_one_line(tiny_engine):
+    ids = tiny_engine.encode(PROMPTS[0])
+    with pytest.raises(ConfigError, match="defined under sampling decoding only") as greedy:
+        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8), RuleConfig("ensemble")))
+    with pytest.raises(ConfigError, match="defined under greedy decoding only") as sampled:
+        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("fly")))
+    assert "\n" not in str(greedy.value) + str(sampled.value)
+
+
+def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
+    """The ensemble at w = 1 (sampled, same seed) and FLy at an unreachable threshold (greedy) emit what
+    lossless SD emits, token for token."""
+    ids = tiny_engine.encode(PROMPTS[1])
+    sampled = DecodeConfig(gamma=4, max_new_tokens=40, temperature=0.8, seed=3)
+    lossless = run_to_end(tiny_engine.speculative(ids, sampled, RuleConfig("lossless")))
+    ensemble = run_to_end(tiny_engine.speculative(ids, sampled, RuleConfig("ensemble", ensemble_weight=1.0)))
+    assert ensemble.output_ids == lossless.output_ids
+    greedy = DecodeConfig(gamma=8, max_new_tokens=40)
+    lossless = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("lossless")))
+    fly = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("fly", fly_entropy_threshold=1e9)))
+    assert fly.output_ids == lossless.output_ids
+
+
+def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_engine):
+    """The rule fires on a real pair's drafts: the ensemble at w 0.5 under sampling, FLy at its defaults
+    with long drafts; each lossy acceptance is explained by its own sentence."""
+    from dropmatch import render
+
+    ids = far_engine.encode(PROMPTS[0])
+    ensemble = run_to_end(far_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=48, temperature=1.0, seed=1),
+                                                 RuleConfig("ensemble")))
+    accepted = [d for r in ensemble.rounds for d in r.drafted if d.reason == "ensemble"]
+    assert accepted and all(d.coin is not None for d in accepted)
+    sentence = render.explain(accepted[0], far_engine.token_text, greedy=False, rule="ensemble",
+                              knobs=ensemble.rule_config)
+    assert "static ensemble verifies against v = 0.5 p" in sentence
+
+
+def test_the_vllm_plugin_refuses_the_rivals_it_cannot_serve_in_one_line():
+    from dropmatch.serving.vllm.settings import ServeSettings
+
+    for rule, reason in (("fly", "later drafted positions"), ("ensemble", "sampling only")):
+        with pytest.raises(ConfigError, match=reason) as caught:
+            ServeSettings().updated({"rule": rule})
+        assert "\n" not in str(caught.value)
