@@ -60,6 +60,10 @@ class Settings:
     centroid: str = "probs"
     majority_fraction: float = 0.8
     draft_source: str = "hybrid"
+    # gamma = auto: False (the default) drafts both columns by one policy, lossless SD's costs, so that tau and
+    # acceptance differ only by the rule; True prices the lossy rule's judge step too (draft length tuned for
+    # this rule's cost: faster for a costly judge step, fewer drafts for it to accept).
+    gamma_tuned_for_rule: bool = False
     fixed_js_threshold: float = 0.1
     typical_eps: float = 0.3
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
@@ -85,7 +89,8 @@ class Settings:
             raise ConfigError("the prompt is empty; type a question or pick an example")
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
                               temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              draft_confidence=self.draft_confidence, draft_source=self.draft_source)
+                              draft_confidence=self.draft_confidence, draft_source=self.draft_source,
+                              gamma_tuned_for_rule=self.gamma_tuned_for_rule)
         rule = RuleConfig.from_mapping({key: getattr(self, key) for key in SETTINGS_RULE_KEYS})
         return decode, rule
 
@@ -157,6 +162,7 @@ class DecodeConfig:
     draft_confidence: float = DEFAULTS.draft_confidence
     gamma_auto: bool = False
     draft_source: str = "model"
+    gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's judge step too (Settings says why)
 
     @staticmethod
     def parse_gamma(text) -> dict:
@@ -186,6 +192,7 @@ class DecodeConfig:
         if self.draft_source not in DRAFT_SOURCES:
             raise ConfigError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
         object.__setattr__(self, "gamma_auto", bool(self.gamma_auto))
+        object.__setattr__(self, "gamma_tuned_for_rule", bool(self.gamma_tuned_for_rule))
 
     @property
     def greedy(self) -> bool:

@@ -218,13 +218,17 @@ class _Learning:
     def length(self, limit: int) -> int:
         if not self.space.decode.gamma_auto or limit <= 0:
             return limit
-        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step,
-                            self.space.judge_cost.per_reached_slot())
+        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step, self.judge_price())
 
     def expected_rate(self, limit: int) -> float:
         """Expected tokens per second of this source's best length up to limit (gamma = auto only)."""
-        return best_length(self.acceptance, self.space.costs, limit, self.draft_step,
-                           self.space.judge_cost.per_reached_slot())[1]
+        return best_length(self.acceptance, self.space.costs, limit, self.draft_step, self.judge_price())[1]
+
+    def judge_price(self) -> float:
+        """The judge step's seconds per reached slot that gamma = auto weighs: none by default (every rule
+        drafts by lossless SD's costs: one policy for both columns), the run's measured one when the
+        draft length is tuned for the rule's cost (DecodeConfig.gamma_tuned_for_rule)."""
+        return self.space.judge_cost.per_reached_slot() if self.space.decode.gamma_tuned_for_rule else 0.0
 
 
 class ModelDrafter(_Learning):

@@ -44,6 +44,7 @@ class RunMetrics:
     other_s: float
     mc_overhead: float | None
     lossy_share: float
+    lossy_count: int
     target_nll: float | None = None
     off_nucleus_rate: float | None = None
     speedup_vs_ar: float | None = None
@@ -155,11 +156,15 @@ def reason_summary(reasons: dict[str, int]) -> dict:
             "reasons": dict(sorted(reasons.items()))}
 
 
+def lossy_count(trace: GenerationTrace) -> int:
+    """How many of the new tokens only a lossy rule let through."""
+    lossy = set(lossy_reasons())
+    return sum(d.reason in lossy for r in trace.rounds for d in r.drafted)
+
+
 def lossy_share(trace: GenerationTrace) -> float:
     """Share of the new tokens that only a lossy rule let through."""
-    lossy = set(lossy_reasons())
-    lossy = sum(d.reason in lossy for r in trace.rounds for d in r.drafted)
-    return lossy / len(trace.output_ids) if trace.output_ids else 0.0
+    return lossy_count(trace) / len(trace.output_ids) if trace.output_ids else 0.0
 
 
 def summarize(
@@ -191,7 +196,7 @@ def summarize(
         mc_s=mc_s,
         other_s=max(0.0, trace.t_total - trace.t_prefill - draft_s - verify_s - head_s - mc_s),
         mc_overhead=mc_overhead(trace),
-        lossy_share=lossy_share(trace),
+        lossy_share=lossy_share(trace), lossy_count=lossy_count(trace),
         target_nll=target_nll(trace),
         off_nucleus_rate=off_nucleus_rate(trace),
         speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,

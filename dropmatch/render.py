@@ -233,7 +233,8 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
         rows.append(("speed vs lossless SD", num(m.speedup_vs_lossless, 2, "x")))
         rows.append(("first departure from lossless",
                      "identical text" if m.first_divergence is None else f"token {m.first_divergence + 1}"))
-        rows.append(("tokens accepted only by the lossy rule", pct(m.lossy_share)))
+        rows.append(("tokens accepted beyond lossless SD (only by the rule)",
+                     f"{m.lossy_count} of {m.new_tokens} ({pct(m.lossy_share)})"))
         off_points = None if m.delta_off_nucleus_rate is None else 100 * m.delta_off_nucleus_rate
         rows.append(("change vs lossless: target NLL / off-nucleus / distinct-2",
                      f"{_signed(m.delta_target_nll)} / {_signed(off_points, 1)} pt / {_signed(m.delta_distinct2)}"))

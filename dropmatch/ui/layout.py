@@ -17,7 +17,8 @@ from . import views
 # The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
-                    "majority_fraction", "draft_source", "rescue_argmax", "path_support", "judge_threshold")
+                    "majority_fraction", "draft_source", "rescue_argmax", "path_support", "judge_threshold",
+                    "gamma_tuned_for_rule")
 SESSION_TTL_S = 3600
 # Click, tap or Enter on a token pins its numbers under the text (tooltips need a mouse).
 PIN_JS = """
@@ -58,6 +59,7 @@ class Ui:
     rescue_argmax: gr.Checkbox
     path_support: gr.Number
     judge_threshold: gr.Textbox
+    gamma_tuned_for_rule: gr.Checkbox
     method_button: gr.Button
     run_button: gr.Button
     stop_button: gr.Button
@@ -180,6 +182,10 @@ def _settings(parts: dict) -> None:
                                                       label="measure autoregressive baseline")
             parts["draft_confidence"] = gr.Slider(0.0, 0.95, value=DEFAULTS.draft_confidence, step=0.05,
                                                   label="draft confidence: end a round's draft below it (0 = off)")
+            parts["gamma_tuned_for_rule"] = gr.Checkbox(
+                value=DEFAULTS.gamma_tuned_for_rule, label="draft length tuned for this rule's cost",
+                info="off: both columns choose γ = auto by lossless SD's costs, so tau differs only by the rule; "
+                     "on: the lossy column also prices its judge step (faster, but fewer drafts to accept)")
         with gr.Row():
             parts["centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid of the paths",
                                          info="probs: mean of the path distributions (the method's); "
