@@ -202,6 +202,55 @@ def _signed(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:+.{digits}f}"
 
 
+def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
+    """The comparison in plain sentences, machine-independent facts first: target calls per token (tau),
+    the tokens only the rule accepted, the text's change as the target sees it; then this run's wall clock,
+    labelled as one run on this machine and never called a win or a loss (the app measures one run, not
+    its spread); and, when both SD columns ran slower than the target alone, that they did."""
+    sentences = [_calls_sentence(lossless, lossy, rule_label), _rule_share_sentence(lossy), _quality_sentence(lossy)]
+    if lossless.tokens_per_s and lossy.tokens_per_s:
+        sentences.append(f"This run on this machine: {lossy.tokens_per_s:.1f} against {lossless.tokens_per_s:.1f} "
+                         "tokens/s (one run; wall-clock figures vary from run to run, so they are not called a win "
+                         "or a loss here).")
+    slower = [m.speedup_vs_ar for m in (lossless, lossy)]
+    if all(x is not None and x < 1.0 for x in slower):
+        sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
+                         f"{slower[1]:.2f}x): drafting and verifying cost more than the tokens the rounds added (short "
+                         "rounds, a small target, or a busy machine).")
+    return " ".join(sentences)
+
+
+def _calls_sentence(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
+    per_token = [m.target_calls / m.new_tokens if m.new_tokens else 0.0 for m in (lossless, lossy)]
+    change = 1.0 - per_token[1] / per_token[0] if per_token[0] else 0.0
+    counts = (f"{lossy.target_calls} calls for {lossy.new_tokens} tokens against {lossless.target_calls} for "
+              f"{lossless.new_tokens}; tau {_fmt(lossy.tau)} against {_fmt(lossless.tau)}")
+    if abs(change) < 0.005:
+        return f"{rule_label} needed as many target calls per token as lossless SD ({counts})."
+    return (f"{rule_label} needed {abs(change):.0%} {'fewer' if change > 0 else 'more'} target calls per token than "
+            f"lossless SD ({counts}).")
+
+
+def _rule_share_sentence(lossy: RunMetrics) -> str:
+    return (f"{lossy.lossy_count} of its {lossy.new_tokens} tokens ({100 * lossy.lossy_share:.0f}%) were accepted "
+            "only by the rule.")
+
+
+def _quality_sentence(lossy: RunMetrics) -> str:
+    if lossy.first_divergence is None:
+        return "Its text is lossless SD's, token for token."
+    nll, off = lossy.delta_target_nll, lossy.delta_off_nucleus_rate
+    if nll is None or off is None:
+        return f"Its text departs from lossless SD's at token {lossy.first_divergence + 1}."
+    return (f"Its text departs from lossless SD's at token {lossy.first_divergence + 1}; as the target sees it, "
+            f"{_signed(nll)} nats/token and {_signed(100 * off, 1)} points off its top-p 0.95 nucleus against "
+            "lossless SD.")
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
 def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None = None) -> str:
 
     def pct(x):

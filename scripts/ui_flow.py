@@ -85,6 +85,7 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
         "charts": page.locator(".js-plotly-plot").count(),
         "lossless_stats": page.inner_text("#lossless-stats"),
         "lossy_stats": page.inner_text("#lossy-stats"),
+        "verdict": page.inner_text("#verdict"),
     }
 
 

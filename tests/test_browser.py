@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +48,14 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     assert found["lossless_tokens"] >= 5 and found["lossy_tokens"] >= 5
     assert found["charts"] == 4
     assert "tau" in found["lossless_stats"] and "MC-head share" in found["lossy_stats"]
+    # The verdict line above the columns: its target calls and tokens are the stats tables' (the run's trace).
+    calls = re.search(r"\((\d+) calls for (\d+) tokens against (\d+) for (\d+); tau", found["verdict"])
+    assert calls, found["verdict"]
+    stated = [int(x) for x in calls.groups()]
+    shown = [int(re.search(rf"{row}\s+(\d+)", found[table]).group(1))
+             for table in ("lossy_stats", "lossless_stats") for row in ("target calls", "new tokens")]
+    assert stated == shown, (found["verdict"], shown)
+    assert "were accepted only by the rule" in found["verdict"] and "not called a win or a loss" in found["verdict"]
     assert "Round 0" in found["step_text"]
     assert "Trade-off frontier" in found["tradeoff_text"] and "this run" in found["tradeoff_text"]
     assert found["recorded_lab_rows"] >= 40  # the shipped run's matrix, shown before any model ran

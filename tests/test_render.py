@@ -53,3 +53,36 @@ def test_figures_have_data_and_say_so_when_a_rule_has_no_paths():
     typical = traces("typical")[2]
     heatmap = all_figures(lossless, typical, None, engine.token_text)["agreement"]
     assert not heatmap.data and "no Monte-Carlo paths" in heatmap.layout.annotations[0].text
+
+
+def _metrics(**fields):
+    from dropmatch.metrics import RunMetrics
+
+    base = dict(label="x", p=None, new_tokens=96, rounds=66, target_calls=67, tau=1.44, drafted=100, accepted=40,
+                acceptance_rate=0.4, per_position_acceptance=(), tokens_per_s=10.0, wall_s=9.6, prefill_s=0.1,
+                draft_s=1.0, verify_s=5.0, head_s=1.0, mc_s=0.5, other_s=0.1, mc_overhead=0.05, lossy_share=0.0,
+                lossy_count=0, speedup_vs_ar=1.2)
+    return RunMetrics(**{**base, **fields})
+
+
+def test_the_verdict_says_target_calls_per_token_the_rules_own_share_and_the_texts_change():
+    """Numbers per token (the two columns may stop at different lengths), each taken from the metrics."""
+    from dropmatch.render import verdict
+
+    lossless = _metrics(new_tokens=63, target_calls=47, tau=1.35)
+    lossy = _metrics(new_tokens=96, target_calls=67, tau=1.44, lossy_count=4, lossy_share=4 / 96, first_divergence=10,
+                     delta_target_nll=0.05, delta_off_nucleus_rate=0.003)
+    text = verdict(lossless, lossy, "DropMatch")
+    assert text.startswith("DropMatch needed 6% fewer target calls per token than lossless SD (67 calls for 96 tokens "
+                           "against 47 for 63; tau 1.44 against 1.35).")
+    assert "4 of its 96 tokens (4%) were accepted only by the rule." in text
+    assert "departs from lossless SD's at token 11" in text and "+0.050 nats/token" in text and "+0.3 points" in text
+    assert "not called a win or a loss" in text and "slower than the target alone" not in text
+
+
+def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone():
+    from dropmatch.render import verdict
+
+    text = verdict(_metrics(speedup_vs_ar=0.75), _metrics(speedup_vs_ar=0.84, first_divergence=None), "DropMatch")
+    assert "as many target calls per token" in text and "Its text is lossless SD's, token for token." in text
+    assert "Both SD columns ran slower than the target alone here (0.75x and 0.84x)" in text

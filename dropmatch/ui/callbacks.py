@@ -44,7 +44,7 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
                              "GGUF once, about 20 s)"}
         engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
-               "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": ""}
+               "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": "", "verdict": ""}
         record = None
         for item in generation(studio, engine, settings, decode, rule):
             if isinstance(item, RunRecord):

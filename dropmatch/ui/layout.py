@@ -64,6 +64,7 @@ class Ui:
     run_button: gr.Button
     stop_button: gr.Button
     status: gr.Markdown
+    verdict: gr.Markdown
     lossy_header: gr.Markdown
     lossless_out: gr.HTML
     lossy_out: gr.HTML
@@ -108,7 +109,7 @@ class Ui:
 
     def view_components(self) -> list:
         """Every component a finished or recorded run writes."""
-        names = ("status", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
+        names = ("status", "verdict", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
                  "step_out", "replay_out", "lesson_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
                  "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
@@ -206,6 +207,7 @@ def _settings(parts: dict) -> None:
 
 
 def _columns(parts: dict) -> None:
+    parts["verdict"] = gr.Markdown("", elem_id="verdict")
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")

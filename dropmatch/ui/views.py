@@ -13,7 +13,7 @@ from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..record import Downloads, RunRecord
-from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans
+from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans, verdict
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
@@ -93,6 +93,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
     return {
         "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover a "
                   "token for its numbers; open *Step through* to see one round in detail.",
+        "verdict": verdict_markdown(record, lossless_metrics, lossy_metrics, recorded_from),
         "lossy_header": lossy_title(record.rule),
         "lossless_out": trace_html(record.lossless, record),
         "lossy_out": trace_html(record.lossy, record),
@@ -110,6 +111,13 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "download_trace": trace_file, "download_metrics": metrics_file,
         **lab_view(record),
     }
+
+
+def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorded_from: str | None) -> str:
+    """The verdict line above the columns (render.verdict), marked as a recorded run's where it is one."""
+    label = RULES[record.rule].label if record.rule in RULES else record.rule
+    where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
+    return f"{where}{verdict(lossless_metrics, lossy_metrics, label)}"
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
@@ -167,6 +175,7 @@ def api_result(record: RunRecord, rule) -> dict:
     return {
         "prompt": record.prompt,
         "rule": rule.rule,
+        "verdict": verdict(lossless_metrics, lossy_metrics, RULES[rule.rule].label),
         "lossless": {"text": record.lossless.text, "metrics": lossless_metrics.to_dict()},
         "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
                   "p_auto_reached": record.lossy.p_auto_reached, "centroid": rule.centroid,
