@@ -79,6 +79,10 @@
         <div class="dm-ls-tools"><button type="button" data-act="sheet">printable sheet</button></div><div data-body></div></div>`;
       host.addEventListener("click", (e) => this.onClick(e));
       this.open(firstLesson(lessons));
+      const asked = new URLSearchParams(window.location.search).get("lesson");
+      if (asked && this.lesson.id === asked) {  // a shared link: its first question in view, without scrolling
+        requestAnimationFrame(() => host.scrollIntoView({block: "start"}));
+      }
     }
     open(i) {
       this.index = i; this.lesson = this.lessons[i]; this.key = keyOf(this.lesson);

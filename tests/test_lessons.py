@@ -259,3 +259,23 @@ def test_the_lessons_tab_fits_a_phone_and_its_text_meets_4_5_contrast(lesson_pag
     assert {"BUTTON", "P", "SPAN", "KBD"} <= {item["tag"] for item in found}
     assert_contrast(found)
     page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_lesson_link_opens_the_lessons_tab_at_that_lessons_first_question_in_view(lesson_page):
+    """/?lesson=js: the Lessons tab is selected, the JS lesson open at its first question, and that question
+    inside the first screen (no scrolling, no click)."""
+    url, browser = lesson_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url + "?lesson=js")
+    page.wait_for_selector(".dm-ls [data-score]", timeout=60_000)
+    assert page.get_by_role("tab", name="Lessons").get_attribute("aria-selected") == "true"
+    lesson = _builtin_reference("js")
+    assert page.locator("[data-intro]").inner_text() == lesson["intro"]
+    assert _state(page) == (0, "ask")
+    page.wait_for_timeout(500)  # the scroll after the lesson's first render
+    box = page.locator(".dm-ls [data-choice]").first.bounding_box()
+    height = page.evaluate("window.innerHeight")
+    assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= height, (box, height)
+    page.close()

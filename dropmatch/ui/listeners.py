@@ -6,6 +6,7 @@ import threading
 
 import gradio as gr
 
+from ..builtin_lessons import SPECS
 from ..config import METHOD_SETTINGS, PRESETS, Settings
 from ..record import Downloads, recorded_runs
 from ..render import lab_html
@@ -50,6 +51,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         if not shipped:
             return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
         asked = (request.query_params.get("run") if request else None) or ""
+        lesson = (request.query_params.get("lesson") if request else None) or ""
         title = views.shipped_run_title(shipped, asked)
         view = _copy(shipped_view(title or next(iter(shipped))))
         if asked and title:
@@ -57,6 +59,11 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         elif asked:
             view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
                               + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
+        if lesson in SPECS:  # ?lesson=NAME opens the Lessons tab; lessons.js opens that lesson and scrolls to it
+            view["tabs"] = gr.Tabs(selected="lessons")
+        elif lesson:
+            view["status"] = (f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. "
+                              + view.get("status", ""))
         return ui.bind(view)
 
     def on_tab_closed(request: gr.Request):
