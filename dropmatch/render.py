@@ -187,10 +187,16 @@ PIN_PANEL = '<div class="dm-pin" aria-live="polite">Click, tap or press Enter on
 
 
 def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
-    parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" title="{html.escape(tip)}">{html.escape(text)}</span>'
+    parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" title="{html.escape(tip)}">{_visible(text)}</span>'
              for text, kind, tip in spans]
     pin = "" if cursor else PIN_PANEL
     return f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>{pin}'
+
+
+def _visible(text: str) -> str:
+    """A token's text as HTML that shows every character: a newline is ↵ and then the line break (an empty
+    highlighted bar says nothing), a token of spaces only shows as the spaces it is."""
+    return html.escape(text).replace("\n", "↵<br>")
 
 
 def legend_html() -> str:

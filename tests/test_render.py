@@ -86,3 +86,8 @@ def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone(
     text = verdict(_metrics(speedup_vs_ar=0.75), _metrics(speedup_vs_ar=0.84, first_divergence=None), "DropMatch")
     assert "as many target calls per token" in text and "Its text is lossless SD's, token for token." in text
     assert "Both SD columns ran slower than the target alone here (0.75x and 0.84x)" in text
+
+
+def test_a_newline_token_shows_as_a_return_arrow_then_the_line_break():
+    page = text_html([("Hello", "exact", "t"), ("\n", "js", "t"), ("world", "exact", "t")])
+    assert '<span class="dm-tok dm-js" tabindex="0" title="t">↵<br></span>' in page

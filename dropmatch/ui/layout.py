@@ -145,7 +145,8 @@ def build_layout() -> Ui:
 def _prompt_and_pair(parts: dict) -> None:
     with gr.Row():
         with gr.Column(scale=3):
-            parts["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
+            parts["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below",
+                                          elem_id="prompt")
             examples = views.example_prompts()
             if examples:
                 gr.Examples(examples=examples, inputs=[parts["prompt"]],

@@ -50,21 +50,11 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         shipped = recorded_runs()
         if not shipped:
             return ui.bind({"plot_tradeoff": views.tradeoff_figure(None, load_frontier())})
-        asked = (request.query_params.get("run") if request else None) or ""
-        lesson = (request.query_params.get("lesson") if request else None) or ""
+        query = request.query_params if request else {}
+        asked = query.get("run") or ""
         title = views.shipped_run_title(shipped, asked)
         view = _copy(shipped_view(title or next(iter(shipped))))
-        if asked and title:
-            view["tabs"] = gr.Tabs(selected="replay")
-        elif asked:
-            view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
-                              + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
-        if lesson in SPECS:  # ?lesson=NAME opens the Lessons tab; lessons.js opens that lesson and scrolls to it
-            view["tabs"] = gr.Tabs(selected="lessons")
-        elif lesson:
-            view["status"] = (f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. "
-                              + view.get("status", ""))
-        return ui.bind(view)
+        return ui.bind(_linked(view, shipped, asked, title, query.get("lesson") or ""))
 
     def on_tab_closed(request: gr.Request):
         janitor.page_closed(request.session_hash)
@@ -75,7 +65,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     demo.unload(on_tab_closed)
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
-    ui.stop_button.click(lambda: "Stopped.", None, ui.status, cancels=[run_event], api_visibility="private")
+    ui.stop_button.click(views.status_after_stop, ui.status, ui.status, cancels=[run_event], api_visibility="private")
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
@@ -123,6 +113,21 @@ def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
 
     ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
     ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+
+
+def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: str) -> dict:
+    """The first view with what a link asked: ?run=NAME opens that shipped run in Replay, ?lesson=NAME the
+    Lessons tab (lessons.js opens that lesson and scrolls to it); an unknown name is said in the status."""
+    if asked and title:
+        view["tabs"] = gr.Tabs(selected="replay")
+    elif asked:
+        view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
+                          + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
+    if lesson in SPECS:
+        view["tabs"] = gr.Tabs(selected="lessons")
+    elif lesson:
+        view["status"] = f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. " + view.get("status", "")
+    return view
 
 
 def _copy(view: dict) -> dict:

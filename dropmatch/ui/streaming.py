@@ -12,11 +12,13 @@ from . import views
 def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool):
     """The generation itself (what runs inside a ZeroGPU call): partial views while both columns
     grow, then the RunRecord (plain data, nothing on the device)."""
-    state = None
+    state, shown = None, set()
     for state in compare_stream(engine, prompt, decode, rule, run_ar):
         update = {"lossless_out": views.column_html(state.lossless, engine),
                   "lossy_out": views.column_html(state.lossy, engine)}
+        update.update(views.early_stats(state, shown))
         if state.phase == "baseline":
-            update["status"] = "Both runs done; measuring the autoregressive baseline for the speedup …"
+            update["status"] = ("Both runs done (their numbers are in); measuring the autoregressive baseline "
+                                "for the speedup …")
         yield update
     yield record_of(state, engine)

@@ -12,6 +12,7 @@ from ..acceptance import RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
+from ..metrics import summarize
 from ..record import Downloads, RunRecord
 from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans, verdict
 from ..builtin_lessons import lessons_html
@@ -118,6 +119,32 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     label = RULES[record.rule].label if record.rule in RULES else record.rule
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
     return f"{where}{verdict(lossless_metrics, lossy_metrics, label)}"
+
+
+def early_stats(state, shown: set) -> dict:
+    """Each column's numbers as soon as they exist, before the autoregressive baseline: lossless SD's
+    when its run ends, the lossy column's and the verdict when both have (its comparisons read lossless
+    SD's); the speedup rows fill when the baseline ends. `shown` keeps what was sent already."""
+    update = {}
+    if state.lossless.done and "lossless" not in shown:
+        shown.add("lossless")
+        update["lossless_stats"] = stats_html(summarize(state.lossless.trace))
+    if state.lossless.done and state.lossy.done and "lossy" not in shown:
+        shown.add("lossy")
+        lossless, lossy = summarize(state.lossless.trace), summarize(state.lossy.trace, lossless=state.lossless.trace)
+        update["lossy_stats"] = stats_html(lossy, p_auto=state.rule.p is None,
+                                           p_auto_reached=state.lossy.trace.p_auto_reached)
+        label = RULES[state.rule.rule].label
+        update["verdict"] = verdict(lossless, lossy, label)
+    return update
+
+
+RUNNING_STATUSES = ("Running", "Loading", "Both runs done")  # what the status line says while a run goes on
+
+
+def status_after_stop(status: str):
+    """Stop's status line: "Stopped." while a run was going on; after a finished run, nothing changes."""
+    return "Stopped." if str(status or "").startswith(RUNNING_STATUSES) else gr.skip()
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
