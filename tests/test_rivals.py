@@ -127,3 +127,72 @@ def test_the_vllm_plugin_refuses_the_rivals_it_cannot_serve_in_one_line():
         with pytest.raises(ConfigError, match=reason) as caught:
             ServeSettings().updated({"rule": rule})
         assert "\n" not in str(caught.value)
+
+
+def ensemble_distribution(p_row: torch.Tensor, q_row: torch.Tensor, weight: float) -> torch.Tensor:
+    """[V] the emitted token's distribution after one drafted slot verified by the static ensemble (the
+    DIVERSED paper's): the draft x ~ q kept with probability min(1, 1 - w + w p(x) / q(x)), else a draw
+    from norm(max(0, p - q))."""
+    odds = torch.where(q_row > 0, (1 - weight + weight * p_row / q_row.clamp_min(1e-30)).clamp(max=1.0),
+                       torch.zeros_like(q_row))
+    kept = q_row * odds
+    residual = (p_row - q_row).clamp_min(0)
+    residual = residual / residual.sum() if float(residual.sum()) > 0 else p_row
+    return kept + (1 - kept.sum()) * residual
+
+
+@pytest.mark.slow  # 3,000 seeded runs of ours, 1,500 calls of transformers' assisted generation
+def test_our_ensemble_and_transformers_assistant_ensemble_weight_draw_the_static_ensembles_distribution(
+        tmp_path_factory):
+    """On the bigram pair (tests/test_exactness.py) at T = 1, w = 0.5: the token our engine emits after one
+    drafted slot, and the token transformers' assisted generation with assistant_ensemble_weight emits after
+    one, each follow the static ensemble's distribution for their context (chi-square, alpha 1e-4)."""
+    from test_exactness import DRAFT_ROWS, PROMPT, TARGET_ROWS, TOKENS, _table, chi_square, chi_square_quantile
+    from tiny_models import fast_bigram_pair, save_bigram_pair
+    from transformers import AutoModelForCausalLM
+
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+
+    weight, alpha = 0.5, 1e-4
+    target_dir, draft_dir = save_bigram_pair(tmp_path_factory.mktemp("bigram_ensemble"), _table(TARGET_ROWS),
+                                             _table(DRAFT_ROWS))
+    pair = load_hub_pair(PairSpec(str(target_dir), str(draft_dir)), torch.device("cpu"))
+
+    def row(model, previous: int) -> torch.Tensor:
+        ids = torch.tensor(PROMPT[:-1] + [previous])
+        return model.logits(model.hidden(ids, model.new_cache())[-1]).softmax(-1)
+
+    # Ours: t1 is the target's own draw at the prefill, t2 the token after one drafted slot.
+    engine = Engine(fast_bigram_pair(pair))
+    decode = DecodeConfig(gamma=1, max_new_tokens=3, temperature=1.0)  # 3: room for one drafted slot after t1
+    exact, counts, runs = {}, {}, 3000
+    for first in TOKENS:
+        p_first = float(row(pair.target, PROMPT[-1])[first])
+        after = ensemble_distribution(row(pair.target, first), row(pair.draft, first), weight)
+        exact.update({(first, second): p_first * float(after[second]) for second in TOKENS})
+    for seed in range(runs):
+        trace = run_to_end(engine.speculative(PROMPT, dataclasses.replace(decode, seed=seed),
+                                              RuleConfig("ensemble", ensemble_weight=weight)))
+        key = tuple(trace.output_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    statistic, df = chi_square(counts, exact, runs)
+    assert statistic <= chi_square_quantile(df, alpha), f"ours: chi-square {statistic:.1f} (df {df})"
+
+    # transformers: its first new token comes from verifying one assistant token.
+    target, draft = (AutoModelForCausalLM.from_pretrained(d) for d in (target_dir, draft_dir))
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    after_prompt = ensemble_distribution(row(pair.target, PROMPT[-1]), row(pair.draft, PROMPT[-1]), weight)
+    theirs, calls = {}, 1500
+    inputs = torch.tensor([PROMPT])
+    for seed in range(calls):
+        torch.manual_seed(seed)
+        out = target.generate(inputs, attention_mask=torch.ones_like(inputs), assistant_model=draft, do_sample=True,
+                              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=2, num_assistant_tokens=1,
+                              assistant_ensemble_weight=weight, pad_token_id=0)
+        token = int(out[0, len(PROMPT)])
+        theirs[(token,)] = theirs.get((token,), 0) + 1
+    expected = {(token,): float(after_prompt[token]) for token in TOKENS}
+    statistic, df = chi_square(theirs, expected, calls)
+    assert statistic <= chi_square_quantile(max(df, 1), alpha), f"transformers: chi-square {statistic:.1f} (df {df})"
