@@ -20,17 +20,36 @@ FONT = dict(size=16)
 MAX_HEATMAP_COLUMNS = 60
 
 
+WRAP_AT = 30  # characters a title line may hold: Plotly never wraps, and a phone's plot is ~350 px wide
+
+
+def wrapped(text: str, width: int = WRAP_AT) -> str:
+    """text with <br> between words so that no line is longer than width (a longer word stays whole)."""
+    lines, line = [], ""
+    for word in str(text).split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join([*lines, line])
+
+
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    """The shared look; every title and axis title wrapped (WRAP_AT), so none is cut on a narrow screen."""
     fig.update_layout(
-        title=dict(text=title, font=dict(size=20)), font=FONT, template="plotly_white", height=height,
-        margin=dict(l=70, r=30, t=70, b=60), legend=dict(orientation="h", y=-0.2),
+        title=dict(text=wrapped(title), font=dict(size=20)), font=FONT, template="plotly_white", height=height,
+        margin=dict(l=70, r=30, t=70 + 24 * wrapped(title).count("<br>"), b=60), legend=dict(orientation="h", y=-0.2),
     )
+    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrapped(axis.title.text)) if axis.title.text else None)
+    fig.for_each_yaxis(lambda axis: axis.update(title_text=wrapped(axis.title.text)) if axis.title.text else None)
     return fig
 
 
 def _empty(title: str, message: str) -> go.Figure:
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, font=dict(size=18), x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.add_annotation(text=wrapped(message), showarrow=False, font=dict(size=18), x=0.5, y=0.5, xref="paper",
+                       yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _layout(fig, title, height=300)
@@ -128,7 +147,7 @@ def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
 def acceptance_lengths(lossless: GenerationTrace, lossy: GenerationTrace) -> go.Figure:
     """Accepted draft tokens per round for both runs, and their histograms."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
-                        subplot_titles=("accepted per round", "how often each length"))
+                        subplot_titles=(wrapped("accepted per round", 16), wrapped("how often each length", 16)))
     for trace, key in ((lossless, "lossless"), (lossy, "lossy")):
         accepted = [r.num_accepted for r in trace.rounds]
         fig.add_trace(go.Scatter(x=list(range(1, len(accepted) + 1)), y=accepted, mode="lines+markers",
@@ -184,7 +203,8 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     if not points:
         return _empty(title, "no frontier points: run the benchmark with --frontier")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
-                        subplot_titles=("target NLL (nats/token)", "off the target's top-p 0.95 nucleus (%)"))
+                        subplot_titles=(wrapped("target NLL (nats/token)", 16),
+                                        wrapped("off the target's top-p 0.95 nucleus (%)", 16)))
     groups: dict[str, list[dict]] = {}
     for point in points:
         name = point["rule"] if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
@@ -215,7 +235,8 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                           row=1, col=col)
     if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
         fig.add_vrect(x0=0, x1=reference["target_nll"], fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
-                      row=1, col=1, annotation_text="within the target's own variation", annotation_position="top left")
+                      row=1, col=1, annotation_text=wrapped("within the target's own variation", 16),
+                      annotation_position="top left")
         fig.add_vrect(x0=0, x1=100 * MAX_OFF_NUCLEUS, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
                       row=1, col=2)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
@@ -260,7 +281,8 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
     order = list(dict.fromkeys(r["benchmark"] for r in sorted(rows, key=lambda r: r["place"] != "in")))
     names = {r["benchmark"]: f"{r['benchmark']} ({'in' if r['place'] == 'in' else 'out'})" for r in rows}
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=("tau gain over lossless SD (%)", "target NLL change vs lossless (nats/token)"))
+                        subplot_titles=(wrapped("tau gain over lossless SD (%)", 16),
+                                        wrapped("target NLL change vs lossless (nats/token)", 16)))
     for run in dict.fromkeys(r["run"] for r in rows):
         group = sorted((r for r in rows if r["run"] == run), key=lambda r: order.index(r["benchmark"]))
         rule = RULES.get(group[0]["rule"])

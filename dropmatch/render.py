@@ -57,13 +57,15 @@ def css() -> str:
 BASE_CSS = """
 .dm-text { font-size: 1.15rem; line-height: 2.0; white-space: pre-wrap; word-break: break-word; }
 .dm-tok { border-radius: 4px; padding: 1px 1px; margin: 0 0.5px; cursor: help; }
-.dm-legend span { margin-right: 10px; padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; }
+.dm-legend { display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; }
+.dm-legend span { padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; white-space: nowrap; }
 .dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
 .dark .dm-stats td:first-child { color: #b0bec5; } .dark .dm-step td, .dark .dm-step th, .dark .dm-lab td { border-color: #546e7a; }
 .dark .dm-lab th { background: #263238; }
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
 .dm-step .why { max-width: 460px; }
+.dm-scroll { overflow-x: auto; max-width: 100%; }  /* a wide table scrolls inside its box on a phone */
 .dm-lab { max-height: 560px; overflow: auto; }
 .dm-lab table { border-collapse: collapse; font-size: 0.95rem; }
 .dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 8px; border: 1px solid #cfd8dc; }
@@ -405,7 +407,8 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
     asked = f" (γ asked: {r.gamma})" if r.gamma is not None and r.gamma != len(r.drafted) else ""
     summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {drafted_by}{asked}; {r.num_accepted} "
                f"accepted, then a {r.extra_kind} token. Emitted: {emitted}</p>")
-    return f'<div class="dm-step">{summary}<table>{head}{"".join(rows)}</table></div>'
+    return (f'<div class="dm-step">{summary}<div class="dm-scroll"><table>{head}{"".join(rows)}</table></div>'
+            '</div>')
 
 
 LAB_MARKS = {"exact": "✓", "rejected": "✗", "unchecked": "·"}

@@ -58,3 +58,49 @@ def test_both_columns_numbers_arrive_before_the_autoregressive_baseline_runs():
     assert set(sent) == {"lossless_stats", "lossy_stats", "verdict"}
     assert "tau" in sent["lossy_stats"] and "target calls per token" in sent["verdict"]
     assert HeldBaseline.baseline_started  # and it did run afterwards
+
+
+TABS = ("Replay", "Lessons", "Charts", "Step through", "Rule lab", "Trade-offs", "Robustness", "Toy head",
+        "How it works", "Downloads", "Recorded runs")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_no_tab_overflows_a_390_px_phone_screen(fake_app_page, scheme):
+    """At 390 px, light and dark, on every tab: nothing wider than the screen (the page never scrolls
+    sideways), and the elements that overflow are named when it does."""
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 390, "height": 844}, color_scheme=scheme)
+    page.goto(url + ("?__theme=dark" if scheme == "dark" else ""))
+    page.wait_for_selector("#status")
+    page.wait_for_timeout(1500)
+    wide = {}
+    for tab in TABS:
+        # At 390 px most tabs sit in Gradio's overflow menu: press the tab's button as that menu would.
+        page.evaluate("""(name) => { const found = [...document.querySelectorAll('button')]
+            .filter((b) => b.innerText.trim() === name); found[found.length - 1].click(); }""", tab)
+        page.wait_for_timeout(400)
+        overflow = page.evaluate("""() => {
+            const width = document.documentElement.clientWidth;
+            const out = [];
+            const clipped = (el) => {  // inside a box that scrolls sideways on purpose, or not shown
+              for (let a = el; a && a !== document.body; a = a.parentElement) {
+                const style = getComputedStyle(a);
+                if (style.visibility === 'hidden' || ['auto', 'scroll'].includes(style.overflowX)
+                    || a.classList.contains('visually-hidden')) return true;  // Gradio's tab-measuring copy
+              }
+              return false;
+            };
+            for (const el of document.querySelectorAll('body *')) {
+              const box = el.getBoundingClientRect();
+              if (box.width && box.right > width + 1 && el.offsetParent !== null && !clipped(el)) out.push(
+                (el.id ? '#' + el.id : el.tagName.toLowerCase() + '.' + [...el.classList].slice(0, 2).join('.'))
+                + ' ' + Math.round(box.right));
+            }
+            return {scroll: document.documentElement.scrollWidth - width, out: out.slice(0, 5)};
+        }""")
+        if overflow["scroll"] > 1 or overflow["out"]:
+            wide[tab] = overflow
+    assert not wide, wide
+    page.close()
