@@ -20,6 +20,9 @@ FONT = dict(size=16)
 MAX_HEATMAP_COLUMNS = 60
 
 
+# The frontier's knobs as a reader names them (the legend says what was swept, not a field name).
+KNOB_NAMES = {"p": "p", "typical_eps": "ε", "fixed_js_threshold": "threshold", "judge_threshold": "threshold",
+              "fly_entropy_threshold": "entropy threshold", "ensemble_weight": "weight w"}
 WRAP_AT = 30  # characters a title line may hold: Plotly never wraps, and a phone's plot is ~350 px wide
 
 
@@ -207,13 +210,14 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                                         wrapped("off the target's top-p 0.95 nucleus (%)", 16)))
     groups: dict[str, list[dict]] = {}
     for point in points:
-        name = point["rule"] if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
-            else f"{point['rule']} (logits centroid)"
-        groups.setdefault(f"{name} over {point['knob']}", []).append(point)
+        label = RULES[point["rule"]].label if point["rule"] in RULES else point["rule"]
+        name = label if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
+            else f"{label}, logits centroid"
+        groups.setdefault(f"{name}: {KNOB_NAMES.get(point['knob'], point['knob'])} swept", []).append(point)
     for name, group in groups.items():
         rule = RULES.get(group[0]["rule"])
         colour = rule.colour if rule else None
-        dash = "dot" if "logits" in name else None
+        dash = "dot" if "logits centroid" in name else None
         hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
                  f"{p['speed_vs_lossless'] or 0:.2f}x" for p in group]

@@ -91,3 +91,12 @@ def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone(
 def test_a_newline_token_shows_as_a_return_arrow_then_the_line_break():
     page = text_html([("Hello", "exact", "t"), ("\n", "js", "t"), ("world", "exact", "t")])
     assert '<span class="dm-tok dm-js" tabindex="0" title="t">↵<br></span>' in page
+
+
+def test_the_frontiers_legend_names_rules_and_knobs_as_a_reader_does():
+    from dropmatch.plots import frontier_figure
+
+    point = dict(rule="fixed_js", centroid="probs", knob="fixed_js_threshold", label="fixed_js@0.1", tau_gain=0.1,
+                 target_nll=0.6, off_nucleus_rate=0.01, speed_vs_lossless=1.0)
+    names = {trace.name for trace in frontier_figure([point], None, None).data}
+    assert names == {"fixed-threshold JS (Fuzzy SD): threshold swept"}
