@@ -213,7 +213,8 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         label = RULES[point["rule"]].label if point["rule"] in RULES else point["rule"]
         name = label if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
             else f"{label}, logits centroid"
-        groups.setdefault(f"{name}: {KNOB_NAMES.get(point['knob'], point['knob'])} swept", []).append(point)
+        groups.setdefault(wrapped(f"{name}: {KNOB_NAMES.get(point['knob'], point['knob'])} swept", 24),
+                          []).append(point)
     for name, group in groups.items():
         rule = RULES.get(group[0]["rule"])
         colour = rule.colour if rule else None

@@ -98,5 +98,5 @@ def test_the_frontiers_legend_names_rules_and_knobs_as_a_reader_does():
 
     point = dict(rule="fixed_js", centroid="probs", knob="fixed_js_threshold", label="fixed_js@0.1", tau_gain=0.1,
                  target_nll=0.6, off_nucleus_rate=0.01, speed_vs_lossless=1.0)
-    names = {trace.name for trace in frontier_figure([point], None, None).data}
+    names = {trace.name.replace("<br>", " ") for trace in frontier_figure([point], None, None).data}
     assert names == {"fixed-threshold JS (Fuzzy SD): threshold swept"}
