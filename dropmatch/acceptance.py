@@ -283,8 +283,9 @@ def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
     last drafted token (the public code lets no mismatch among the round's last `window` positions stand)."""
     num_drafted = int(exact.shape[0])
     holds = torch.zeros_like(exact, dtype=torch.bool)
-    for i in range(max(num_drafted - window, 0)):
-        holds[i] = bool(exact[i + 1 : i + window].all())
+    fits = max(num_drafted - window, 0)  # positions whose window ends before the round's last draft
+    if fits:  # the window after position i is exact[i + 1 : i + window], all at once (no host copy)
+        holds[:fits] = exact[1:].unfold(0, window - 1, 1)[:fits].all(-1)
     return holds
 
 
@@ -293,6 +294,11 @@ def _fly(s: Signals, cfg: RuleKnobs) -> Check:
     entropy at least the threshold) and the deferred window after it holds."""
     unsure = s.target_top3_entropy >= cfg.fly_entropy_threshold
     return [("fly", ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window))]
+
+
+def ensemble_odds(p_x: float, q_x: float, weight: float) -> float:
+    """The static ensemble's acceptance probability of a drafted token: min(1, 1 - w + w p(x) / q(x))."""
+    return min(1.0, 1.0 - weight + weight * p_x / q_x) if q_x > 0 else 1.0
 
 
 def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
@@ -311,9 +317,8 @@ def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
 
 
 def _ensemble_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    w, p_x, q_x = cfg.ensemble_weight, float(s.sample_target_prob[i]), float(s.sample_draft_prob[i])
-    odds = min(1.0, 1.0 - w + w * p_x / q_x) if q_x > 0 else 1.0
-    return f"ensemble (w {w:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
+    odds = ensemble_odds(float(s.sample_target_prob[i]), float(s.sample_draft_prob[i]), cfg.ensemble_weight)
+    return f"ensemble (w {cfg.ensemble_weight:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
 
 
 def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
@@ -397,13 +402,6 @@ def lossless_test(
     uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)
     return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
 
-
-def exact_accepts(
-    draft_tokens: torch.Tensor, q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """The lossless test's verdicts [g] (lossless_test's exact)."""
-    return lossless_test(draft_tokens, q_sample, p_sample, greedy, generator).exact
 
 
 def correction_token(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .acceptance import REASONS, RULES, check_names, votes_needed
+from .acceptance import REASONS, RULES, check_names, ensemble_odds, votes_needed
 from .config import RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
@@ -339,7 +339,7 @@ def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
              judge_threshold: float | None, knobs: RuleConfig) -> dict:
     """A drafted token's numbers under the names the reasons' sentences use."""
     k, w = len(d.path_tokens), knobs.ensemble_weight
-    odds = min(1.0, 1.0 - w + w * d.target_prob / d.draft_prob) if d.draft_prob > 0 else 1.0
+    odds = ensemble_odds(d.target_prob, d.draft_prob, w)
     return {"fly_entropy": d.target_top3_entropy, "fly_threshold": f"{knobs.fly_entropy_threshold:g}",
             "fly_later": knobs.fly_window - 1, "w": f"{w:g}", "ensemble_odds": odds,
             "tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
