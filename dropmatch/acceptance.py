@@ -37,6 +37,7 @@ class RuleKnobs(Protocol):
     fly_window: int
     fly_entropy_threshold: float
     ensemble_weight: float
+    margin_ratio: float
 
 
 CORRECTION, BONUS = "correction", "bonus"
@@ -121,7 +122,7 @@ for _reason in (
     Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
     Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True,
            says="{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
-                "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.",
+                "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.{js_note}",
            fails="JS {js:.4f} {js_cmp} threshold {threshold:.4f}",
            before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="paths"),
     Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
@@ -136,7 +137,7 @@ for _reason in (
            fails="its target probability {p_x:.3f} is below the typical-acceptance floor"),
     Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#b2ebf2", "#005662",
            "underline wavy", lossy=True,
-           says="JS(draft ‖ target) = {js_target:.4f} is under the fixed threshold, so {tok} is accepted.",
+           says="JS(draft ‖ target) = {js_target:.4f} is under the fixed threshold, so {tok} is accepted.{js_note}",
            fails="JS(draft ‖ target) = {js_target:.4f} is above the fixed threshold"),
     Reason("judge", "judge", "accepted by the trained judge (scored unimportant)", "#ad1457", "#f8bbd0",
            "#880e4f", "overline", lossy=True,
@@ -156,6 +157,14 @@ for _reason in (
            says="The lossless coin rejected {tok}, but the static ensemble verifies against v = {w} p + (1 − {w}) q: "
                 "its odds min(1, 1 − w + w p / q) = {ensemble_odds:.2f}, and the same coin passes them.",
            fails="against v = {w} p + (1 − {w}) q its odds {ensemble_odds:.2f} did not pass the coin either"),
+    Reason("margin", "margin", "accepted by the margin rule (the target's close runner-up)", "#5d4037", "#ffccbc",
+           "#4e2a1e", "underline dashed", lossy=True,
+           says="{tok} is not the target's choice {target}, but it is the target's runner-up and the target barely "
+                "prefers {target}: p({tok}) / p({target}) = {margin:.2f} > {margin_ratio}, so the margin rule "
+                "accepts it.",
+           fails="the margin rule accepts only the target's runner-up where p(runner-up) / p(top) > {margin_ratio} "
+                 "({margin_says})",
+           reads="margin"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -194,6 +203,8 @@ class Signals:
     coin: torch.Tensor | None = None  # [g] the lossless test's uniform draws (sampling only)
     sample_target_prob: torch.Tensor | None = None  # [g] p(x) under the sampled (temperature, top-p) target
     sample_draft_prob: torch.Tensor | None = None  # [g] q(x), the distribution the draft token was drawn from
+    target_runner_up: torch.Tensor | None = None  # [g] long: the clean target's second likeliest token
+    target_margin: torch.Tensor | None = None  # [g] p(runner-up) / p(top token) under the clean target, in (0, 1]
 
 
 def judged_by_paths(signals: Signals, cfg: RuleKnobs) -> torch.Tensor:
@@ -310,6 +321,19 @@ def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
     return [("ensemble", s.coin * q_x < (1.0 - w) * q_x + w * p_x)]
 
 
+def _margin(s: Signals, cfg: RuleKnobs) -> Check:
+    """The margin rule (MARS, arXiv 2601.15498, as its abstract describes it): where the target barely prefers
+    its top token, its runner-up is accepted: the draft is the target's second likeliest token and
+    p(runner-up) / p(top) > margin_ratio. A ratio of 1 never holds (no runner-up beats the top), so
+    margin_ratio 1 is lossless SD."""
+    return [("margin", (s.draft_tokens == s.target_runner_up) & (s.target_margin > cfg.margin_ratio))]
+
+
+def _margin_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    runner_up = "the runner-up" if int(s.draft_tokens[i]) == int(s.target_runner_up[i]) else "not the runner-up"
+    return f"margin: {runner_up}; p2/p1 {float(s.target_margin[i]):.3f} vs {cfg.margin_ratio:g}"
+
+
 def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     later = s.exact[i + 1 : i + cfg.fly_window].tolist()
     return (f"FLy: top-3 entropy {float(s.target_top3_entropy[i]):.3f} vs {cfg.fly_entropy_threshold:g}; "
@@ -355,6 +379,10 @@ for _rule in (
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
          knob="ensemble_weight", checks=("ensemble",), reads_draft=True, lab_line=_ensemble_line,
          modes=("sampling",), why_mode="it relaxes the lossless coin min(1, p / q), which greedy decoding has not"),
+    Rule("margin", "margin (MARS-style runner-up)", lossy=True, uses_paths=False, colour="#5d4037", check=_margin,
+         knob="margin_ratio", checks=("margin",), lab_line=_margin_line, modes=("greedy",),
+         why_mode="it relaxes greedy decoding's exact match (under sampling the lossless coin already accepts "
+                  "a runner-up in proportion)"),
 ):
     register_rule(_rule)
 

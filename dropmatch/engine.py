@@ -318,6 +318,11 @@ class Engine:
 
     # ------------------------------------------------------------ costs
 
+    @property
+    def measured_costs(self) -> drafting.StepCosts | None:
+        """step_costs if they were measured already, else None (never measures)."""
+        return self._costs
+
     def step_costs(self) -> drafting.StepCosts:
         """gamma = auto's cost model for this pair on this machine, measured on first use."""
         if self._costs is None:
@@ -481,6 +486,8 @@ def _records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
             judge_score=value["judge_scores"][i] if value.get("judge_scores") is not None else None,
             target_top3_entropy=value["target_top3_entropy"][i],
             coin=value["coin"][i] if value.get("coin") is not None else None,
+            target_runner_up=value["target_runner_up"][i] if value.get("target_runner_up") is not None else None,
+            target_margin=value["target_margin"][i] if value.get("target_margin") is not None else None,
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
             target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
             path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])

@@ -96,11 +96,20 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     draft_entropy, target_entropy = entropy(q_draft), entropy(p_target)
     signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
                    target_entropy=target_entropy, target_top3_entropy=top3_entropy(p_target))
+    signals.update(runner_up(p_target))
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
         signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known, settle_on_host))
     return Signals(**signals)
+
+
+def runner_up(probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """probs [g, V] -> target_runner_up [g] (each row's second likeliest token) and target_margin [g], its
+    probability over the top token's (in (0, 1]; 1 when the two tie). The margin rule reads them."""
+    top = probs.topk(2, dim=-1)
+    return {"target_runner_up": top.indices[..., 1],
+            "target_margin": top.values[..., 1] / top.values[..., 0].clamp_min(1e-30)}
 
 
 def top3_entropy(probs: torch.Tensor) -> torch.Tensor:

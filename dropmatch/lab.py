@@ -133,7 +133,7 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
                      "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support,
                      "judge_threshold": settings.judge_threshold, "fly_window": settings.fly_window,
                      "fly_entropy_threshold": settings.fly_entropy_threshold,
-                     "ensemble_weight": settings.ensemble_weight},
+                     "ensemble_weight": settings.ensemble_weight, "margin_ratio": settings.margin_ratio},
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,

@@ -22,7 +22,8 @@ MAX_HEATMAP_COLUMNS = 60
 
 # The frontier's knobs as a reader names them (the legend says what was swept, not a field name).
 KNOB_NAMES = {"p": "p", "typical_eps": "ε", "fixed_js_threshold": "threshold", "judge_threshold": "threshold",
-              "fly_entropy_threshold": "entropy threshold", "ensemble_weight": "weight w"}
+              "fly_entropy_threshold": "entropy threshold", "ensemble_weight": "weight w",
+              "margin_ratio": "runner-up ratio"}
 WRAP_AT = 30  # characters a title line may hold: Plotly never wraps, and a phone's plot is ~350 px wide
 
 
@@ -252,6 +253,13 @@ IN_DISTRIBUTION_KINDS = ("gsm8k",)  # the trained judge learned on GSM8K *train*
 BAND_AXES = ("nll", "off_nucleus", "repetition")
 
 
+def run_label(run: str) -> str:
+    """A benchmark run's key as a reader names it: "dropmatch@p=0.3" -> "DropMatch (JS, then majority), p = 0.3"."""
+    rule, _, setting = run.partition("@")
+    label = RULES[rule].label if rule in RULES else rule
+    return f"{label}, {setting.replace('=', ' = ')}" if setting else label
+
+
 def robustness_rows(document: dict | None) -> list[dict]:
     """Per benchmark and lossy run of a benchmark document (bench --json): tau gain and speed against
     lossless SD, the quality deltas, the band and the task score, with in/out of the judge's training
@@ -295,7 +303,8 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
         hover = [_robustness_hover(r) for r in group]
         for col, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
             fig.add_trace(go.Scatter(
-                x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=run, legendgroup=run,
+                x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=wrapped(run_label(run), 28),
+                legendgroup=run,
                 showlegend=col == 1, text=hover, hoverinfo="text",
                 line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
                 marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=1, col=col)
@@ -308,7 +317,7 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
 def _robustness_hover(row: dict) -> str:
     band = ", ".join(f"{axis} {'in' if ok else 'OUT'}" for axis, ok in row["band"].items())
     score = "" if row["score"] is None else f"<br>task score {row['score']:.3f} (lossless {row['lossless_score']:.3f})"
-    return (f"{row['run']} on {row['benchmark']} ({row['place']} of distribution)<br>tau gain {100 * row['tau_gain']:+.1f}%, "
+    return (f"{run_label(row['run'])} on {row['benchmark']} ({row['place']} of distribution)<br>tau gain {100 * row['tau_gain']:+.1f}%, "
             f"speed vs lossless {row['speed'] or 0:.2f}x<br>ΔNLL {row['delta_nll'] or 0:+.3f}, Δoff-nucleus "
             f"{100 * (row['delta_off_nucleus'] or 0):+.1f} pt, Δdistinct-2 {row['delta_distinct2'] or 0:+.3f}"
             f"<br>band: {band}{score}")

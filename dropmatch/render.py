@@ -6,7 +6,7 @@ import html
 from typing import Callable
 
 from .acceptance import REASONS, RULES, check_names, ensemble_odds, votes_needed
-from .config import RuleConfig
+from .config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
 
@@ -65,6 +65,19 @@ BASE_CSS = """
 .dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
 .dm-step .why { max-width: 460px; }
+.dm-text-host { position: relative; }
+#rule-choice input { padding-right: 2.4em; text-overflow: ellipsis; }  /* the arrow never covers the rule's name */
+.dm-key { margin-top: 6px; }
+.dm-clamp { margin-top: 4px; font-size: 0.9rem; color: #b71c1c; } .dark .dm-clamp { color: #ef9a9a; }
+.dm-pop { position: absolute; z-index: 50; max-width: min(30rem, 92vw); padding: 8px 12px; border-radius: 8px;
+  font-size: 1.05rem; line-height: 1.45; background: #ffffff; color: #1a1a1a; border: 1px solid #90a4ae;
+  box-shadow: 0 4px 16px rgba(0, 0, 0, 0.25); white-space: normal; }
+.dark .dm-pop { background: #1e272c; color: #f5f5f5; border-color: #78909c; }
+.dm-pop-token { font-weight: 700; font-size: 1.15rem; margin-bottom: 2px; }
+.dm-pop-why { margin-top: 6px; padding-top: 6px; border-top: 1px solid #cfd8dc; }
+.dm-tok.dm-pinned, .dm-tok:focus-visible { outline: 3px solid #ff6f00; outline-offset: 1px; }
+.dm-nowrap-table th, .dm-nowrap-table td { white-space: nowrap; word-break: keep-all; overflow-wrap: normal; }
+.dm-command { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.85rem; padding: 6px 8px; border-radius: 6px; }
 .dm-scroll { overflow-x: auto; max-width: 100%; }  /* a wide table scrolls inside its box on a phone */
 .dm-lab { max-height: 560px; overflow: auto; }
 .dm-lab table { border-collapse: collapse; font-size: 0.95rem; }
@@ -146,8 +159,9 @@ def _q(text: str) -> str:
 
 
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
-                stop_ids: frozenset[int] = frozenset()) -> list[tuple[str, str, str]]:
-    """(text, kind, tooltip) for every emitted token, in order."""
+                stop_ids: frozenset[int] = frozenset(),
+                why: Callable[[DraftedToken], str] | None = None) -> list[tuple[str, str, str]]:
+    """(text, kind, tooltip) for every emitted token, in order. why: a drafted token's sentence (explainer)."""
     spans = []
     if first_token is not None and first_token not in stop_ids:
         spans.append((token_text(first_token), "first", "first token, from the prefill call"))
@@ -157,10 +171,17 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 continue
             if j < r.num_accepted:
                 d = r.drafted[j]
-                spans.append((token_text(token), d.reason, tooltip(d, token_text, r.index, r.draft_source)))
+                tip = tooltip(d, token_text, r.index, r.draft_source)
+                spans.append((token_text(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
             else:
                 spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
     return spans
+
+
+def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) -> Callable[[DraftedToken], str]:
+    """explain() bound to a run's settings: the sentence each token's popover ends with."""
+    return lambda d: explain(d, token_text, knobs.majority_fraction, knobs.judge_threshold,
+                             greedy=decode.temperature == 0, rule=knobs.rule, knobs=knobs)
 
 
 def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: str = "model") -> str:
@@ -170,7 +191,7 @@ def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: st
              f"clean target: {_q(token_text(d.target_token))} p = {d.target_token_prob:.3f}"
              f" (this token: p = {d.target_prob:.3f})"]
     if d.path_tokens:
-        lines.append("K paths: " + " | ".join(_q(token_text(t)) for t in d.path_tokens))
+        lines.append("K paths: " + " ".join(_q(token_text(t)) for t in d.path_tokens))
         lines.append(f"JS = {d.js:.4f}, threshold = {d.threshold:.4f}, votes = {d.draft_votes}/{len(d.path_tokens)}")
     if d.judge_score is not None:
         lines.append(f"trained judge: P(changes the answer) = {d.judge_score:.3f}")
@@ -185,14 +206,28 @@ def _extra_tooltip(r: RoundTrace, token_text: TokenText) -> str:
     return f"step {r.index}: the target's own token"
 
 
-PIN_PANEL = '<div class="dm-pin" aria-live="polite">Click, tap or press Enter on a token to pin its numbers here.</div>'
+POPOVER = '<div class="dm-pop" role="tooltip" hidden></div>'
 
 
 def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
-    parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" title="{html.escape(tip)}">{_visible(text)}</span>'
+    """The emitted text, one focusable span per token; its numbers (data-tip, one line per fact) open in a
+    popover on hover, tap or keyboard focus (layout.POPOVER_JS), large enough for a projector."""
+    parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" data-tip="{html.escape(tip)}" '
+             f'aria-label="{html.escape(text + ": " + tip.splitlines()[0])}">{_visible(text)}</span>'
              for text, kind, tip in spans]
-    pin = "" if cursor else PIN_PANEL
-    return f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>{pin}'
+    text = f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>'
+    return f'<div class="dm-text-host">{text}{POPOVER}</div>{key_html([kind for _, kind, _ in spans])}'
+
+
+def key_html(kinds: list[str]) -> str:
+    """The key under a column's text: each colour its tokens wear, named, with how many tokens wear it."""
+    if not kinds:
+        return ""
+    labels = dict(legend_items())
+    counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+    order = [kind for kind in labels if kind in counts]
+    chips = "".join(f'<span class="dm-{kind}">{html.escape(labels[kind])} {counts[kind]}</span>' for kind in order)
+    return f'<div class="dm-legend dm-key" aria-label="colour key">{chips}</div>'
 
 
 def _visible(text: str) -> str:
@@ -203,7 +238,7 @@ def _visible(text: str) -> str:
 
 def legend_html() -> str:
     items = "".join(f'<span class="dm-{kind}">{label}</span>' for kind, label in legend_items())
-    return f'<div class="dm-legend">{items} &nbsp; (hover a token for its numbers)</div>'
+    return f'<div class="dm-legend">{items} &nbsp; (hover, tap or focus a token for its numbers)</div>'
 
 
 def _signed(value, digits: int = 3) -> str:
@@ -332,7 +367,27 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
 def _has_numbers(d: DraftedToken, reads: str) -> bool:
     """Whether the token carries the numbers a reason's sentence reads (paths, the judge's score)."""
     return {"paths": bool(d.path_tokens), "judge": d.judge_score is not None,
-            "fly": d.target_top3_entropy is not None}.get(reads, True)
+            "fly": d.target_top3_entropy is not None, "margin": d.target_margin is not None}.get(reads, True)
+
+
+LOW_TARGET_PROB = 0.01  # below it, a JS acceptance gets the sentence on why JS may accept such a token
+
+
+def _js_note(d: DraftedToken, tok: str) -> str:
+    """Why a JS test may accept a token the target all but rules out: it compares whole distributions."""
+    if d.target_prob >= LOW_TARGET_PROB:
+        return ""
+    return (f" Note the target gives {tok} only p = {d.target_prob:.3f}: JS compares the draft's whole distribution "
+            "with the target's (or the paths'), not this one token, so when both spread their mass alike the test "
+            "passes even for a token the target would almost never pick.")
+
+
+def _margin_says(d: DraftedToken) -> str:
+    if d.target_margin is None:
+        return ""
+    if d.target_runner_up != d.token:
+        return f"this token is not the runner-up; p2/p1 = {d.target_margin:.2f}"
+    return f"here p2/p1 = {d.target_margin:.2f}"
 
 
 def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
@@ -342,6 +397,8 @@ def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
     odds = ensemble_odds(d.target_prob, d.draft_prob, w)
     return {"fly_entropy": d.target_top3_entropy, "fly_threshold": f"{knobs.fly_entropy_threshold:g}",
             "fly_later": knobs.fly_window - 1, "w": f"{w:g}", "ensemble_odds": odds,
+            "js_note": _js_note(d, tok),
+            "margin": d.target_margin, "margin_ratio": f"{knobs.margin_ratio:g}", "margin_says": _margin_says(d),
             "tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
             "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": k, "js_target": d.js_target,
             "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤",

@@ -41,6 +41,8 @@ class DraftedToken:
     judge_score: float | None = None  # the trained judge's P(accepting it changes the answer); judge rules only
     target_top3_entropy: float | None = None  # -sum p log p over the clean target's top 3 (FLy's gate)
     coin: float | None = None  # the lossless test's uniform draw (sampling); the static ensemble reads it too
+    target_runner_up: int | None = None  # the clean target's second likeliest token (the margin rule's)
+    target_margin: float | None = None  # p(runner-up) / p(top token) under the clean target
     draft_top: TopTokens = ()
     target_top: TopTokens = ()
     path_top: tuple[TopTokens, ...] = ()

@@ -227,7 +227,7 @@ def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(
     trace_path, _ = downloads.write(record_of(state, engine))
 
     view = open_recorded(downloads, trace_path, "a run")
-    assert view["status"].startswith("Recorded run *a run*")
+    assert view["status"].startswith("Showing a **recorded run**, *a run*")
     assert "alpha" in view["lossless_out"] and "alpha" in view["lossy_out"] and "tau" in view["lossy_stats"]
     assert view["plot_agreement"].data and "Round 0" in view["step_out"]
     assert view["last_run"].lossy.output_ids == state.lossy.trace.output_ids
@@ -259,7 +259,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     assert len(shipped) >= 3
     for title, path in shipped.items():
         view = open_recorded(Downloads(), path, title)
-        assert view["status"].startswith("Recorded run") and view["lossless_out"] and view["plot_js"] is not None
+        assert view["status"].startswith("Showing a **recorded run**") and view["lossless_out"] and view["plot_js"] is not None
         assert "<table>" in view["lab_out"] and "tau on these drafts" in view["lab_summary"]
         assert view["lab_p"] == view["last_run"].lossy.p  # the controls start at the run's own settings
         moved = rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)

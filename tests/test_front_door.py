@@ -104,3 +104,170 @@ def test_no_tab_overflows_a_390_px_phone_screen(fake_app_page, scheme):
             wide[tab] = overflow
     assert not wide, wide
     page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_token_opens_a_readable_popover_on_hover_focus_and_tap(fake_app_page):
+    """Hover shows the token's numbers one fact per line, with the rule's sentence; keyboard focus shows it
+    too; a click (a tap) pins it until Escape; at 390 px it stays inside the screen."""
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 390, "height": 844}, has_touch=True)
+    _run_fake(page, url)
+    lossy = page.locator("#lossy-text")
+    token = lossy.locator(".dm-tok.dm-js").first
+    popover = lossy.locator(".dm-pop")
+    token.hover()
+    assert popover.is_visible()
+    lines = popover.locator(":scope > div").all_inner_texts()
+    assert len(lines) >= 4 and any(line.startswith("round ") for line in lines)
+    assert "JS 0.0100 ≤ threshold 0.0200" in popover.locator(".dm-pop-why").inner_text()  # the rule's sentence
+    assert "|" not in " ".join(lines)  # one fact per line, not one line joined by bars
+    box = popover.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390 + 1
+    assert float(popover.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")) >= 16
+    page.mouse.move(0, 0)
+    assert not popover.is_visible()
+    lossy.locator(".dm-tok").nth(2).focus()
+    assert popover.is_visible()
+    page.mouse.move(0, 0)
+    token.tap()
+    page.mouse.move(0, 0)
+    assert popover.is_visible()  # pinned: leaving the token keeps it
+    page.keyboard.press("Escape")
+    assert not popover.is_visible()
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_each_column_has_a_colour_key_that_counts_its_tokens(fake_app_page):
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    _run_fake(page, url)
+    for column in ("#lossless-text", "#lossy-text"):
+        tokens = page.locator(f"{column} .dm-text .dm-tok").count()
+        key = page.locator(f"{column} .dm-key span").all_inner_texts()
+        assert key and sum(int(chip.rsplit(" ", 1)[1]) for chip in key) == tokens
+    assert any(chip.startswith("JS ") for chip in page.locator("#lossy-text .dm-key span").all_inner_texts())
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_number_outside_a_controls_range_is_said_next_to_the_control(fake_app_page):
+    """Max new tokens 0 and top-p 100000 are set to the range's ends by Gradio: a line under each says so."""
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url)
+    page.wait_for_selector("#status")
+    page.locator("#settings").get_by_text("Settings").first.click()
+    for label, typed, said in (("max new tokens", "0", "0 is below"), ("top-p", "100000", "100000 is above")):
+        field = page.get_by_label(f"number input for {label}", exact=True)
+        block = page.locator("#settings .block").filter(has=field).last
+        field.fill(typed)
+        field.press("Tab")
+        note = block.locator(".dm-clamp")
+        note.wait_for(timeout=5000)
+        assert note.inner_text().startswith(said)
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_status_line_stays_on_the_first_screen_with_settings_open(fake_app_page):
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url)
+    page.wait_for_selector("#status")
+    page.locator("#settings").get_by_text("Settings").first.click()
+    page.wait_for_timeout(500)
+    status, run = page.locator("#status").bounding_box(), page.locator("#run-button").bounding_box()
+    assert status["y"] + status["height"] <= 900 and status["y"] >= run["y"]
+    page.close()
+
+
+def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
+    from fake_engine import FakeEngine
+
+    from dropmatch.drafting import StepCosts
+    from dropmatch.ui.views import prompt_note
+
+    long_prompt = " ".join(f"w{i}" for i in range(1500))
+    assert prompt_note("a short prompt", FakeEngine()) == ""
+    assert "1,500 tokens" in prompt_note(long_prompt, FakeEngine())
+    assert "counted by characters" in prompt_note(long_prompt, None)
+
+    class Measured(FakeEngine):
+        measured_costs = StepCosts(draft_step=0.001, verify_base=0.02, verify_per_position=0.002)
+
+    note = prompt_note(long_prompt, Measured())
+    assert "≈ 3.0 s" in note  # 0.02 + 0.002 * 1499, said as this machine's
+
+
+def test_the_right_columns_title_names_the_rule_as_a_reader_does():
+    from dropmatch.acceptance import RULES
+    from dropmatch.ui.views import lossy_title
+
+    assert lossy_title("dropmatch") == "### DropMatch"
+    for name, rule in RULES.items():
+        if name != "dropmatch":
+            assert lossy_title(name) == f"### {rule.label}"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [390, 1400])
+def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(fake_app_page, width):
+    """Each cell of the Robustness table holds one line (the table scrolls in its box instead of breaking
+    "dropmatch_judge" or "ΔNLL"), and the command block wraps inside the page."""
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.goto(url)
+    page.wait_for_selector("#status")
+    page.evaluate("""() => { const found = [...document.querySelectorAll('button')]
+        .filter((b) => b.innerText.trim() === 'Robustness'); found[found.length - 1].click(); }""")
+    table = page.locator("#robustness-table table")
+    table.wait_for(timeout=10_000)
+    tall = page.evaluate("""() => [...document.querySelectorAll('#robustness-table th, #robustness-table td')]
+        .filter(c => { const s = getComputedStyle(c); const line = parseFloat(s.lineHeight) || 1.4 * parseFloat(s.fontSize);
+                       return c.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom) > 1.6 * line; })
+        .map(c => c.innerText)""")
+    assert tall == []
+    command = page.locator("#robustness-table pre")
+    box = command.bounding_box()
+    assert box["x"] + box["width"] <= width + 1
+    assert page.evaluate("e => e.scrollWidth <= e.clientWidth + 1", command.element_handle())
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_on_a_phone_run_and_the_status_are_on_the_first_screen(fake_app_page):
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(url)
+    page.wait_for_selector("#status")
+    for name in ("#prompt", "#run-button", "#status"):
+        box = page.locator(name).bounding_box()
+        assert box["y"] + box["height"] <= 844, f"{name} is below the first screen"
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_rule_dropdowns_arrow_covers_no_part_of_the_rules_name(fake_app_page):
+    url, browser = fake_app_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url)
+    page.wait_for_selector("#status")
+    page.locator("#settings").get_by_text("Settings").first.click()
+    field = page.locator("#rule-choice input").first
+    field.wait_for()
+    text_right = page.evaluate("""e => { const c = document.createElement('canvas').getContext('2d');
+        const s = getComputedStyle(e); c.font = s.font;
+        return e.getBoundingClientRect().left + parseFloat(s.paddingLeft) + c.measureText(e.value).width; }""",
+                               field.element_handle())
+    arrow = page.locator("#rule-choice .icon-wrap, #rule-choice svg").first.bounding_box()
+    assert text_right <= arrow["x"] + 1, (text_right, arrow)
+    page.close()

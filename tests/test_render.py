@@ -28,7 +28,29 @@ def test_every_emitted_token_gets_a_colour_and_the_text_reads_back():
     kinds = {kind for _, kind, _ in spans}
     assert {"first", "exact", "js", "correction"} <= kinds
     html = text_html(spans)
-    assert html.count('class="dm-tok') == len(spans) and "title=" in html
+    assert html.count('class="dm-tok') == len(spans) and "data-tip=" in html and "title=" not in html
+
+
+def test_every_accepted_drafted_tokens_popover_ends_with_the_rules_sentence():
+    from dropmatch.render import explainer
+
+    engine, _, lossy = traces()
+    why = explainer(engine.token_text, lossy.decode_config, lossy.rule_config)
+    spans = token_spans(lossy.first_token, list(lossy.rounds), engine.token_text, engine.stop_ids, why)
+    drafted = [tip for _, kind, tip in spans if kind in ("exact", "js")]
+    assert drafted and all("\nwhy: " in tip for tip in drafted)
+    assert any("JS 0.0100 ≤ threshold 0.0200" in tip for tip in drafted)
+
+
+def test_a_js_acceptance_of_a_token_the_target_all_but_rules_out_says_why_js_may():
+    """The teaching moment: JS compares whole distributions, so it may accept a token at target p ≈ 0."""
+    import dataclasses
+
+    engine, _, lossy = traces()
+    accepted = next(d for r in lossy.rounds for d in r.drafted if d.reason == "js")
+    unlikely = dataclasses.replace(accepted, target_prob=0.0004)
+    assert "whole distribution" in explain(unlikely, engine.token_text)
+    assert "whole distribution" not in explain(dataclasses.replace(accepted, target_prob=0.3), engine.token_text)
 
 
 def test_each_decision_has_a_sentence_with_its_numbers():
@@ -90,7 +112,7 @@ def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone(
 
 def test_a_newline_token_shows_as_a_return_arrow_then_the_line_break():
     page = text_html([("Hello", "exact", "t"), ("\n", "js", "t"), ("world", "exact", "t")])
-    assert '<span class="dm-tok dm-js" tabindex="0" title="t">↵<br></span>' in page
+    assert '<span class="dm-tok dm-js" tabindex="0" data-tip="t" aria-label="\n: t">↵<br></span>' in page
 
 
 def test_the_frontiers_legend_names_rules_and_knobs_as_a_reader_does():

@@ -1,5 +1,6 @@
-"""The training-free rivals as rules of the table: FLy (entropy gate, deferred window) and DIVERSED's
-static ensemble, each from hand-made distributions where its decision is certain."""
+"""The training-free rivals as rules of the table: FLy (entropy gate, deferred window), DIVERSED's
+static ensemble and the margin rule (MARS-style), each from hand-made distributions where its decision
+is certain."""
 
 from __future__ import annotations
 
@@ -82,13 +83,47 @@ def test_the_static_ensemble_accepts_with_odds_min_1_1_minus_w_plus_w_p_over_q(c
     assert reasons(RuleConfig("ensemble", ensemble_weight=weight), ensemble_round(0.1, 0.5, coin)) == (expected,)
 
 
+def margin_round(target_row, drafted: int):
+    """One greedy drafted position over a 4-token vocabulary whose clean target row is `target_row`."""
+    signals = position_signals(torch.tensor([drafted]), torch.full((1, 4), 0.25), torch.tensor([target_row]))
+    return dataclasses.replace(signals, exact=torch.tensor([drafted == int(torch.tensor(target_row).argmax())]))
+
+
+@pytest.mark.parametrize("target_row, drafted, ratio, expected", [
+    ([0.40, 0.35, 0.25, 0.0], 1, 0.5, "margin"),  # the runner-up, p2 / p1 = 0.875 > 0.5
+    ([0.40, 0.35, 0.25, 0.0], 2, 0.5, "rejected"),  # third, however close: only the runner-up
+    ([0.60, 0.25, 0.15, 0.0], 1, 0.5, "rejected"),  # the runner-up, but p2 / p1 = 0.42: a clear preference
+    ([0.60, 0.25, 0.15, 0.0], 1, 0.4, "margin"),  # the same at a looser ratio
+    ([0.40, 0.35, 0.25, 0.0], 0, 0.5, "exact"),  # the target's own choice: the exact test's
+    ([0.40, 0.35, 0.25, 0.0], 1, 1.0, "rejected"),  # ratio 1: no runner-up beats its top token (lossless)
+])
+def test_the_margin_rule_accepts_the_runner_up_only_where_the_target_barely_prefers_its_top(
+        target_row, drafted, ratio, expected):
+    assert reasons(RuleConfig("margin", margin_ratio=ratio), margin_round(target_row, drafted)) == (expected,)
+
+
+def test_the_margin_rules_sentences_name_the_runner_up_and_its_ratio(tiny_engine):
+    from dropmatch import render
+    from dropmatch.trace import DraftedToken
+
+    accepted = DraftedToken(token=1, draft_prob=0.3, target_token=0, target_token_prob=0.4, target_prob=0.35,
+                            js_target=0.1, reason="margin", target_runner_up=1, target_margin=0.875)
+    text = render.explain(accepted, lambda t: f"t{t}", greedy=True, rule="margin", knobs=RuleConfig("margin"))
+    assert "runner-up" in text and "0.88 > 0.5" in text
+    third = dataclasses.replace(accepted, token=2, target_prob=0.25, reason="rejected")
+    text = render.explain(third, lambda t: f"t{t}", greedy=True, rule="margin", knobs=RuleConfig("margin"))
+    assert "rejected" in text and "not the runner-up" in text
+
+
 def test_the_rivals_refuse_the_mode_they_are_not_defined_under_in_one_line(tiny_engine):
     ids = tiny_engine.encode(PROMPTS[0])
     with pytest.raises(ConfigError, match="defined under sampling decoding only") as greedy:
         run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8), RuleConfig("ensemble")))
     with pytest.raises(ConfigError, match="defined under greedy decoding only") as sampled:
         run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("fly")))
-    assert "\n" not in str(greedy.value) + str(sampled.value)
+    with pytest.raises(ConfigError, match="defined under greedy decoding only") as margin:
+        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("margin")))
+    assert "\n" not in str(greedy.value) + str(sampled.value) + str(margin.value)
 
 
 def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
@@ -103,6 +138,8 @@ def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
     lossless = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("lossless")))
     fly = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("fly", fly_entropy_threshold=1e9)))
     assert fly.output_ids == lossless.output_ids
+    margin = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("margin", margin_ratio=1.0)))
+    assert margin.output_ids == lossless.output_ids
 
 
 def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_engine):
@@ -118,6 +155,25 @@ def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_e
     sentence = render.explain(accepted[0], far_engine.token_text, greedy=False, rule="ensemble",
                               knobs=ensemble.rule_config)
     assert "static ensemble verifies against v = 0.5 p" in sentence
+
+
+def test_the_margin_rule_accepts_runners_up_on_a_real_run(tmp_path):
+    """A pair whose draft is a noisier copy of the target (noise 0.3) drafts the target's runner-up now and
+    then; at the default ratio the margin rule accepts such drafts, and only such drafts."""
+    from tiny_models import save_pair
+
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+
+    target, draft = save_pair(tmp_path, noise=0.3)
+    engine = Engine(load_hub_pair(PairSpec(str(target), str(draft)), torch.device("cpu")))
+    accepted = []
+    for prompt in PROMPTS:
+        trace = run_to_end(engine.speculative(engine.encode(prompt), DecodeConfig(gamma=4, max_new_tokens=48),
+                                              RuleConfig("margin")))
+        accepted += [d for r in trace.rounds for d in r.drafted if d.reason == "margin"]
+    assert accepted and all(d.token == d.target_runner_up and d.target_margin > 0.5 for d in accepted)
 
 
 def test_the_vllm_plugin_refuses_the_rivals_it_cannot_serve_in_one_line():

@@ -34,12 +34,13 @@ def test_rows_give_tau_gain_against_lossless_and_place_gsm8k_in_the_judges_distr
 
 def test_the_figure_draws_each_run_in_both_panels_in_distribution_first_and_marks_the_band():
     figure = robustness_figure(DOCUMENT)
-    lines = {(trace.name, trace.xaxis): trace for trace in figure.data}
+    lines = {(trace.legendgroup, trace.xaxis): trace for trace in figure.data}
     assert set(lines) == {(name, axis) for name in ("judge", "dropmatch") for axis in ("x", "x2")}
     dropmatch = lines["dropmatch", "x"]
     assert list(dropmatch.x) == ["gsm8k_test_100 (in)", "mt_bench (out)"]
     assert list(dropmatch.marker.symbol) == ["circle", "circle-open"]  # outside the band on repetition
     assert [round(v, 6) for v in dropmatch.y] == [15.0, 20.0]
+    assert dropmatch.name.replace("<br>", " ") == "DropMatch (JS, then majority)"  # as a reader names it
 
 
 def test_without_results_the_view_says_so_instead_of_drawing_nothing():
@@ -50,6 +51,13 @@ def test_without_results_the_view_says_so_instead_of_drawing_nothing():
 
 def test_the_table_has_a_row_per_benchmark_and_run_with_its_band_and_command():
     table = robustness_markdown(DOCUMENT)
-    assert "| mt_bench (out) | dropmatch | +20.0% | 1.20x |" in table and "no: repetition" in table
-    assert "| gsm8k_test_100 (in) | judge | +30.0% |" in table and "0.100 (0.100)" in table
+    assert "| mt_bench (out) | DropMatch (JS, then majority) | +20.0% | 1.20x |" in table and "no: repetition" in table
+    assert "| gsm8k_test_100 (in) | trained judge (AutoJudge) | +30.0% |" in table and "0.100 (0.100)" in table
     assert "python -m dropmatch.bench --rules lossless,dropmatch,judge" in table
+
+
+def test_a_run_with_a_setting_is_named_with_it():
+    from dropmatch.plots import run_label
+
+    assert run_label("dropmatch@p=0.3") == "DropMatch (JS, then majority), p = 0.3"
+    assert run_label("dropmatch_judge") == "DropMatch + trained judge"

@@ -39,7 +39,7 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
 
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6),
                                   RuleConfig("naive", p=0.2), RuleConfig("fixed_js", fixed_js_threshold=0.5),
-                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter")])
+                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)])
 def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
     """One batched head pass for the first stage of every request gives each request the verdict
     judge_positions + decide give it alone (the engine's and the rule lab's own path)."""
@@ -60,7 +60,7 @@ def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
                                   RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
                                   RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
                                   RuleConfig("dropmatch", p=0.3, path_support=8),
-                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter")])
+                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)])
 def test_one_pass_gives_the_verdicts_of_the_scan_pass_by_pass(tiny_engine, rule):
     """verify_greedy(one_pass=True), every position judged at once and the scans run on the host, gives
     the verdicts of the incremental scan (which judges only the positions each scan reaches)."""

@@ -23,6 +23,7 @@ FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path 
     "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),  # stand-ins: a pair's judge has its own (judge_knob_values)
     "fly_entropy_threshold": (1.0, 0.6, 0.3, 0.15, 0.05),  # FLy's gate: a lower threshold tolerates more
     "ensemble_weight": (0.9, 0.7, 0.5, 0.3, 0.1),  # w on the target: 1 is lossless, lower leans on the draft
+    "margin_ratio": (0.9, 0.7, 0.5, 0.3, 0.1),  # p2 / p1 above it: 1 is lossless, lower accepts clearer runners-up
 }
 JUDGE_QUANTILES = (0.05, 0.25, 0.5, 0.75)  # of the judge's validation thresholds, beside its chosen one
 

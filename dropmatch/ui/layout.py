@@ -20,17 +20,77 @@ SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", 
                     "majority_fraction", "draft_source", "rescue_argmax", "path_support", "judge_threshold",
                     "gamma_tuned_for_rule")
 SESSION_TTL_S = 3600
-# Click, tap or Enter on a token pins its numbers under the text (tooltips need a mouse).
-PIN_JS = """
-const pin = (token) => {
-  const panel = element.querySelector('.dm-pin');
-  if (panel) panel.textContent = 'Pinned: ' + token.textContent.replace('⏎', '↵') + ' | ' + token.title.replace(/\\n/g, ' | ');
+# A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
+# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it).
+POPOVER_JS = """
+const pop = () => element.querySelector('.dm-pop');
+let pinned = null;
+const show = (token) => {
+  const box = pop();
+  if (!box || !token.dataset.tip) return;
+  box.replaceChildren();
+  const head = document.createElement('div');
+  head.className = 'dm-pop-token';
+  head.textContent = token.textContent.replace('\\n', '↵');
+  box.append(head);
+  for (const line of token.dataset.tip.split('\\n')) {
+    const row = document.createElement('div');
+    if (line.startsWith('why: ')) { row.className = 'dm-pop-why'; row.textContent = line.slice(5); }
+    else row.textContent = line;
+    box.append(row);
+  }
+  box.hidden = false;
+  const host = box.offsetParent || element;
+  const t = token.getBoundingClientRect(), h = host.getBoundingClientRect();
+  const width = Math.min(box.offsetWidth, h.width);
+  let left = t.left - h.left;
+  left = Math.max(0, Math.min(left, h.width - width));
+  box.style.left = left + 'px';
+  box.style.top = (t.bottom - h.top + 6) + 'px';
 };
-element.addEventListener('click', (e) => { const t = e.target.closest('.dm-tok'); if (t) pin(t); });
+const hide = () => { const box = pop(); if (box) box.hidden = true; };
+element.addEventListener('mouseover', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
+element.addEventListener('mouseout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
+element.addEventListener('focusin', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
+element.addEventListener('focusout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
+element.addEventListener('click', (e) => {
+  const t = e.target.closest('.dm-tok');
+  if (!t) return;
+  if (pinned === t) { pinned = null; t.classList.remove('dm-pinned'); hide(); return; }
+  if (pinned) pinned.classList.remove('dm-pinned');
+  pinned = t; t.classList.add('dm-pinned'); show(t);
+});
 element.addEventListener('keydown', (e) => {
   const t = e.target.closest('.dm-tok');
-  if (t && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); pin(t); }
+  if (t && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); t.click(); }
+  if (e.key === 'Escape') { if (pinned) pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
 });
+document.addEventListener('click', (e) => {
+  if (pinned && !element.contains(e.target)) { pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
+});
+"""
+# A number typed outside a slider's range is set to the nearest end by Gradio without a word: say so, in one line
+# under the control, until the next change (the capture phase sees the typed value before Gradio clamps it).
+CLAMP_JS = """
+if (!window.dmClampNotes) {
+  window.dmClampNotes = true;
+  document.addEventListener('change', (e) => {
+    const input = e.target;
+    if (!(input instanceof HTMLInputElement) || input.type !== 'number' || !input.closest('#settings')) return;
+    const block = input.closest('.block') || input.parentElement;
+    const typed = input.value, value = Number(typed);
+    const min = input.min === '' ? null : Number(input.min), max = input.max === '' ? null : Number(input.max);
+    let text = '';
+    if (typed !== '' && !Number.isNaN(value)) {
+      if (min !== null && value < min) text = typed + ' is below the smallest value this setting takes: it is set to ' + min + '.';
+      else if (max !== null && value > max) text = typed + ' is above the largest value this setting takes: it is set to ' + max + '.';
+    }
+    let note = block.querySelector('.dm-clamp');
+    if (!text) { if (note) note.remove(); return; }
+    if (!note) { note = document.createElement('div'); note.className = 'dm-clamp'; note.setAttribute('role', 'status'); block.append(note); }
+    note.textContent = text;
+  }, true);
+}
 """
 LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
 
@@ -40,6 +100,7 @@ class Ui:
     """Every component the callbacks read or write, by name."""
 
     prompt: gr.Textbox
+    prompt_note: gr.Markdown
     pair: gr.Dropdown
     target_id: gr.Textbox
     draft_id: gr.Textbox
@@ -126,9 +187,11 @@ def build_layout() -> Ui:
     gr.Markdown("# DropMatch Studio\nLossless speculative decoding and **DropMatch** side by side, on the same "
                 "prompt, seed and model pair — and, token by token, why each draft token was accepted.")
     _prompt_and_pair(parts)
-    _settings(parts)
+    # The status sits right under Run, above Settings: open settings must not push it off the first screen.
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
+    _examples(parts)
+    _settings(parts)
     gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
     _columns(parts)
     with gr.Tabs(elem_id="tabs") as parts["tabs"]:
@@ -147,10 +210,7 @@ def _prompt_and_pair(parts: dict) -> None:
         with gr.Column(scale=3):
             parts["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below",
                                           elem_id="prompt")
-            examples = views.example_prompts()
-            if examples:
-                gr.Examples(examples=examples, inputs=[parts["prompt"]],
-                            label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
+            parts["prompt_note"] = gr.Markdown("", elem_id="prompt-note")
         with gr.Column(scale=2):
             parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair")
             parts["target_id"] = gr.Textbox(DEFAULTS.target_id, label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
@@ -162,8 +222,16 @@ def _prompt_and_pair(parts: dict) -> None:
                                                elem_id="method-button")
 
 
+def _examples(parts: dict) -> None:
+    """Under the prompt, Run and the status, not between them: on a phone Run stays on the first screen."""
+    examples = views.example_prompts()
+    if examples:
+        gr.Examples(examples=examples, inputs=[parts["prompt"]], label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
+
+
 def _settings(parts: dict) -> None:
     with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
+        gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
         with gr.Row():
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS.gamma, label="draft length γ",
                                          info="auto: each round drafts the length with the most expected tokens "
@@ -171,7 +239,8 @@ def _settings(parts: dict) -> None:
             parts["draft_source"] = gr.Radio(list(DRAFT_SOURCES), value=DEFAULTS.draft_source, label="drafts from",
                                              info="model: the draft model; ngram: prompt lookup (free); hybrid: "
                                                   "lookup where the text repeats, the model elsewhere")
-            parts["rule"] = gr.Dropdown(views.lossy_rule_choices(), value=DEFAULTS.rule, label="rule (right column)")
+            parts["rule"] = gr.Dropdown(views.lossy_rule_choices(), value=DEFAULTS.rule, label="rule (right column)",
+                                        elem_id="rule-choice", min_width=320)
             parts["k"] = gr.Slider(1, 16, value=DEFAULTS.k, step=1, label="K paths")
             parts["p"] = gr.Textbox(value=DEFAULTS.p, label="dropout rate p (or auto)")
         with gr.Row():
@@ -212,11 +281,11 @@ def _columns(parts: dict) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
-            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=PIN_JS)
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=POPOVER_JS)
             parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
         with gr.Column(elem_id="lossy-column"):
             parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
-            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=PIN_JS)
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=POPOVER_JS)
             parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
 
 

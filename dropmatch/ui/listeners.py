@@ -54,14 +54,17 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         asked = query.get("run") or ""
         title = views.shipped_run_title(shipped, asked)
         view = _copy(shipped_view(title or next(iter(shipped))))
+        view["prompt"] = view["last_run"].prompt  # the recorded run's prompt: Run runs it live
         return ui.bind(_linked(view, shipped, asked, title, query.get("lesson") or ""))
 
     def on_tab_closed(request: gr.Request):
         janitor.page_closed(request.session_hash)
 
     _control_listeners(ui)
+    ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
+                     trigger_mode="always_last", api_visibility="private", show_progress="hidden")
     # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
-    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs], api_visibility="private")
+    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.prompt], api_visibility="private")
     demo.unload(on_tab_closed)
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)

@@ -3,6 +3,7 @@ values of the app's components, by Ui field name. No model runs here."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..metrics import summarize
 from ..record import Downloads, RunRecord
-from ..render import lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans, verdict
+from ..config import DecodeConfig, RuleConfig
+from ..render import (explainer, lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans,
+                      verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
@@ -32,18 +35,21 @@ def lossy_rule_choices() -> list[tuple[str, str]]:
 
 
 def lossy_title(rule: str) -> str:
-    return "### DropMatch" if rule == "dropmatch" else f"### Lossy rule: {rule}"
+    return "### DropMatch" if rule == "dropmatch" else f"### {RULES[rule].label}" if rule in RULES else f"### {rule}"
 
 
-def column_html(column, engine) -> str:
-    """A column of a running comparison (compare.Column), with a cursor until it is done."""
-    spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids)
+def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
+    """A column of a running comparison (compare.Column), with a cursor until it is done; each token's
+    popover ends with the rule's sentence for it (decode, rule: the column's settings)."""
+    why = explainer(engine.token_text, decode, rule)
+    spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids, why)
     return text_html(spans, cursor=not column.done)
 
 
 def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
     stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
-    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids))
+    why = explainer(record.token_text, trace.decode_config, trace.rule_config)
+    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids, why))
 
 
 def figures_of(record: RunRecord) -> dict:
@@ -60,11 +66,13 @@ def robustness_markdown(document: dict | None) -> str:
     for r in rows:
         band = "no: " + ", ".join(r["outside"]) if r["outside"] else "yes"
         score = "–" if r["score"] is None else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
-        lines.append(f"| {r['benchmark']} ({r['place']}) | {r['run']} | {100 * r['tau_gain']:+.1f}% | "
+        lines.append(f"| {r['benchmark']} ({r['place']}) | {plots.run_label(r['run'])} | {100 * r['tau_gain']:+.1f}% | "
                      f"{r['speed'] or 0:.2f}x | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
                      f"{r['delta_distinct2'] or 0:+.3f} | {band} | {score} |")
     command = ((document or {}).get("settings") or {}).get("command")
-    return "\n".join(lines) + (f"\n\nMeasured with `{command}`." if command else "")
+    # The table scrolls inside its box (no word is broken to fit a phone); the command is a wrapping block.
+    table = '<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>"
+    return table + (f'\n\nMeasured with:\n\n<pre class="dm-command">{html.escape(command)}</pre>' if command else "")
 
 
 def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
@@ -151,8 +159,9 @@ def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
     if recorded_from is None:
         return "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
     prompt = record.prompt if len(record.prompt) <= 120 else record.prompt[:117] + "…"
-    return (f"Recorded run *{recorded_from}* ({record.lossless.target_name} + {record.lossless.draft_name}), "
-            f"prompt: “{prompt}”; no model ran.")
+    return (f"Showing a **recorded run**, *{recorded_from}* ({record.lossless.target_name} + "
+            f"{record.lossless.draft_name}), prompt: “{prompt}”; no model ran. Press **Run** to run the prompt in the "
+            "box live on this machine.")
 
 
 def lab_view(record: RunRecord) -> dict:
@@ -213,13 +222,39 @@ def api_result(record: RunRecord, rule) -> dict:
     }
 
 
+LONG_PROMPT_TOKENS = 1000  # from this many prompt tokens on, the page says the prompt's cost before the run
+CHARS_PER_TOKEN = 4  # the rough count said while no tokenizer is loaded
+
+
+def prompt_note(prompt: str, engine) -> str:
+    """One line under a long prompt, before the run: its tokens (the loaded pair's tokenizer; a rough count by
+    characters while none is loaded) and, once this machine's step costs are measured, what reading it costs."""
+    if not isinstance(prompt, str) or len(prompt) < LONG_PROMPT_TOKENS:
+        return ""
+    if engine is None:
+        rough = len(prompt) // CHARS_PER_TOKEN
+        if rough < LONG_PROMPT_TOKENS:
+            return ""
+        return (f"⏱ A long prompt: about {rough:,} tokens (counted by characters; the pair is still loading). Each "
+                "run reads it first, and every later step attends over it: expect a slower run.")
+    tokens = len(engine.encode(prompt))
+    if tokens < LONG_PROMPT_TOKENS:
+        return ""
+    costs = getattr(engine, "measured_costs", None)  # an engine may not measure (a stand-in)
+    cost = "" if costs is None else (f" Reading it once takes ≈ {costs.verify(tokens):.1f} s on this machine (from the "
+                                     "target's measured cost per position; attention over a long context costs more).")
+    return (f"⏱ A long prompt: **{tokens:,} tokens**.{cost} Each of the three runs (lossless SD, the rule, the "
+            "autoregressive baseline) reads it, then attends over it at every step: expect a slower run.")
+
+
 def load_status_view(status) -> tuple:
     """(status line, timer) while the pair loads in the background (studio.LoadStatus): the seconds
     so far, then the outcome once, and the timer stops."""
     if status.state == "loading":
         return status.line(), gr.Timer(active=True)
     if status.state == "ready":
-        return status.line() + " Pick an example or type a prompt, then **Run**.", gr.Timer(active=False)
+        return (status.line() + " **Run** runs the prompt in the box live (until then the columns show a recorded "
+                "run); or pick an example or type your own."), gr.Timer(active=False)
     if status.state == "failed":
         return status.line(), gr.Timer(active=False)
     return gr.update(), gr.Timer(active=False)
