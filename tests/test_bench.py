@@ -59,6 +59,36 @@ def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path):
         assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and message in out.stderr
 
 
+@pytest.mark.slow  # a subprocess
+def test_under_sampling_the_peer_is_transformers_static_ensemble_at_our_ensembles_weight(tiny_dirs, tmp_path):
+    """--peer with the ensemble rule under sampling runs transformers' assisted generation with
+    assistant_ensemble_weight at the same weight, temperature and draft, held against our ensemble run,
+    with its text's target NLL beside ours."""
+    target, draft = tiny_dirs
+    out_json = tmp_path / "out.json"
+    run = bench("--prompts", str(PROMPTS / "gsm8k_test_100.jsonl"), "--limit", "2", "--max-new-tokens", "12",
+                "--gamma", "3", "--temperature", "1.0", "--rules", "lossless,ensemble", "--peer", "--target", str(target),
+                "--draft", str(draft), "--json", str(out_json))
+    assert run.returncode == 0, run.stderr[-2000:]
+    peers = json.loads(out_json.read_text())["benchmarks"]["gsm8k_test_100"]["peers"]
+    assert set(peers) == {"ensemble_assisted"}
+    peer = peers["ensemble_assisted"]
+    assert peer["against"] == "ensemble" and "assistant_ensemble_weight" in peer["name"]
+    assert peer["tokens_per_s"] > 0 and peer["ours_over_peer"] > 0 and 0 < peer["target_nll"] < 50
+
+
+def test_the_peers_target_nll_is_read_as_our_runs_is(tiny_engine):
+    """sequence_nll over a run's own tokens equals that run's recorded target NLL."""
+    from dropmatch import metrics
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+    from dropmatch.models import sequence_nll
+
+    ids = tiny_engine.encode("what is two plus three?")
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=3, max_new_tokens=16), RuleConfig("lossless")))
+    assert abs(sequence_nll(tiny_engine.target, ids, list(trace.output_ids)) - metrics.target_nll(trace)) < 1e-3
+
+
 @pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     """JSON per rule: tau, acceptance_rate, tokens_per_s, speedup_vs_ar, mc_overhead, identity, quality."""

@@ -14,7 +14,7 @@ top-p 0.95) give a reference band; a lossy run "stays within the target's own va
 target NLL is at or below the reference's and its off-nucleus rate is at most 1%.
 --frontier sweeps every lossy rule over its knob on the same prompts and seed (JSON key
 "frontier"). --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
-generation and prompt-lookup decoding; --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
+generation and prompt-lookup decoding (greedy) or its static ensemble (sampling, with --rules ensemble); --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", default=DEFAULTS.top_p)
     parser.add_argument("--seed", default=DEFAULTS.seed)
     parser.add_argument("--peer", action="store_true",
-                        help="also time transformers' assisted generation and its prompt-lookup decoding")
+                        help="also time transformers' peers: greedy, its assisted generation and prompt lookup "
+                             "(against lossless SD); sampling, its static ensemble (assistant_ensemble_weight) at "
+                             "the ensemble rule's weight (against our ensemble run)")
     parser.add_argument("--json", default=None, help="write every number and text here")
     parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
     parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")

@@ -10,7 +10,8 @@ from .. import metrics, quality
 from ..acceptance import RULES
 from ..config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
-from ..models import assisted_generate, first_divergence, greedy_reference, prompt_lookup_generate
+from ..models import (assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
+                      prompt_lookup_generate, sequence_nll)
 from .prompts import Item, score
 
 
@@ -163,11 +164,11 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
             traces[run.label] = run_to_end(engine.speculative(ids, decode, run.rule))
         own_samples = [run_to_end(engine.autoregressive(ids, sample)) for sample in reference_decodes(decode, reference_samples)]
         peer_rows = {}
-        if peer:
-            for name, (_, generate) in PEERS.items():
-                tokens, seconds = generate(engine, ids, decode)
-                peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "identical_to_lossless":
-                                   "lossless" in traces and list(traces["lossless"].output_ids) == tokens}
+        for name, (_, generate, ours) in (active_peers(decode, runs) if peer else {}).items():
+            tokens, seconds = generate(engine, ids, decode)
+            peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "ours": ours,
+                               "identical_to_lossless": "lossless" in traces and list(traces["lossless"].output_ids) == tokens,
+                               **_peer_quality(engine, ids, tokens, decode)}
         identical = None
         if check_identity and "lossless" in traces:
             reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
@@ -199,15 +200,45 @@ def _prompt_lookup(engine, ids, decode: DecodeConfig):
     return prompt_lookup_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
 
 
+def _ensemble_peer(weight: float):
+    def run(engine, ids, decode: DecodeConfig):
+        return ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                                          None if decode.gamma_auto else decode.gamma, engine.stop_ids, weight,
+                                          decode.temperature, decode.top_p, decode.seed)
+    return run
+
+
+def _peer_quality(engine, ids, tokens: list[int], decode: DecodeConfig) -> dict:
+    """The peer's text as the target sees it (under greedy its tokens are compared with lossless SD's instead)."""
+    if decode.greedy or not tokens:
+        return {}
+    return {"target_nll": sequence_nll(engine.target, ids, tokens)}
+
+
 # The peers --peer times on the same prompts, in the same process, right after our runs of each prompt:
-# key -> (the name reports show, the timed run).
+# key -> (the name reports show, the timed run). Greedy: held against lossless SD.
 PEERS = {"assisted": ("transformers assisted generation", _assisted),
          "prompt_lookup": ("transformers prompt-lookup decoding", _prompt_lookup)}
+ENSEMBLE_PEER = "ensemble_assisted"
+PEER_NAMES = {**{key: shown for key, (shown, _) in PEERS.items()},
+              ENSEMBLE_PEER: "transformers assisted generation, static ensemble (assistant_ensemble_weight)"}
+
+
+def active_peers(decode: DecodeConfig, runs) -> dict:
+    """key -> (shown name, timed run(engine, ids, decode), the label of our run it is held against).
+    Greedy: transformers' assisted generation and prompt lookup, against lossless SD. Sampling: transformers'
+    static ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
+    if decode.greedy:
+        return {key: (shown, generate, "lossless") for key, (shown, generate) in PEERS.items()}
+    ensemble = next((run for run in runs if run.rule.rule == "ensemble" and run.knob is None), None)
+    if ensemble is None:
+        return {}
+    return {ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(ensemble.rule.ensemble_weight), ensemble.label)}
 
 
 def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
-    """Whether to time the peers: asked for, and greedy (their only mode here)."""
-    return requested and decode.greedy
+    """Whether to time the peers (active_peers says which)."""
+    return requested
 
 
 def warm_up(engine, decode: DecodeConfig, runs) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import tables
 from ..metrics import MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, mc_overhead, per_position_acceptance, pooled
 from .prompts import category_of
-from .running import PEERS, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
+from .running import PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
 
 
 DELTA_KEYS = ("delta_target_nll", "delta_off_nucleus_rate", "delta_distinct2")
@@ -65,12 +65,17 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     if categories:
         out["categories"] = categories
     if result.peers:
-        ours = rules.get("lossless", {}).get("tokens_per_s")
         out["peers"] = {}
         for name, rows in result.peers.items():
+            against = rows[0].get("ours", "lossless")
+            ours = rules.get(against, {}).get("tokens_per_s")
             theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
-            out["peers"][name] = {"name": PEERS[name][0], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
-                                  "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
+            out["peers"][name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
+                                  "against": against, "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
+            nll = [r["target_nll"] for r in rows if r.get("target_nll") is not None]
+            if nll:  # token-weighted, as our runs' target NLL is
+                weights = [r["tokens"] for r in rows if r.get("target_nll") is not None]
+                out["peers"][name]["target_nll"] = sum(n * w for n, w in zip(nll, weights)) / max(sum(weights), 1)
     return out
 
 

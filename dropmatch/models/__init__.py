@@ -13,12 +13,14 @@ from .loading import (
     load_draft_weights,
     load_embedded_models, load_embedded_pair, load_embedded_target, load_hub_pair, load_pair,
 )
-from .references import Divergence, assisted_generate, first_divergence, greedy_reference, prompt_lookup_generate
+from .references import (Divergence, assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
+                         prompt_lookup_generate, sequence_nll)
 
 __all__ = [
     "CausalLM", "LoadedPair", "RestrictedHead", "encode_prompt", "pick_device", "stop_token_ids", "synchronize",
     "RowLinear", "fast_dtype", "linear_bytes", "prepare_for_cpu", "row_linear", "use_row_linears",
     "EMBEDDED_DRAFT_DIR", "ModelLoadError", "available_memory", "build_draft_model", "cache_root", "embedded_target_dir",
     "load_draft_weights", "load_embedded_models", "load_embedded_pair", "load_embedded_target", "load_hub_pair", "load_pair",
-    "Divergence", "assisted_generate", "first_divergence", "greedy_reference", "prompt_lookup_generate",
+    "Divergence", "assisted_generate", "ensemble_assisted_generate", "first_divergence", "greedy_reference",
+    "prompt_lookup_generate", "sequence_nll",
 ]

@@ -1,5 +1,6 @@
 """The yardsticks the benchmark holds our engine to: the target's own greedy generate(), and the
-peers on the same pair: transformers' assisted generation and its prompt-lookup decoding."""
+peers on the same pair: transformers' assisted generation (greedy, and sampled with its static ensemble)
+and its prompt-lookup decoding."""
 
 from __future__ import annotations
 
@@ -82,6 +83,38 @@ def assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], 
             setattr(config, name, value)
 
 
+def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], max_new_tokens: int,
+                               gamma: int | None, stop_ids, weight: float, temperature: float, top_p: float,
+                               seed: int) -> tuple[list[int], float]:
+    """transformers' own static-ensemble verification (assisted generation with `assistant_ensemble_weight`,
+    DIVERSED's rule), sampled at the same temperature and top-p on the same pair, timed; seeded with
+    torch.manual_seed(seed) (its draws are not ours, so its tokens are a sample of the same rule, not a copy).
+    Returns (new tokens, seconds)."""
+    config = draft.model.generation_config
+    saved = {name: getattr(config, name, None) for name in ("num_assistant_tokens", "num_assistant_tokens_schedule")}
+    if gamma is not None:
+        config.num_assistant_tokens = gamma
+        config.num_assistant_tokens_schedule = "constant"
+    torch.manual_seed(seed)
+    try:
+        return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model,
+                               sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0),
+                               assistant_ensemble_weight=weight)
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def sequence_nll(target: CausalLM, prompt_ids: list[int], tokens: list[int]) -> float:
+    """Mean NLL (nats/token) of `tokens` after the prompt under the clean target at temperature 1, as our runs'
+    target NLL (metrics.target_nll) reads them: one forward over prompt + tokens, in fp32."""
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=target.device)
+    with torch.inference_mode():
+        logits = target.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    log_probs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens, device=target.device).unsqueeze(-1))
+    return float(-log_probs.mean())
+
+
 def prompt_lookup_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids,
                            num_tokens: int = 10) -> tuple[list[int], float]:
     """transformers' prompt-lookup decoding (`prompt_lookup_num_tokens`, the target alone), greedy,
@@ -89,15 +122,17 @@ def prompt_lookup_generate(target: CausalLM, prompt_ids: list[int], max_new_toke
     return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, prompt_lookup_num_tokens=num_tokens)
 
 
-def _timed_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids, **options):
+def _timed_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids,
+                    sampling: dict | None = None, **options):
+    """sampling: generate()'s sampling arguments (default greedy)."""
+    sampling = sampling or dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     input_ids = torch.tensor([prompt_ids], device=target.device)
     synchronize(target.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = target.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], temperature=None, top_p=None,
-            top_k=None, **options,
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], **sampling, **options,
         )
     synchronize(target.device)
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start
