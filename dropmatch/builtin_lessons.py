@@ -73,6 +73,21 @@ SPECS: dict[str, LessonSpec] = {spec.name: spec for spec in (
                "token is accepted when JS(draft ‖ target) is at most a fixed 0.1. The threshold is the same at "
                "every position, confident or not.",
                {"rule": "fixed_js"}),
+    LessonSpec("fly", "FLy (entropy gate, deferred window)",
+               "FLy reads the clean target and the rest of the round: a mismatch stands where the target is unsure "
+               "(the entropy of its top three tokens at least 0.3) and the next 5 drafted tokens are the target's "
+               "own choices. Long drafts (γ 12) give the window room; its last 6 positions never tolerate.",
+               {"rule": "fly", "gamma": "12"}),
+    LessonSpec("ensemble", "Static ensemble (DIVERSED), sampling",
+               "The static ensemble verifies against v = 0.5 p + 0.5 q instead of p: a drafted token x passes the "
+               "same coin with odds min(1, 0.5 + 0.5 p(x) / q(x)), so even a token the target dislikes passes at "
+               "least half the time. The lossless coin is tried first.",
+               {"rule": "ensemble", "temperature": 1.0}, ("lookup", "coin_rejected")),
+    LessonSpec("margin", "Margin (MARS-style runner-up)",
+               "The margin rule reads the clean target's top two tokens: a mismatch is accepted when it is the "
+               "target's runner-up and the target barely prefers its top token, p(runner-up) / p(top) above 0.5. "
+               "A third choice, however close, is rejected.",
+               {"rule": "margin"}),
 )}
 
 

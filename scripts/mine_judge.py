@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dropmatch import quality  # noqa: E402
-from dropmatch.mining import Walk  # noqa: E402
+from dropmatch.trained_judge.mining import Walk  # noqa: E402
 from dropmatch.models import encode_prompt, load_embedded_pair, stop_token_ids  # noqa: E402
 from dropmatch.models.continuations import Job, crop_rows, greedy_continuations, prefix_rows  # noqa: E402
 

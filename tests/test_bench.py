@@ -119,7 +119,7 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert "categories" not in gsm8k
     page = out_html.read_text()
     assert "<html" in page and "plotly" in page.lower() and "Sweep over p" in page
-    from dropmatch.report import plotlyjs_name
+    from dropmatch.bench.report import plotlyjs_name
 
     # plotly.js once beside the report, referenced, not inlined: the page still opens offline from its folder
     assert f'<script src="{plotlyjs_name()}"></script>' in page, "the report does not load the shared plotly.js"
@@ -299,7 +299,7 @@ def test_a_limit_spreads_over_the_categories_of_a_file(tmp_path):
 def test_every_rendering_shows_the_per_category_rows():
     """Text, HTML and Markdown all show each category's runs, with the same numbers."""
     from dropmatch.bench import format_table
-    from dropmatch.report import _table, markdown_table
+    from dropmatch.bench.report import _table, markdown_table
 
     def part(tau, speed):
         rule = dict(tau=tau, acceptance_rate=0.5, tokens_per_s=speed, speedup_vs_ar=speed / 20, speedup_vs_lossless=1.0,
@@ -319,8 +319,8 @@ def test_text_html_and_markdown_tables_show_the_same_numbers_for_every_run():
     """The three renderings of a benchmark summary share one row builder: every run (AR, each rule,
     the peer) shows up in each, with the same tau / tokens/s / MC share strings."""
     from dropmatch.bench import format_table
-    from dropmatch.report import _table, markdown_table
-    from dropmatch.tables import summary_rows
+    from dropmatch.bench.report import _table, markdown_table
+    from dropmatch.bench.tables import summary_rows
 
     rule = dict(tau=2.1734, acceptance_rate=0.4, tokens_per_s=22.71, speedup_vs_ar=1.29, speedup_vs_lossless=1.0,
                 mc_overhead=0.0381, p=0.057, accuracy=None, target_nll=0.378, distinct2=0.6,
@@ -367,7 +367,7 @@ def test_the_band_sees_repetition_and_every_run_reports_its_change_against_lossl
     own samples') is outside the band, named by its axis; the deltas are the run minus lossless."""
     from dropmatch.bench.summary import band_checks, within_reference
     from dropmatch.metrics import MIN_DISTINCT2_SHARE
-    from dropmatch.tables import band_text
+    from dropmatch.bench.tables import band_text
 
     reference = {"target_nll": 0.9, "off_nucleus_rate": 0.0, "distinct2": 0.8}
     fluent = {"target_nll": 0.7, "off_nucleus_rate": 0.005, "distinct2": 0.78}

@@ -12,7 +12,7 @@ import pytest
 from conftest import PROMPTS
 
 from dropmatch.config import DecodeConfig, RuleConfig
-from dropmatch.cost_model import UnitCosts, judge_step_per_position, predicted_seconds, project
+from dropmatch.bench.cost_model import UnitCosts, judge_step_per_position, predicted_seconds, project
 from dropmatch.engine import run_to_end
 from dropmatch.metrics import component_costs
 

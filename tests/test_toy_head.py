@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from dropmatch.toy_head import TOY_RULES, toy_numbers
+from toy_head import TOY_RULES, toy_numbers
 
 from local_server import TEXT_CONTRAST_JS, assert_contrast, assert_no_horizontal_scroll
 

@@ -38,7 +38,7 @@ from ..engine import Engine
 from ..mc_head import MASK_DRAWS
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
-from ..report import markdown_table, write_report
+from .report import markdown_table, write_report
 from .prompts import BenchError, _count, _positive, parse_file, read_prompts
 from .running import peer_runs, run_benchmark, variants, warm_up, with_judge_knob
 from .summary import format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark

@@ -3,7 +3,7 @@ band, frontier points, per-category splits, text tables and per-prompt rows."""
 
 from __future__ import annotations
 
-from .. import tables
+from . import tables
 from ..metrics import MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, mc_overhead, per_position_acceptance, pooled
 from .prompts import category_of
 from .running import PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant

@@ -13,10 +13,10 @@ import dataclasses
 
 import torch
 
-from . import acceptance, mc_head
-from .config import RuleConfig
-from .judging import position_signals
-from .sampling import signal_probs
+from dropmatch import acceptance, mc_head
+from dropmatch.config import RuleConfig
+from dropmatch.judging import position_signals
+from dropmatch.sampling import signal_probs
 
 TOY_RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 JUDGE_FORMAT, JUDGE_VERSION = "dropmatch-judge", 1
-SHIPPED_JUDGE = Path(__file__).resolve().parent.parent / "assets" / "judge" / "judge.json"
+SHIPPED_JUDGE = Path(__file__).resolve().parents[2] / "assets" / "judge" / "judge.json"
 
 
 class JudgeFileError(ValueError):

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
-from .plots import frontier_figure
+from ..plots import frontier_figure
 from .tables import CATEGORY_HEADER, HEADER, band_text, category_rows, signed, signed_points, summary_rows
 
 PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over standard SD, about +10% mean "
