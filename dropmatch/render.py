@@ -66,7 +66,7 @@ BASE_CSS = """
 .dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
 .dm-step .why { max-width: 460px; }
 .dm-text-host { position: relative; }
-#rule-choice input { padding-right: 2.4em; text-overflow: ellipsis; }  /* the arrow never covers the rule's name */
+#rule-choice input, #pair-choice input { padding-right: 2.4em; text-overflow: ellipsis; }  /* the arrow covers no text */
 .dm-key { margin-top: 6px; }
 .dm-clamp { margin-top: 4px; font-size: 0.9rem; color: #b71c1c; } .dark .dm-clamp { color: #ef9a9a; }
 .dm-pop { position: absolute; z-index: 50; max-width: min(30rem, 92vw); padding: 8px 12px; border-radius: 8px;

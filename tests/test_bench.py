@@ -431,3 +431,14 @@ def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_ra
     assert all(min(judge.thresholds) <= value <= max(judge.thresholds) for value in values)
     assert not set(values) & set(FRONTIER_KNOBS["judge_threshold"])
     assert all(run.rule.judge_threshold == run.value and run.rule.rule == "judge" for run in points)
+
+
+def test_frontier_rules_limit_the_sweep_to_the_named_rules():
+    from dropmatch.bench.running import variants
+    from dropmatch.config import RuleConfig
+
+    runs = variants(["lossless", "dropmatch"], RuleConfig(), [0.3], frontier=True, swept=("fly", "margin"))
+    swept = {run.rule.rule for run in runs if run.knob is not None and run.label != "dropmatch@p=0.3"}
+    assert swept == {"fly", "margin"}
+    assert {run.rule.rule for run in variants(["lossless"], RuleConfig(), [], frontier=True) if run.knob} >= {
+        "fly", "margin", "dropmatch", "typical"}

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
                         help="sweep every lossy rule over its knob on the same prompts (JSON key 'frontier')")
+    parser.add_argument("--frontier-rules", default="",
+                        help="with --frontier: sweep only these rules (comma-separated; default: every lossy rule)")
     parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
     parser.add_argument("--auto-sweep", default=None,
                         help="extra DropMatch runs at p = auto aiming at these agreements, e.g. 0.8,0.9,0.95")
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             if mode not in RULES[name].modes:
                 raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only "
                                  f"({RULES[name].why_mode}); this run is {mode}")
-        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep, mode)
+        swept = tuple(parse_rules(args.frontier_rules)) if args.frontier_rules else None
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep, mode,
+                        swept)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)

@@ -212,7 +212,7 @@ def _prompt_and_pair(parts: dict) -> None:
                                           elem_id="prompt")
             parts["prompt_note"] = gr.Markdown("", elem_id="prompt-note")
         with gr.Column(scale=2):
-            parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair")
+            parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair", elem_id="pair-choice")
             parts["target_id"] = gr.Textbox(DEFAULTS.target_id, label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
             parts["draft_id"] = gr.Textbox(DEFAULTS.draft_id, label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
             with gr.Row():

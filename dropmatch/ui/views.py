@@ -100,8 +100,8 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
     trace_file, metrics_file = downloads.for_shipped(shipped, record) if shipped else downloads.write(record)
     rounds = len(record.lossy.rounds)
     return {
-        "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover a "
-                  "token for its numbers; open *Step through* to see one round in detail.",
+        "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover, tap or "
+                  "focus a token for its numbers; open *Step through* to see one round in detail.",
         "verdict": verdict_markdown(record, lossless_metrics, lossy_metrics, recorded_from),
         "lossy_header": lossy_title(record.rule),
         "lossless_out": trace_html(record.lossless, record),
