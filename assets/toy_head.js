@@ -11,7 +11,7 @@
   const TINY64 = 2.2250738585072014e-308, TINY32 = 1.1754943508222875e-38, EPS32 = Math.pow(2, -23);
   const SHIPPED = {"W":[[-1.53,-0.75,-0.65,-1.61,-0.1,-0.61,-0.98,-1.61],[-0.71,0.3,-0.78,-0.25,-0.22,1.69,0.23,0.47],[-0.7,-1.16,0.7,0.2,0.87,0.24,-0.66,0.81],[1.1,-0.18,-2.25,-1.45,0.06,-0.62,-0.8,-0.13],[1.88,-0.07,0.16,-0.77,0.2,0.05,0.15,-0.48],[-0.11,0.29,-0.16,-0.03,2.36,-1.04,1.57,-0.63]],"presets":{"confident":{"h":[-1.49,-2.76,0.91,1.73,0.05,0.57,-0.0,1.5],"q":[0.14,0.72,0.09,0.0,0.0,0.05],"keep":[[1,1,1,1,1,1,1,1],[0,1,1,1,1,1,1,1],[1,1,1,1,0,1,1,1],[0,1,1,0,1,1,1,1],[0,1,1,1,1,1,1,1]],"p":0.1,"draft":0},"majority":{"h":[-0.7,-0.91,-1.84,0.77,0.55,-0.87,0.78,0.12],"q":[0.12,0.02,0.07,0.01,0.03,0.75],"keep":[[1,1,1,1,1,1,0,1],[1,1,1,1,0,0,1,1],[0,1,1,1,1,0,1,1],[1,1,1,1,1,1,1,1],[1,1,1,1,1,1,0,0]],"p":0.2,"draft":3},"flat":{"h":[0.47,-1.51,0.52,-3.83,-2.89,0.33,1.96,2.15],"q":[0.0,0.31,0.36,0.0,0.32,0.01],"keep":[[1,1,1,0,1,1,0,1],[0,0,1,1,1,1,1,1],[1,1,0,0,0,1,1,1],[0,1,1,0,0,1,1,1],[0,0,1,0,1,1,1,0]],"p":0.4,"draft":0}}};
 
-  // ------------------------------------------------ the math (float64; sampling.py, mc_head.py, judging.py, acceptance.py)
+  // ------------------------------------------------ the math (float64; sampling.py, mc_head.py, verifying.py, acceptance.py)
   const sum = (xs) => xs.reduce((a, b) => a + b, 0);
   function softmax(row) {
     const top = Math.max(...row);
@@ -49,7 +49,7 @@
     let pathJs = K === 1 ? [0] : pathProbs.map((row) => jsDivergence(row, centroid));
     let threshold = Math.max(...pathJs);
     let jsDraftCentroid = jsDivergence(q, centroid);
-    if (Math.abs(jsDraftCentroid - threshold) <= fastJsError(V)) {  // judging.settle_close_calls
+    if (Math.abs(jsDraftCentroid - threshold) <= fastJsError(V)) {  // verifying.settle_close_calls
       jsDraftCentroid = jsAccurate(q, centroid);
       threshold = Math.max(...pathProbs.map((row) => jsAccurate(row, centroid)));
     }

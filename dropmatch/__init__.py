@@ -1,6 +1,6 @@
 """DropMatch Studio: speculative decoding with MC-dropout acceptance, instrumented.
 
-Data flows one way: models -> (drafting, judging) -> engine -> traces -> metrics/plots -> UI
+Data flows one way: models -> (drafting, verifying) -> engine -> traces -> metrics/plots -> UI
 (docs/architecture.md walks a run through the modules). Nothing heavy is imported here.
 """
 

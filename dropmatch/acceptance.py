@@ -1,6 +1,6 @@
 """Acceptance rules as pure functions over tensors, and the one table of rules and reasons.
 
-One verification round has g drafted tokens. The judge step (judging.py) computes, for every
+One verification round has g drafted tokens. The verify step (verifying.py) computes, for every
 drafted position at once, what any rule may look at (`Signals`); a rule is a function from those
 signals to an ordered list of (reason, accepted-mask); `judge` / `decide` scan the positions left to
 right and stop at the first one that neither the exact (lossless) test nor the rule accepts.
@@ -468,7 +468,7 @@ def decide(
                                       sample_draft_prob=test.q_x)
     elif signals.exact is None:
         signals = dataclasses.replace(signals, exact=exact)
-    reasons = judge(cfg, signals, exact)
+    reasons = scan_reasons(cfg, signals, exact)
     num_accepted = accepted_count(reasons)
     if num_accepted < num_drafted:
         token = correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator)
@@ -478,7 +478,7 @@ def decide(
     return Verdict(num_accepted, reasons, token, BONUS)
 
 
-def judge(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
+def scan_reasons(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
     """The reason of each drafted position [g] (scan, with the rule's reasons of every position)."""
     num_drafted = int(signals.draft_tokens.shape[0])
     ruled = rule_reasons(cfg, signals) if num_drafted else []
@@ -491,7 +491,7 @@ def scan(num_drafted: int, is_exact: Callable[[int], bool]):
     "exact"; at any other it yields the position and takes the rule's reason for it (send); the scan
     stops at the first "rejected", every position after it "unchecked". Returns the reasons [g].
     The engine drives it with every position's reason at hand (judge); a server drives many at once,
-    judging only the positions they yield (serving/verify.py)."""
+    verifying only the positions they yield (serving/verify.py)."""
     reasons: list[str] = []
     for i in range(num_drafted):
         if is_exact(i):

@@ -61,8 +61,8 @@ class Settings:
     majority_fraction: float = 0.8
     draft_source: str = "hybrid"
     # gamma = auto: False (the default) drafts both columns by one policy, lossless SD's costs, so that tau and
-    # acceptance differ only by the rule; True prices the lossy rule's judge step too (draft length tuned for
-    # this rule's cost: faster for a costly judge step, fewer drafts for it to accept).
+    # acceptance differ only by the rule; True prices the lossy rule's verify step too (draft length tuned for
+    # this rule's cost: faster for a costly verify step, fewer drafts for it to accept).
     gamma_tuned_for_rule: bool = False
     fixed_js_threshold: float = 0.1
     typical_eps: float = 0.3
@@ -164,7 +164,7 @@ class DecodeConfig:
     draft_confidence: float = DEFAULTS.draft_confidence
     gamma_auto: bool = False
     draft_source: str = "model"
-    gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's judge step too (Settings says why)
+    gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's verify step too (Settings says why)
 
     @staticmethod
     def parse_gamma(text) -> dict:

@@ -63,8 +63,8 @@ class StepCosts:
 
 
 @dataclass
-class JudgeCost:
-    """The judge step's cost as the run itself measures it, round by round: the seconds of its
+class VerifyCost:
+    """The verify step's cost as the run itself measures it, round by round: the seconds of its
     Monte-Carlo (and trained-judge) work, the drafted positions it judged (those the exact test
     rejected), and the draft slots the rounds reached. 0 until a round judged something."""
 
@@ -120,7 +120,7 @@ def expected_tokens(acceptance: SlotAcceptance, gamma: int) -> float:
 
 def expected_reached(acceptance: SlotAcceptance, gamma: int) -> float:
     """The draft slots a round of gamma drafted tokens reaches on average (slot 0 always; slot i when
-    every earlier one was accepted): the slots the judge step may have to judge."""
+    every earlier one was accepted): the slots the verify step may have to judge."""
     total, reach = 0.0, 1.0
     for slot in range(gamma):
         total += reach
@@ -138,8 +138,8 @@ def choose_gamma(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_s
 def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None,
                 judge_per_slot: float = 0.0) -> tuple[int, float]:
     """(length in 1..cap, its expected tokens per second); the shorter one on a tie. A round of g
-    costs g draft steps, one verify call over g + 1 positions, and the judge step at the slots it
-    reaches (judge_per_slot: JudgeCost.per_reached_slot, measured by the run so far)."""
+    costs g draft steps, one verify call over g + 1 positions, and the verify step at the slots it
+    reaches (judge_per_slot: VerifyCost.per_reached_slot, measured by the run so far)."""
     step = costs.draft_step if draft_step is None else draft_step
     rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)
                                                   + judge_per_slot * expected_reached(acceptance, g))
@@ -195,7 +195,7 @@ class DraftSpace:
     vocab_size: int
     device: torch.device
     hidden_size: int
-    judge_cost: JudgeCost = field(default_factory=JudgeCost)  # the engine records each round's
+    judge_cost: VerifyCost = field(default_factory=VerifyCost)  # the engine records each round's
 
     def ids(self, tokens: list[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -218,14 +218,14 @@ class _Learning:
     def length(self, limit: int) -> int:
         if not self.space.decode.gamma_auto or limit <= 0:
             return limit
-        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step, self.judge_price())
+        return choose_gamma(self.acceptance, self.space.costs, limit, self.draft_step, self.verify_price())
 
     def expected_rate(self, limit: int) -> float:
         """Expected tokens per second of this source's best length up to limit (gamma = auto only)."""
-        return best_length(self.acceptance, self.space.costs, limit, self.draft_step, self.judge_price())[1]
+        return best_length(self.acceptance, self.space.costs, limit, self.draft_step, self.verify_price())[1]
 
-    def judge_price(self) -> float:
-        """The judge step's seconds per reached slot that gamma = auto weighs: none by default (every rule
+    def verify_price(self) -> float:
+        """The verify step's seconds per reached slot that gamma = auto weighs: none by default (every rule
         drafts by lossless SD's costs: one policy for both columns), the run's measured one when the
         draft length is tuned for the rule's cost (DecodeConfig.gamma_tuned_for_rule)."""
         return self.space.judge_cost.per_reached_slot() if self.space.decode.gamma_tuned_for_rule else 0.0

@@ -19,7 +19,7 @@ from typing import Generator
 
 import torch
 
-from . import acceptance, drafting, judging, lab, mc_head
+from . import acceptance, drafting, verifying, lab, mc_head
 from .config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
 from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
 from .sampling import draw, sampling_probs, target_view
@@ -78,13 +78,13 @@ class _RunState:
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
     clock: _Clock
     mask_seed: int  # keys the dropout masks with each position (mc_head.mask_seed)
-    judge_cost: drafting.JudgeCost  # what gamma = auto learns of the judge step's cost
+    judge_cost: drafting.VerifyCost  # what gamma = auto learns of the verify step's cost
     rounds: list[RoundTrace] = field(default_factory=list)
     states: list[RoundStates] | None = None  # kept for the rule lab when asked
 
 
 @dataclass
-class _Judgement:
+class _Verification:
     """A round's verdict, the host copies of what it read (for the records), and its MC cost."""
 
     verdict: acceptance.Verdict
@@ -263,32 +263,32 @@ class Engine:
         clean_logits = self.target.logits(hidden)  # [g + 1, V], fp32: lossless decisions read these
         t_head = clock.now()
         # 3. Judge: the lossless test, then the rule (Monte-Carlo paths only where it reads them).
-        judgement = self._judge(run, draft, hidden, clean_logits)
+        verification = self._judge(run, draft, hidden, clean_logits)
         # 4. Commit and crop: the accepted drafts and the extra token; caches keep what was accepted.
-        verdict = judgement.verdict
-        drafted_ids = judgement.host["draft_tokens"].tolist()
+        verdict = verification.verdict
+        drafted_ids = verification.host["draft_tokens"].tolist()
         emitted = self._commit(run.seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], run.decode)
         keep = committed + verdict.num_accepted
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
         run.drafter.learn(draft, verdict.num_accepted, keep)
         reached = verdict.reasons[: verdict.num_accepted + 1]
-        run.judge_cost.record(judgement.t_mc, acceptance.judged_count(reached), len(reached))
-        records = _records(judgement.host, verdict.reasons)
+        run.judge_cost.record(verification.t_mc, acceptance.judged_count(reached), len(reached))
+        records = _records(verification.host, verdict.reasons)
         t_end = clock.now()
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
-            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, judgement.host["exact"],
-                                                       judgement.host.get("coin")))
+            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, verification.host["exact"],
+                                                       verification.host.get("coin")))
         # 5. Record.
         return RoundTrace(
             index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
             emitted=tuple(emitted), extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
             t_draft=t_drafted - t_start, t_forward=t_verified - t_drafted, t_head=t_head - t_verified,
-            t_mc=judgement.t_mc, t_round=t_end - t_start, head_rows=hidden.shape[0] + judgement.path_rows,
+            t_mc=verification.t_mc, t_round=t_end - t_start, head_rows=hidden.shape[0] + verification.path_rows,
             **_emitted_view(clean_logits[: len(emitted)], emitted), gamma=draft.requested, draft_source=draft.source,
         )
 
     def _judge(self, run: _RunState, draft: drafting.Draft, hidden: torch.Tensor,
-               clean_logits: torch.Tensor) -> _Judgement:
+               clean_logits: torch.Tensor) -> _Verification:
         """The lossless test at every drafted position, the rule's paths where it reads them, and
         the verdict; one device -> host copy for everything the decision and the records read."""
         decode, rule = run.decode, run.rule
@@ -296,15 +296,15 @@ class Engine:
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
         test = acceptance.lossless_test(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
         exact = test.exact
-        inputs = judging.JudgeInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
+        inputs = verifying.VerifyInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
                                      decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x)
-        judged = judging.judge_positions(self.target, rule, run.p, inputs, run.clock.now, judge=self.judge)
+        judged = verifying.verify_positions(self.target, rule, run.p, inputs, run.clock.now, judge=self.judge)
         host = _to_host({**vars(judged.signals), "exact": exact,
                          **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
         signals = acceptance.Signals(**{name: host[name] for name in vars(judged.signals)})
         verdict = acceptance.decide(rule, decode.greedy, signals, draft.q_sample, p_sample, run.generator,
                                     exact=host["exact"])
-        return _Judgement(verdict, host, judged.path_rows, judged.t_mc)
+        return _Verification(verdict, host, judged.path_rows, judged.t_mc)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""

@@ -3,7 +3,7 @@
 The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
 result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
 and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
-under every rule with the engine's own judge step (judging.judge_positions, then acceptance.judge): the
+under every rule with the engine's own verify step (verifying.verify_positions, then acceptance.scan_reasons): the
 same drafts and the same clean target for every rule, in well under a second, without running a
 transformer block. A replay with the run's own settings decides exactly as the run did.
 
@@ -21,7 +21,7 @@ import torch
 
 from . import acceptance
 from .config import LAB_P, ConfigError, RuleConfig
-from .judging import JudgeInputs, judge_positions
+from .verifying import VerifyInputs, verify_positions
 from .mc_head import mask_seed
 from .models import CausalLM
 from .sampling import sampling_probs, signal_probs
@@ -36,8 +36,8 @@ def has_states(trace: GenerationTrace | None) -> bool:
 
 
 @torch.inference_mode()
-def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[JudgeInputs]:
-    """Each round's inputs to the judge step again, from the run's kept states: the clean logits of
+def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[VerifyInputs]:
+    """Each round's inputs to the verify step again, from the run's kept states: the clean logits of
     its verified positions (one call per round, as the engine made it) and the draft's distribution
     at each drafting step (one row per call, as the engine made it), so every number is the run's own."""
     if not has_states(trace):
@@ -55,7 +55,7 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[J
             q_sample = [sampling_probs(logits, trace.temperature, trace.top_p) for logits in draft_logits]
         hidden = target_hidden.to(target.device)
         clean_logits = target.logits(hidden)
-        prepared.append(JudgeInputs(
+        prepared.append(VerifyInputs(
             first_position=states.first_position,
             draft_tokens=tokens,
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
@@ -79,7 +79,7 @@ def _coin_inputs(trace: GenerationTrace, states, tokens: torch.Tensor, q_sample:
             "sample_draft_prob": torch.stack(q_sample).gather(-1, index).squeeze(-1)}
 
 
-def rules_for(prepared: list[JudgeInputs], judge: TrainedJudge | None) -> tuple[str, ...]:
+def rules_for(prepared: list[VerifyInputs], judge: TrainedJudge | None) -> tuple[str, ...]:
     """The rules the lab can re-judge these rounds with: those defined under the run's mode (greedy or
     sampled), the judge rules with a judge, the static ensemble only where the run kept its coins."""
     greedy = not prepared or prepared[0].temperature == 0.0
@@ -103,7 +103,7 @@ def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
 
 
 @torch.inference_mode()
-def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
+def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig,
             token_text: Callable[[int], str], rules: tuple[str, ...] | None = None,
             judge: TrainedJudge | None = None) -> dict:
     """The lab's matrix (JSON-ready): one row per drafted token, one cell per rule, and per rule the
@@ -120,9 +120,9 @@ def rejudge(prepared: list[JudgeInputs], target: CausalLM, settings: RuleConfig,
         p = cfg.p if cfg.uses_paths else None
         column = []
         for rnd in prepared:
-            judged = judge_positions(target, cfg, p, rnd, memo=memo, judge=judge)
+            judged = verify_positions(target, cfg, p, rnd, memo=memo, judge=judge)
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
-            column.append((acceptance.judge(cfg, signals, rnd.exact.cpu()), signals))
+            column.append((acceptance.scan_reasons(cfg, signals, rnd.exact.cpu()), signals))
         columns.append((cfg, column))
     rows = _rows(prepared, columns, token_text)
     return {
@@ -209,5 +209,5 @@ def weights_mismatch(trace: GenerationTrace, computed_by: Callable[[], tuple[str
     if made == here:
         return None
     return (f"this run was made with other weights or another dtype (weights {made[0]} on {made[1]}, {made[2]}; "
-            f"loaded here: {here[0]} on {here[1]}, {here[2]}): re-judging it here would not reproduce its "
+            f"loaded here: {here[0]} on {here[1]}, {here[2]}): re-verifying it here would not reproduce its "
             "decisions, so the rule lab shows the run's own matrix only.")

@@ -8,6 +8,7 @@ each function's docstring says what it reads from the trace.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass
 
 from .acceptance import RULES, judged_count, lossy_reasons
@@ -167,6 +168,35 @@ def lossy_share(trace: GenerationTrace) -> float:
     return lossy_count(trace) / len(trace.output_ids) if trace.output_ids else 0.0
 
 
+SPREAD_DRAWS, SPREAD_LEVEL, MIN_SPREAD_ROUNDS = 2000, 0.95, 5
+
+
+def speed_ratio_interval(lossless: GenerationTrace, lossy: GenerationTrace,
+                         seed: int = 0) -> tuple[float, float] | None:
+    """The spread of this run's speed comparison, measured from the run itself: the SPREAD_LEVEL interval of
+    (lossy tokens/s) / (lossless tokens/s) over SPREAD_DRAWS resamplings of each column's rounds (with
+    replacement; a round's emitted tokens over its seconds). None when a column has too few rounds to say.
+    A ratio is called faster or slower only when its whole interval lies on one side of 1."""
+    columns = [[(len(r.emitted), r.t_round) for r in trace.rounds] for trace in (lossless, lossy)]
+    if any(len(rounds) < MIN_SPREAD_ROUNDS for rounds in columns):
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(SPREAD_DRAWS):
+        speeds = []
+        for rounds in columns:
+            drawn = [rounds[rng.randrange(len(rounds))] for _ in rounds]
+            seconds = sum(t for _, t in drawn)
+            speeds.append(sum(n for n, _ in drawn) / seconds if seconds > 0 else 0.0)
+        if speeds[0] > 0:
+            ratios.append(speeds[1] / speeds[0])
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1 - SPREAD_LEVEL) / 2
+    return ratios[int(tail * (len(ratios) - 1))], ratios[int((1 - tail) * (len(ratios) - 1))]
+
+
 def summarize(
     trace: GenerationTrace, ar: GenerationTrace | None = None, lossless: GenerationTrace | None = None
 ) -> RunMetrics:
@@ -247,11 +277,11 @@ def component_costs(traces: list[GenerationTrace]) -> dict:
     """The measured seconds of each part of the runs and the counts they were spent on, summed (what
     cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
     verified positions (with the sums a least-squares line of forward seconds on positions needs), the
-    clean head, the judge step (Monte-Carlo work) and the rest; the tokens the draft model drafted
-    (prompt lookup costs no model call) and the positions the judge step judged."""
+    clean head, the verify step (Monte-Carlo work) and the rest; the tokens the draft model drafted
+    (prompt lookup costs no model call) and the positions the verify step judged."""
     rounds = [r for t in traces for r in t.rounds]
     positions = [r.num_drafted + 1 for r in rounds]
-    # A lossless run's judge step reads no paths: its few microseconds are bookkeeping, not judging.
+    # A lossless run's verify step reads no paths: its few microseconds are bookkeeping, not verifying.
     mc = sum(r.t_mc for t in traces if _lossy(t) for r in t.rounds)
     rest = sum(r.t_round - r.t_draft - r.t_forward - r.t_head for r in rounds) - mc
     return {

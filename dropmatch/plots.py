@@ -222,7 +222,8 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         dash = "dot" if "logits centroid" in name else None
         hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
-                 f"{p['speed_vs_lossless'] or 0:.2f}x" for p in group]
+                 f"{p['speed_vs_lossless'] or 0:.2f}x" + (f"<br>run of {p['run'][:10]}" if p.get("run") else "")
+                 for p in group]
         for col, key, scale in ((1, "target_nll", 1.0), (2, "off_nucleus_rate", 100.0)):
             fig.add_trace(go.Scatter(
                 x=[scale * (p[key] or 0.0) for p in group], y=[100 * (p["tau_gain"] or 0.0) for p in group],

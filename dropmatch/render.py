@@ -245,22 +245,35 @@ def _signed(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:+.{digits}f}"
 
 
-def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
+def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
+            speed_interval: tuple[float, float] | None = None) -> str:
     """The comparison in plain sentences, machine-independent facts first: target calls per token (tau),
     the tokens only the rule accepted, the text's change as the target sees it; then this run's wall clock,
-    labelled as one run on this machine and never called a win or a loss (the app measures one run, not
-    its spread); and, when both SD columns ran slower than the target alone, that they did."""
+    labelled as one run on this machine, and called faster or slower only beyond the spread the run itself
+    shows (speed_interval: metrics.speed_ratio_interval, from resampling each column's rounds); and, when
+    both SD columns ran slower than the target alone, that they did."""
     sentences = [_calls_sentence(lossless, lossy, rule_label), _rule_share_sentence(lossy), _quality_sentence(lossy)]
     if lossless.tokens_per_s and lossy.tokens_per_s:
-        sentences.append(f"This run on this machine: {lossy.tokens_per_s:.1f} against {lossless.tokens_per_s:.1f} "
-                         "tokens/s (one run; wall-clock figures vary from run to run, so they are not called a win "
-                         "or a loss here).")
+        sentences.append(_speed_sentence(lossless, lossy, speed_interval))
     slower = [m.speedup_vs_ar for m in (lossless, lossy)]
     if all(x is not None and x < 1.0 for x in slower):
         sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
                          f"{slower[1]:.2f}x): drafting and verifying cost more than the tokens the rounds added (short "
                          "rounds, a small target, or a busy machine).")
     return " ".join(sentences)
+
+
+def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None) -> str:
+    measured = f"This run on this machine: {lossy.tokens_per_s:.1f} against {lossless.tokens_per_s:.1f} tokens/s"
+    if interval is None:
+        return measured + " (too few rounds to measure their spread, so not called a win or a loss)."
+    low, high = interval
+    spread = f"{low:.2f}x-{high:.2f}x, the 95% interval of the ratio from resampling each column's rounds"
+    if low > 1.0:
+        return f"{measured}: faster, beyond the spread of its rounds' timings ({spread})."
+    if high < 1.0:
+        return f"{measured}: slower, beyond the spread of its rounds' timings ({spread})."
+    return f"{measured}: within the spread of its rounds' timings ({spread}), so not called a win or a loss."
 
 
 def _calls_sentence(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:

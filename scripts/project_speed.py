@@ -44,7 +44,7 @@ def projections(document: dict) -> list[tuple[str, str, dict]]:
 
 def markdown(rows: list[tuple[str, str, dict]]) -> str:
     names = list(rows[0][2]["projections"]) if rows else []
-    lines = ["| benchmark | run | measured vs lossless | predicted | error | judge step per judged position | "
+    lines = ["| benchmark | run | measured vs lossless | predicted | error | verify step per judged position | "
              + " | ".join(f"projection: {n}" for n in names) + " |", "|---" * (6 + len(names)) + "|"]
     for name, label, found in rows:
         error = found["predicted"] / found["measured"] - 1.0

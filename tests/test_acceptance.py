@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dropmatch.acceptance import decide, rule_accepts, votes_needed
-from dropmatch.judging import position_signals, votes
+from dropmatch.verifying import position_signals, votes
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import dropout_paths, path_stats
 from dropmatch.sampling import draw, js_divergence, sampling_probs, target_view

@@ -249,7 +249,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     charts and the rule lab's matrix at the run's own settings; moving a lab control then says which
     pair's heads it needs instead of failing."""
     from dropmatch.record import Downloads, recorded_runs
-    from dropmatch.ui.callbacks import open_recorded, rejudge_view
+    from dropmatch.ui.callbacks import open_recorded, reverify_view
 
     def no_model(spec):
         raise RuntimeError("no model may load in this test")
@@ -262,7 +262,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
         assert view["status"].startswith("Showing a **recorded run**") and view["lossless_out"] and view["plot_js"] is not None
         assert "<table>" in view["lab_out"] and "tau on these drafts" in view["lab_summary"]
         assert view["lab_p"] == view["last_run"].lossy.p  # the controls start at the run's own settings
-        moved = rejudge_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
+        moved = reverify_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
         assert "not in memory" in moved["lab_status"] and "lab_out" not in moved
     assert not studio.is_loaded(PairSpec())
 

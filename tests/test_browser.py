@@ -55,7 +55,9 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     shown = [int(re.search(rf"{row}\s+(\d+)", found[table]).group(1))
              for table in ("lossy_stats", "lossless_stats") for row in ("target calls", "new tokens")]
     assert stated == shown, (found["verdict"], shown)
-    assert "were accepted only by the rule" in found["verdict"] and "not called a win or a loss" in found["verdict"]
+    assert "were accepted only by the rule" in found["verdict"]
+    assert re.search(r"within the spread of its rounds' timings|(faster|slower), beyond the spread|too few rounds",
+                     found["verdict"]), found["verdict"]
     assert "Round 0" in found["step_text"]
     assert "Trade-off frontier" in found["tradeoff_text"] and "this run" in found["tradeoff_text"]
     assert found["recorded_lab_rows"] >= 40  # the shipped run's matrix, shown before any model ran

@@ -1,5 +1,5 @@
 """The cost model: a run priced at its own measured units takes its measured time; the projections
-re-price only the judge step."""
+re-price only the verify step."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def tiny_costs(far_engine):
 
 @pytest.mark.parametrize("rule", ["lossless", "dropmatch"])
 def test_a_run_priced_at_its_own_units_takes_exactly_its_measured_time(tiny_costs, rule):
-    """The parts add up: prefill, draft, forward line, head, judge step and the rest are the whole run."""
+    """The parts add up: prefill, draft, forward line, head, verify step and the rest are the whole run."""
     costs = tiny_costs[rule]
     seconds = predicted_seconds(UnitCosts.of(costs), costs, judge_step_per_position(costs))
     assert seconds == pytest.approx(costs["total_s"], rel=1e-9)
@@ -41,9 +41,9 @@ def test_a_run_priced_at_its_own_units_takes_exactly_its_measured_time(tiny_cost
 
 
 def test_projections_reprice_only_the_judge_step(tiny_costs):
-    """Free judge step >= any priced one; a judge step priced at what it measured gives the prediction."""
+    """Free verify step >= any priced one; a verify step priced at what it measured gives the prediction."""
     found = project(tiny_costs["lossless"], tiny_costs["dropmatch"])
-    free = found["projections"]["judge step free (the bound on this machine)"]
+    free = found["projections"]["verify step free (the bound on this machine)"]
     assert all(free >= value for value in found["projections"].values())
     assert found["predicted"] <= free
     unit = UnitCosts.of(tiny_costs["lossless"])

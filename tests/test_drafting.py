@@ -129,8 +129,8 @@ def test_hybrid_takes_a_lookup_only_where_it_is_expected_to_pay(far_engine):
 
 
 def test_gamma_auto_counts_the_judge_steps_measured_cost_at_the_slots_a_round_reaches():
-    """The same acceptance and step costs: a judge step that costs as much as a verify call per reached
-    slot makes gamma = auto draft shorter than a free one; JudgeCost's figures are the recorded ratios."""
+    """The same acceptance and step costs: a verify step that costs as much as a verify call per reached
+    slot makes gamma = auto draft shorter than a free one; VerifyCost's figures are the recorded ratios."""
     acceptance = drafting.SlotAcceptance()
     for _ in range(50):
         acceptance.record(6, 3)  # slots 0-2 accepted, slot 3 rejected, 4-5 never reached
@@ -140,16 +140,16 @@ def test_gamma_auto_counts_the_judge_steps_measured_cost_at_the_slots_a_round_re
     assert dear < free
     assert drafting.expected_reached(acceptance, 1) == 1.0
     assert drafting.expected_reached(acceptance, 3) == pytest.approx(1 + acceptance.rate(0) * (1 + acceptance.rate(1)))
-    cost = drafting.JudgeCost()
+    cost = drafting.VerifyCost()
     assert cost.per_reached_slot() == 0.0
     cost.record(seconds=0.03, judged=3, reached=10)
     assert cost.per_position() == pytest.approx(0.01) and cost.per_reached_slot() == pytest.approx(0.003)
 
 
 def test_a_runs_rounds_teach_gamma_auto_the_judge_steps_cost(tiny_engine, monkeypatch):
-    """The engine records each round's MC seconds, judged positions and reached slots into the run's JudgeCost."""
+    """The engine records each round's MC seconds, judged positions and reached slots into the run's VerifyCost."""
     recorded = []
-    monkeypatch.setattr(drafting.JudgeCost, "record", lambda self, *args: recorded.append(args))
+    monkeypatch.setattr(drafting.VerifyCost, "record", lambda self, *args: recorded.append(args))
     ids = tiny_engine.encode(PROMPTS[0])
     trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=4, gamma_auto=True, max_new_tokens=30),
                                                RuleConfig("dropmatch", p=0.3)))

@@ -198,7 +198,7 @@ def test_embedded_path_rules_at_p_zero_are_lossless_sd(embedded_engine, temperat
 
 
 def test_the_rule_lab_reproduces_the_embedded_runs_and_rejudges_a_96_token_run_under_every_rule(embedded_engine):
-    """On the real pair: re-judging a DropMatch run (p = 0.3: dense bf16 paths; p = auto: sparse ones)
+    """On the real pair: re-verifying a DropMatch run (p = 0.3: dense bf16 paths; p = auto: sparse ones)
     with its own settings gives its decisions; a control change on a 96-token lossless run (prepare
     through the heads + every rule) gives a row per drafted token, every rule a column. Its time is
     printed, not asserted (the benchmark's figure, docs/results.md)."""

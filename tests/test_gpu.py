@@ -70,7 +70,7 @@ def test_dropmatch_on_the_gpu_runs_paths_only_where_judged_and_p0_is_lossless(cu
     lossy = run_to_end(cuda_engine.speculative(ids, decode, RuleConfig("dropmatch", p=0.3)))
     for r in lossy.rounds:
         # (gamma + 1) clean rows, K rows per judged position, and at most the later positions of the
-        # same stage of rows (judging.path_signals may run rows past the rule's first rejection)
+        # same stage of rows (verifying.path_signals may run rows past the rule's first rejection)
         path_rows = r.head_rows - len(r.drafted) - 1
         judgeable = sum(d.reason != "exact" and d.token != d.target_token for d in r.drafted)
         assert path_rows % 5 == 0 and sum(1 for d in r.drafted if d.path_tokens) <= path_rows // 5 <= judgeable

@@ -171,7 +171,7 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     from dropmatch.models import load_hub_pair
     from dropmatch.record import RunRecord, mentioned_tokens
     from dropmatch.studio import Policy, Studio
-    from dropmatch.ui.callbacks import rejudge_view
+    from dropmatch.ui.callbacks import reverify_view
 
     target, draft = tiny_dirs
     studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
@@ -185,10 +185,10 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     record = RunRecord(PROMPTS[0], "dropmatch", False, lossless, lossless, None,
                        {t: engine.token_text(t) for t in mentioned_tokens(lossless)})
     knobs = (5, 0.2, 0.8, "probs", 0.1, 0.3)
-    assert "Re-judged" in rejudge_view(studio, record, *knobs)["lab_status"]
+    assert "Re-judged" in reverify_view(studio, record, *knobs)["lab_status"]
     for changed in ({"dtype": "bfloat16"}, {"weights": "0" * 16 + "+" + engine.weights.split("+")[1]}):
         other = dataclasses.replace(record, lossless=dataclasses.replace(lossless, **changed))
-        status = rejudge_view(studio, other, *knobs)["lab_status"]
+        status = reverify_view(studio, other, *knobs)["lab_status"]
         assert "other weights or another dtype" in status and "\n" not in status, status
     studio.close()
     altered = load_hub_pair(PairSpec(str(target), str(draft)))

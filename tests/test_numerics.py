@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dropmatch.judging import settle_close_calls
+from dropmatch.verifying import settle_close_calls
 from dropmatch.mc_head import path_stats
 from dropmatch.sampling import fast_js_error, js_divergence, js_divergence_accurate
 

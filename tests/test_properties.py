@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dropmatch.acceptance import REASONS, RULES, Signals, decide
-from dropmatch.judging import position_signals
+from dropmatch.verifying import position_signals
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats
 from dropmatch.sampling import js_divergence, sampling_probs, signal_probs

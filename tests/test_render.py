@@ -99,7 +99,39 @@ def test_the_verdict_says_target_calls_per_token_the_rules_own_share_and_the_tex
                            "against 47 for 63; tau 1.44 against 1.35).")
     assert "4 of its 96 tokens (4%) were accepted only by the rule." in text
     assert "departs from lossless SD's at token 11" in text and "+0.050 nats/token" in text and "+0.3 points" in text
-    assert "not called a win or a loss" in text and "slower than the target alone" not in text
+    assert "too few rounds to measure their spread" in text and "slower than the target alone" not in text
+
+
+def test_a_speed_difference_is_called_only_beyond_the_spread_the_runs_rounds_show():
+    from dropmatch.render import verdict
+
+    lossless, lossy = _metrics(tokens_per_s=10.0), _metrics(tokens_per_s=12.0)
+    assert ": faster, beyond the spread" in verdict(lossless, lossy, "DropMatch", (1.1, 1.3))
+    assert ": slower, beyond the spread" in verdict(lossless, lossy, "DropMatch", (0.8, 0.95))
+    text = verdict(lossless, lossy, "DropMatch", (0.9, 1.4))
+    assert "within the spread of its rounds' timings (0.90x-1.40x" in text and "not called a win or a loss" in text
+
+
+def _timed_trace(seconds_per_round: list[float], tokens: int = 2):
+    import dataclasses
+
+    engine, lossless, _ = traces()
+    template = lossless.rounds[0]
+    rounds = tuple(dataclasses.replace(template, index=i, emitted=(template.emitted[0],) * tokens, t_round=t)
+                   for i, t in enumerate(seconds_per_round))
+    return dataclasses.replace(lossless, rounds=rounds)
+
+
+def test_the_speed_interval_comes_from_resampling_each_columns_rounds():
+    from dropmatch.metrics import speed_ratio_interval
+
+    steady, twice = _timed_trace([0.1] * 20), _timed_trace([0.05] * 20)
+    low, high = speed_ratio_interval(steady, twice)
+    assert abs(low - 2.0) < 1e-9 and abs(high - 2.0) < 1e-9  # no spread: exactly twice as fast
+    noisy = _timed_trace([0.02, 0.18] * 10)  # as fast on average, round by round very uneven
+    low, high = speed_ratio_interval(steady, noisy)
+    assert low < 1.0 < high  # rounds this uneven cannot tell the two apart
+    assert speed_ratio_interval(_timed_trace([0.1] * 3), twice) is None
 
 
 def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone():

@@ -1,4 +1,4 @@
-"""The serving side without vLLM: a batch's verification is each request's own judge step
+"""The serving side without vLLM: a batch's verification is each request's own verify step
 (serving/verify.py), the settings a request may give, the check at admission, the counters."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dropmatch import acceptance, judging
+from dropmatch import acceptance, verifying
 from dropmatch.config import ConfigError, RuleConfig
 from dropmatch.mc_head import mask_seed
 from dropmatch.serving.verify import Round, verify_greedy, verify_in_one_pass
@@ -42,13 +42,13 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
                                   RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)])
 def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
     """One batched head pass for the first stage of every request gives each request the verdict
-    judge_positions + decide give it alone (the engine's and the rule lab's own path)."""
+    verify_positions + decide give it alone (the engine's and the rule lab's own path)."""
     rounds = rounds_of(tiny_engine.target)
     batched = verify_greedy(tiny_engine.target, rule, rounds)
     path_rows = 0
     for round_, verdict in zip(rounds, batched):
-        inputs = round_.judge_inputs()
-        alone = judging.judge_positions(tiny_engine.target, rule, rule.p if rule.uses_paths else None, inputs)
+        inputs = round_.verify_inputs()
+        alone = verifying.verify_positions(tiny_engine.target, rule, rule.p if rule.uses_paths else None, inputs)
         expected = acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
                                      torch.Generator(), exact=inputs.exact)
         assert verdict == expected
@@ -104,15 +104,15 @@ def test_one_pass_reads_the_device_once_for_the_whole_batch(tiny_engine, rule):
 @pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("name", ["judge", "dropmatch_judge"])
 def test_the_judge_rules_decide_in_a_batch_what_the_engines_judge_step_decides(tiny_engine, name, one_pass):
-    """The trained judge's rules served: each request's verdict equals judge_positions + decide with the
+    """The trained judge's rules served: each request's verdict equals verify_positions + decide with the
     same judge, which reads the target's hidden state on reading each drafted token."""
     judge = random_judge(int(tiny_engine.target.hidden_size), seed=1, threshold=0.6)
     rule = RuleConfig(name, p=0.3, judge_threshold=0.6)
     rounds = rounds_of(tiny_engine.target, num_requests=8)
     reasons = set()
     for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds, one_pass, judge)):
-        inputs = round_.judge_inputs()
-        alone = judging.judge_positions(tiny_engine.target, rule, 0.3 if rule.uses_paths else None, inputs, judge=judge)
+        inputs = round_.verify_inputs()
+        alone = verifying.verify_positions(tiny_engine.target, rule, 0.3 if rule.uses_paths else None, inputs, judge=judge)
         assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
                                             torch.Generator(), exact=inputs.exact)
         reasons.update(verdict.reasons)
@@ -154,13 +154,13 @@ def test_a_request_may_ask_for_the_counter_mask_draw_and_a_bad_draw_is_refused_i
 
 def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):
     """verify_greedy judges a round piece by piece (up to each exact-test rejection): after the rule
-    accepts a position the later ones are judged too, as judging the whole round does."""
+    accepts a position the later ones are judged too, as verifying the whole round does."""
     rule = RuleConfig("fixed_js", fixed_js_threshold=0.5)
     rounds = rounds_of(tiny_engine.target)
     continued = 0
     for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds)):
-        inputs = round_.judge_inputs()
-        alone = judging.judge_positions(tiny_engine.target, rule, None, inputs)
+        inputs = round_.verify_inputs()
+        alone = verifying.verify_positions(tiny_engine.target, rule, None, inputs)
         assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
                                             torch.Generator(), exact=inputs.exact)
         continued += "fixed_js" in verdict.reasons[:-1] and verdict.reasons[-1] != "unchecked"
@@ -300,20 +300,20 @@ def test_the_vllm_table_gives_the_median_speed_with_its_range_and_flags_unequal_
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_stacked_positions_get_the_signals_each_gets_alone(tiny_engine, p):
-    """judging.judge_stacked (every position of a batch in one call, each with its own masks) gives
-    each position the signals judge_positions gives it alone, path fields included."""
+    """verifying.verify_stacked (every position of a batch in one call, each with its own masks) gives
+    each position the signals verify_positions gives it alone, path fields included."""
     rule = RuleConfig("dropmatch", p=p)
     rounds = rounds_of(tiny_engine.target)
     pieces = []  # each round's positions the exact test rejected, one piece each
     for round_ in rounds:
-        inputs = round_.judge_inputs()
+        inputs = round_.verify_inputs()
         for i in (~inputs.exact).nonzero().flatten().tolist():
-            pieces.append((round_, i, judging.JudgeInputs(
+            pieces.append((round_, i, verifying.VerifyInputs(
                 inputs.first_position + i, inputs.draft_tokens[i:i + 1], inputs.q_signal[i:i + 1],
                 inputs.hidden[i:i + 2], inputs.clean_logits[i:i + 2], inputs.exact[i:i + 1], 0.0, inputs.mask_seed)))
-    stacked = judging.judge_stacked(tiny_engine.target, rule, p, [piece for _, _, piece in pieces])
+    stacked = verifying.verify_stacked(tiny_engine.target, rule, p, [piece for _, _, piece in pieces])
     for j, (_, _, piece) in enumerate(pieces):
-        alone = judging.judge_positions(tiny_engine.target, rule, p, piece).signals
+        alone = verifying.verify_positions(tiny_engine.target, rule, p, piece).signals
         for name, value in vars(stacked).items():
             expected = getattr(alone, name)
             if value is None:  # a field this rule does not read (the judge's scores)

@@ -1,5 +1,5 @@
 """The Toy head tab: the page's numbers (assets/toy_head.js, in a real headless Chromium) equal the
-project's Python functions (dropmatch.toy_head.toy_numbers: mc_head, judging, acceptance) on random
+project's Python functions (dropmatch.toy_head.toy_numbers: mc_head, verifying, acceptance) on random
 toy heads and masks, and each preset shows what its button says."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fake_engine import FakeEngine
 
-from dropmatch import acceptance, judging
+from dropmatch import acceptance, verifying
 from dropmatch.acceptance import REASONS, RULES, Reason, Rule
 from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
 
@@ -38,7 +38,7 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     assert coin_rule in rule_names() and RuleConfig(coin_rule).rule == coin_rule
     with pytest.raises(ConfigError, match="unknown rule"):
         RuleConfig("dice")
-    signals = judging.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25), torch.eye(4)[[0, 0, 0]])
+    signals = verifying.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25), torch.eye(4)[[0, 0, 0]])
     verdict = acceptance.decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
                                 torch.eye(4)[[0, 0, 0, 0]], torch.Generator())
     assert verdict.reasons == ("rejected", "unchecked", "unchecked")  # position 0 is tails
@@ -66,7 +66,7 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
 @pytest.mark.parametrize("name", list(RULES))
 def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
     """Rule.checks (what the sentences, lessons and lab read) names exactly what its check function returns."""
-    signals = judging.position_signals(torch.tensor([1, 2]), torch.full((2, 4), 0.25), torch.eye(4)[[0, 0]])
+    signals = verifying.position_signals(torch.tensor([1, 2]), torch.full((2, 4), 0.25), torch.eye(4)[[0, 0]])
     paths = torch.zeros(5, 2, dtype=torch.long)
     signals = acceptance.Signals(**{**vars(signals), "path_tokens": paths, "js_draft_centroid": torch.zeros(2),
                                     "js_threshold": torch.zeros(2), "majority_tokens": torch.zeros(2, dtype=torch.long),

@@ -2,7 +2,7 @@
 hidden state h of 8 numbers, a head W [6, 8], the draft's distribution q and K keep masks.
 
 `toy_numbers` runs the project's own functions on it (mc_head.masked_rows and path_stats,
-judging.position_signals, acceptance.judge) in float64, greedy (the smooth distributions at T = 1).
+verifying.position_signals, acceptance.scan_reasons) in float64, greedy (the smooth distributions at T = 1).
 The page computes the same numbers in JavaScript (assets/toy_head.js); tests/test_toy_head.py
 checks the two agree on random heads and that each of the page's presets shows what it claims.
 """
@@ -15,7 +15,7 @@ import torch
 
 from dropmatch import acceptance, mc_head
 from dropmatch.config import RuleConfig
-from dropmatch.judging import position_signals
+from dropmatch.verifying import position_signals
 from dropmatch.sampling import signal_probs
 
 TOY_RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
@@ -35,7 +35,7 @@ def toy_numbers(weight, hidden, q_draft, keep, p: float, draft_token: int, major
     exact = draft == signals.target_tokens
     base = RuleConfig(num_paths=int(keep.shape[0]), p=p, majority_fraction=majority_fraction,
                       typical_eps=typical_eps, typical_delta=typical_delta, fixed_js_threshold=fixed_js_threshold)
-    verdicts = {rule: acceptance.judge(dataclasses.replace(base, rule=rule), signals, exact)[0] for rule in TOY_RULES}
+    verdicts = {rule: acceptance.scan_reasons(dataclasses.replace(base, rule=rule), signals, exact)[0] for rule in TOY_RULES}
     return {
         "masked": masked[:, 0].tolist(),
         "path_probs": paths.probs[:, 0].tolist(),

@@ -113,9 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", default=DEFAULTS.top_p)
     parser.add_argument("--seed", default=DEFAULTS.seed)
     parser.add_argument("--peer", action="store_true",
-                        help="also time transformers' peers: greedy, its assisted generation and prompt lookup "
-                             "(against lossless SD); sampling, its static ensemble (assistant_ensemble_weight) at "
-                             "the ensemble rule's weight (against our ensemble run)")
+                        help="also run transformers' peers: greedy, assisted generation and prompt lookup; sampling, "
+                             "its static ensemble at our ensemble rule's weight")
     parser.add_argument("--json", default=None, help="write every number and text here")
     parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
     parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")

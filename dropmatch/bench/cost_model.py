@@ -1,7 +1,7 @@
 """Where DropMatch pays: tokens per second predicted from a run's acceptance and measured unit costs.
 
 A speculative run's time is its prefill, plus per round a draft, a target forward over the verified
-positions, the clean head, the judge step and some bookkeeping. `UnitCosts.of` reads what one run
+positions, the clean head, the verify step and some bookkeeping. `UnitCosts.of` reads what one run
 measured per unit (metrics.component_costs): seconds per token the draft model drafted, the target's
 forward as a line in the positions it verifies (least squares over the run's rounds), the head per
 verified position, the rest per round and the prefill per prompt. `predict` prices another run's
@@ -9,7 +9,7 @@ counts (its rounds, positions, drafted tokens, judged positions) at those units 
 judge-step cost per judged position, so a prediction of DropMatch from lossless SD's units says how
 much of DropMatch's speed its acceptance and its measured Monte-Carlo cost explain.
 
-`project` re-prices the judge step at cost shapes this machine does not have (labelled projections,
+`project` re-prices the verify step at cost shapes this machine does not have (labelled projections,
 never measurements): the method's Llama-3.1-70B figure (the head-only MC pass at 1.64% of a step),
 and a GPU where K head rows cost what one does (one clean head pass per judged position).
 """
@@ -50,7 +50,7 @@ def judge_step_per_position(costs: dict) -> float:
 
 
 def predicted_seconds(units: UnitCosts, costs: dict, judge_per_position: float) -> float:
-    """The time of the run whose counts `costs` gives, priced at `units` and the judge step's cost."""
+    """The time of the run whose counts `costs` gives, priced at `units` and the verify step's cost."""
     return (units.prefill_per_prompt * costs["prompts"] + costs["calibration_s"]
             + units.draft_token * costs["model_drafted"]
             + units.forward_base * costs["rounds"] + units.forward_per_position * costs["positions"]
@@ -77,7 +77,7 @@ def project(lossless: dict, lossy: dict) -> dict:
         "predicted": ratio(judge_step_per_position(lossy)),
         "judge_step_per_position_s": judge_step_per_position(lossy),
         "projections": {
-            "judge step free (the bound on this machine)": ratio(0.0),
+            "verify step free (the bound on this machine)": ratio(0.0),
             "MC pass at 1.64% of a step (the method's 70B figure)":
                 ratio(METHOD_MC_SHARE_70B * forward_per_round / judged_rounds_share if lossy["judged"] else 0.0),
             "K head rows cost what one does (a GPU)": ratio(units.head_per_position * lossy["positions"]

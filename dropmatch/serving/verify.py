@@ -1,12 +1,12 @@
 """One verification step of a server's batch of greedy requests, judged by the project's own judge
-step (judging.judge_stacked: the signal and path functions judge_positions reads) and decided by
+step (verifying.verify_stacked: the signal and path functions verify_positions reads) and decided by
 its own rule functions and its one scan (acceptance.rule_reasons and acceptance.scan, what
-acceptance.judge runs): so a request served elsewhere gets the decisions it would get here, from
+acceptance.scan_reasons runs): so a request served elsewhere gets the decisions it would get here, from
 the same hidden states and masks.
 
     verdicts = verify_greedy(head, rule, [Round(...), ...])
 
-`head` is anything with `path_logits(hidden, keep, p, clean_logits)` (judging.Head): our
+`head` is anything with `path_logits(hidden, keep, p, clean_logits)` (verifying.Head): our
 models.CausalLM, or a server's LM head (serving/vllm/runner.py).
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import acceptance, judging
+from .. import acceptance, verifying
 from ..acceptance import BONUS, CORRECTION, Verdict
 from ..config import RuleConfig
 from ..sampling import signal_probs, top_token
@@ -63,9 +63,9 @@ class Round:
         """[g] greedy's lossless test: the target's argmax is the drafted token."""
         return top_token(self.clean_logits[: self.num_drafted]) == self.draft_tokens
 
-    def judge_inputs(self) -> judging.JudgeInputs:
-        """The whole round as the engine's judge step reads it (judge_positions)."""
-        return judging.JudgeInputs(self.first_position, self.draft_tokens, self.q_signal, self.hidden,
+    def verify_inputs(self) -> verifying.VerifyInputs:
+        """The whole round as the engine's verify step reads it (verify_positions)."""
+        return verifying.VerifyInputs(self.first_position, self.draft_tokens, self.q_signal, self.hidden,
                                    self.clean_logits.float(), self.exact(), 0.0, self.mask_seed)
 
     def is_exact(self) -> Callable[[int], bool]:
@@ -91,14 +91,14 @@ class Round:
             return self.lossless[1], kind
         return int(top_token(self.clean_logits[accepted])), kind
 
-    def piece(self, at: int) -> judging.JudgeInputs:
+    def piece(self, at: int) -> verifying.VerifyInputs:
         """The judge inputs of drafted position `at` alone."""
-        return judging.JudgeInputs(self.first_position + at, self.draft_tokens[at:at + 1], self.q_rows(at, at + 1),
+        return verifying.VerifyInputs(self.first_position + at, self.draft_tokens[at:at + 1], self.q_rows(at, at + 1),
                                    self.hidden[at:at + 2], self.clean_logits[at:at + 2].float(),
                                    torch.zeros(1, dtype=torch.bool), 0.0, self.mask_seed)
 
 
-def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False,
+def verify_greedy(head: verifying.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False,
                   judge: TrainedJudge | None = None) -> list[Verdict]:
     """The verdict of each round under `rule` (greedy): how many drafted tokens it accepts, why each
     ended as it did, and the token emitted after them (the target's argmax there).
@@ -108,12 +108,12 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one
     device where each host copy is a sync; else, as follows. judge: the trained judge the judge
     rules read (from the target's hidden state on reading each drafted token, Round.hidden).
 
-    Each round is scanned left to right as acceptance.judge scans it: the exact test's run, then
+    Each round is scanned left to right as acceptance.scan_reasons scans it: the exact test's run, then
     the one position it rejected, which the rule judges (its checks read that position only); where
     the rule accepts it the scan goes on. So each pass judges one position per request still
     scanning, the whole batch's positions stacked in one call: the full-vocabulary signals and
     the K head rows are computed only at positions a rule reads, and the per-request work is
-    bookkeeping. The verdicts equal judge_positions + decide on each whole round (tested)."""
+    bookkeeping. The verdicts equal verify_positions + decide on each whole round (tested)."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
     if one_pass:
@@ -123,7 +123,7 @@ def verify_greedy(head: judging.Head, rule: RuleConfig, rounds: list[Round], one
     asked = {i: _step(scans[i], None, reasons, i) for i in range(len(rounds))}
     pending = {i: at for i, at in asked.items() if at is not None}
     while pending:  # one pass: the position each unfinished scan asks about, judged in one stacked call
-        signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
+        signals = verifying.verify_stacked(head, rule, rule.p if rule.uses_paths else None,
                                         [rounds[i].piece(at) for i, at in pending.items()], judge)
         ruled = acceptance.rule_reasons(rule, signals)
         asked = {i: _step(scans[i], reason, reasons, i) for i, reason in zip(pending, ruled)}
@@ -142,12 +142,12 @@ def _step(steps, reason: str | None, reasons: list, index: int) -> int | None:
         return None
 
 
-def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round],
+def verify_in_one_pass(head: verifying.Head, rule: RuleConfig, rounds: list[Round],
                        judge: TrainedJudge | None = None) -> tuple[list[Verdict], list[list[int]]]:
     """verify_greedy with one device-to-host copy: (the verdicts, each round's emitted tokens: its
     accepted drafts, then the token after them, the row a server writes).
 
-    The rule's signals at every drafted position of every round (one judge_stacked call; its
+    The rule's signals at every drafted position of every round (one verify_stacked call; its
     close-call check without a sync), then one int64 tensor of the rule's check masks, the exact
     test, the target's argmax at every verified position and the drafted tokens, copied at once; the
     scans run on the host over it. The paths are computed at every drafted position, where the
@@ -155,8 +155,8 @@ def verify_in_one_pass(head: judging.Head, rule: RuleConfig, rounds: list[Round]
     The server's own verdict (Round.lossless) is not read: the exact test is computed, the same test."""
     if not rounds:
         return [], []
-    signals = judging.judge_stacked(head, rule, rule.p if rule.uses_paths else None,
-                                    [round_.judge_inputs() for round_ in rounds], judge, settle_on_host=False)
+    signals = verifying.verify_stacked(head, rule, rule.p if rule.uses_paths else None,
+                                    [round_.verify_inputs() for round_ in rounds], judge, settle_on_host=False)
     checks = acceptance.rule_checks(rule, signals)
     exact = torch.cat([round_.exact() for round_ in rounds])  # [n]
     parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []

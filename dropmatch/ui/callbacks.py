@@ -122,7 +122,7 @@ def open_recorded(downloads: Downloads, path, title: str | None = None, shipped:
         return {"status": f"⚠️ this run file could not be shown ({type(error).__name__}); the server log has the details"}
 
 
-def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
+def reverify_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
                  rescue_argmax: bool = False, disagreements_only: bool = False) -> dict:
     """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
     if record is None:
@@ -138,7 +138,7 @@ def rejudge_view(studio: Studio, record: RunRecord | None, k, p, fraction, centr
     engine = studio.loaded_engine()
     names = (record.lossless.target_name, record.lossless.draft_name)
     if engine is None or engine.names != names:
-        return {"lab_status": f"Re-judging reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
+        return {"lab_status": f"Re-verifying reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
                               f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
                               "Run that pair once (or wait for it to load), then move a control again."}
     refusal = lab.weights_mismatch(record.lossless, engine.computed_by)

@@ -256,7 +256,7 @@ def _settings(parts: dict) -> None:
             parts["gamma_tuned_for_rule"] = gr.Checkbox(
                 value=DEFAULTS.gamma_tuned_for_rule, label="draft length tuned for this rule's cost",
                 info="off: both columns choose γ = auto by lossless SD's costs, so tau differs only by the rule; "
-                     "on: the lossy column also prices its judge step (faster, but fewer drafts to accept)")
+                     "on: the lossy column also prices its verify step (faster, but fewer drafts to accept)")
         with gr.Row():
             parts["centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid of the paths",
                                          info="probs: mean of the path distributions (the method's); "
@@ -355,20 +355,22 @@ def _lab_tab(parts: dict) -> None:
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
         gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair): how many more tokens a round keeps (tau gain over lossless SD) against "
-                    "the quality the target itself sees. Shaded: where the target's own samples (temperature "
-                    "0.7, top-p 0.95) lie. The star is your last run.")
+                    "embedded pair), the training-free rivals FLy and margin among them: how many more tokens a "
+                    "round keeps (tau gain over lossless SD) against the quality the target itself sees. Shaded: "
+                    "where the target's own samples (temperature 0.7, top-p 0.95) lie. The star is your last run. "
+                    "A point's hover names the run it comes from (docs/results.md has both commands).")
         parts["plot_tradeoff"] = gr.Plot(label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
 def _robustness_tab(parts: dict) -> None:
     with gr.Tab("Robustness", elem_id="robustness-tab"):
         document = load_robustness()
-        gr.Markdown("The method's case against a trained judge: an AutoJudge-style classifier (trained on GSM8K "
-                    "*train* with this pair, assets/judge) against DropMatch, which trains on nothing, in the judge's "
-                    "distribution (GSM8K test) and out of it (chat, code, instructions, other languages). Each line is "
-                    "one rule across the benchmarks; a filled marker stays inside the band of the target's own "
-                    "samples on NLL, off-nucleus rate and repetition, an open one leaves it.")
+        gr.Markdown("DropMatch against the field on the same drafts, in and out of distribution: a trained judge "
+                    "(AutoJudge-style, trained on GSM8K *train* with this pair, assets/judge) and the training-free "
+                    "rivals FLy and margin (MARS-style), each at its default, against DropMatch, which trains on "
+                    "nothing; GSM8K test is the judge's distribution, chat, code, instructions and other languages "
+                    "are out of it. Each line is one rule across the benchmarks; a filled marker stays inside the "
+                    "band of the target's own samples on NLL, off-nucleus rate and repetition, an open one leaves it.")
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness",
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")

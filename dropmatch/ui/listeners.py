@@ -96,7 +96,7 @@ def _control_listeners(ui: Ui) -> None:
 
 def _lab_listeners(ui: Ui, studio: Studio) -> None:
     def on_lab(record, *controls):
-        return ui.bind(callbacks.rejudge_view(studio, record, *controls))
+        return ui.bind(callbacks.reverify_view(studio, record, *controls))
 
     lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
     # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.

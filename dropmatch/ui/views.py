@@ -13,7 +13,7 @@ from ..acceptance import RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
-from ..metrics import summarize
+from ..metrics import speed_ratio_interval, summarize
 from ..record import Downloads, RunRecord
 from ..config import DecodeConfig, RuleConfig
 from ..render import (explainer, lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans,
@@ -126,7 +126,8 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     """The verdict line above the columns (render.verdict), marked as a recorded run's where it is one."""
     label = RULES[record.rule].label if record.rule in RULES else record.rule
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
-    return f"{where}{verdict(lossless_metrics, lossy_metrics, label)}"
+    spread = speed_ratio_interval(record.lossless, record.lossy)
+    return f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread)}"
 
 
 def early_stats(state, shown: set) -> dict:
@@ -143,7 +144,8 @@ def early_stats(state, shown: set) -> dict:
         update["lossy_stats"] = stats_html(lossy, p_auto=state.rule.p is None,
                                            p_auto_reached=state.lossy.trace.p_auto_reached)
         label = RULES[state.rule.rule].label
-        update["verdict"] = verdict(lossless, lossy, label)
+        update["verdict"] = verdict(lossless, lossy, label,
+                                    speed_ratio_interval(state.lossless.trace, state.lossy.trace))
     return update
 
 
@@ -211,7 +213,8 @@ def api_result(record: RunRecord, rule) -> dict:
     return {
         "prompt": record.prompt,
         "rule": rule.rule,
-        "verdict": verdict(lossless_metrics, lossy_metrics, RULES[rule.rule].label),
+        "verdict": verdict(lossless_metrics, lossy_metrics, RULES[rule.rule].label,
+                           speed_ratio_interval(record.lossless, record.lossy)),
         "lossless": {"text": record.lossless.text, "metrics": lossless_metrics.to_dict()},
         "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
                   "p_auto_reached": record.lossy.p_auto_reached, "centroid": rule.centroid,

@@ -20,7 +20,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process
 
 import torch  # noqa: E402
 
-from dropmatch import judging  # noqa: E402
+from dropmatch import verifying  # noqa: E402
 from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
 
 STEPS: list = []
@@ -46,7 +46,7 @@ def record_steps() -> None:
 
 
 def recheck() -> tuple[dict, dict[str, list[int]]]:
-    """Each recorded round judged alone by the project's judge step (judge_positions, no batching)
+    """Each recorded round judged alone by the project's verify step (verify_positions, no batching)
     with the same head, hidden rows and masks; the emitted row must match, and every emitted token
     must be the target's argmax there or accepted by the rule. Also: per request id, the sequence
     positions of the tokens the rule accepted beyond the exact test."""
@@ -57,9 +57,9 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
     by_reason: dict[str, int] = {}
     for req_id, rule, round_, emitted, head, judge in STEPS:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
-        inputs = round_.judge_inputs()
+        inputs = round_.verify_inputs()
         rule = judge.filled(rule) if rule.uses_judge else rule  # as the runner fills it
-        judged = judging.judge_positions(head, rule, rule.p if rule.uses_paths else None, inputs, judge=judge)
+        judged = verifying.verify_positions(head, rule, rule.p if rule.uses_paths else None, inputs, judge=judge)
         verdict = acceptance.decide(rule, True, judged.signals, round_.q_signal, round_.clean_logits,
                                     torch.Generator(), exact=inputs.exact)
         expected = round_.draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]

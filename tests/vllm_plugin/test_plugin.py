@@ -208,7 +208,7 @@ def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(pla
                                                     ("dropmatch_draft_model", "lossy", True),
                                                     ("dropmatch_draft_model", "lossy_counter", True)])
 def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, run, one_pass, request):
-    """(b) Each round the plugin re-verified, judged again alone by judging.judge_positions with the
+    """(b) Each round the plugin re-verified, judged again alone by verifying.verify_positions with the
     same head, hidden rows and masks, gives the row the plugin emitted; every token accepted as exact
     is the target's argmax; some tokens were accepted by the rule alone; a draft model's kept
     distributions belong to the tokens it drafted. Verified pass by pass (a CPU's way) and in one
@@ -222,7 +222,7 @@ def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, run, one_pas
 
 
 def test_the_trained_judges_rule_decides_in_vllm_what_the_judge_step_decides(dropmatch_draft_model):
-    """DropMatch + the shipped trained judge on the plugin's engine: every round equal to judge_positions
+    """DropMatch + the shipped trained judge on the plugin's engine: every round equal to verify_positions
     + decide with the same judge (it reads the target's hidden state vLLM computed), and the judge
     accepted some drafts itself."""
     steps = dropmatch_draft_model["steps"]["with_judge"]

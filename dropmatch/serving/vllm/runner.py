@@ -2,7 +2,7 @@
 
 `DropMatchRunner` goes before vLLM's runner class in the MRO (register() builds the subclasses) and
 changes one thing: after vLLM's rejection sampler has verified a step's drafts, the greedy requests
-that asked for a lossy rule are re-verified by the project's own judge step and rules
+that asked for a lossy rule are re-verified by the project's own verify step and rules
 (serving/verify.py), from the very rows vLLM computed: the target's final hidden states at the
 verified positions (kept from the forward pass), its logits there, and the LM head for the K
 Monte-Carlo paths (`model.compute_logits` on the judged rows only). Everything else is vLLM's own:
@@ -53,7 +53,7 @@ def one_pass_on(device) -> bool:
 
 
 class VllmHead:
-    """judging.Head over a vLLM model: path rows go through `compute_logits` (the LM head, gathered
+    """verifying.Head over a vLLM model: path rows go through `compute_logits` (the LM head, gathered
     over tensor-parallel ranks), hidden [n, H] and keep [K, n, H] -> logits [K, n, V]."""
 
     def __init__(self, model):

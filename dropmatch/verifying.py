@@ -1,11 +1,11 @@
-"""The judge step in one place: what every rule reads at a round's drafted positions, the
+"""The verify step in one place: what every rule reads at a round's drafted positions, the
 Monte-Carlo dropout paths where a rule reads them, and the signals they give.
 
-    inputs = JudgeInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
-    judged = judge_positions(target, rule, p, inputs)
-    reasons = acceptance.judge(rule, judged.signals, exact)
+    inputs = VerifyInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
+    judged = verify_positions(target, rule, p, inputs)
+    reasons = acceptance.scan_reasons(rule, judged.signals, exact)
 
-The engine judges each round with `judge_positions` (then `acceptance.decide` draws the extra
+The engine judges each round with `verify_positions` (then `acceptance.decide` draws the extra
 token); the rule lab (lab.py) re-judges a run's stored drafts with the very same function, so the
 two never differ. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
 (models.CausalLM): the head is the only part of the model a path runs through.
@@ -36,8 +36,8 @@ class Head(Protocol):
 
 
 @dataclass(frozen=True)
-class JudgeInputs:
-    """One round's drafted positions as the judge step reads them.
+class VerifyInputs:
+    """One round's drafted positions as the verify step reads them.
 
     draft_tokens [g] at sequence positions first_position + i; q_signal [g, V] the draft's smooth
     distributions; hidden [g + 1, H] and clean_logits [g + 1, V] the target's at the verified
@@ -64,7 +64,7 @@ class JudgeInputs:
 
 
 @dataclass
-class JudgedPositions:
+class VerifiedPositions:
     """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
     were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
     [(positions [m], path probs [K, m, V], support [m, S] or None)] (on a support, V is S + 1, the
@@ -213,17 +213,17 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
     return Signals(**{**vars(signals), **full})
 
 
-# ---------------------------------------------------------------- the judge step
+# ---------------------------------------------------------------- the verify step
 
 
-def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
+def verify_positions(target: Head, rule, p: float | None, inputs: VerifyInputs,
                     clock: Callable[[], float] | None = None, memo: dict | None = None,
-                    judge: TrainedJudge | None = None) -> JudgedPositions:
+                    judge: TrainedJudge | None = None) -> VerifiedPositions:
     """Everything `rule` (a config.RuleConfig) reads at one round's drafted positions, its paths
     included, at dropout rate p (None when the rule reads no paths).
 
     clock: a function giving seconds (synchronised with the device) that times the Monte-Carlo work
-    (and the trained judge's, which is part of the judge step). memo: what was computed already for
+    (and the trained judge's, which is part of the verify step). memo: what was computed already for
     these positions (the signals; the paths by K, p and centroid): the lab judges several rules on the
     same positions and computes each once. judge: the trained judge, for the rules that read it."""
     p_signal, signals = _signals(inputs, memo)
@@ -234,19 +234,19 @@ def judge_positions(target: Head, rule, p: float | None, inputs: JudgeInputs,
     if rule.uses_paths and inputs.num_drafted > 0:
         signals, path_rows, path_probs = _checked_paths(target, inputs, signals, rule, p, memo)
     t_mc = clock() - start if clock else 0.0
-    return JudgedPositions(signals, p_signal, path_rows, path_probs, t_mc)
+    return VerifiedPositions(signals, p_signal, path_rows, path_probs, t_mc)
 
 
 def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
     """The signals of n drafted tokens with the trained judge's score of each, from hidden_after [n, H],
-    the target's hidden state on reading it (JudgeInputs.hidden[i + 1] for drafted token i: AutoJudge's
+    the target's hidden state on reading it (VerifyInputs.hidden[i + 1] for drafted token i: AutoJudge's
     features); ConfigError (one line) without a judge."""
     if judge is None:
         raise ConfigError("the judge rules need a trained judge for this target; only the embedded pair has one")
     return Signals(**{**vars(signals), "judge_scores": judge.scores(hidden_after)})
 
 
-def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
+def _signals(inputs: VerifyInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
     """(p_signal [g, V], the signals every rule reads), memoised per round."""
     key = ("signals", inputs.first_position, inputs.num_drafted)
     if memo is not None and key in memo:
@@ -261,7 +261,7 @@ def _signals(inputs: JudgeInputs, memo: dict | None) -> tuple[torch.Tensor, Sign
     return found
 
 
-def _checked_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, memo: dict | None):
+def _checked_paths(target: Head, inputs: VerifyInputs, signals: Signals, rule, p: float, memo: dict | None):
     """Monte-Carlo paths only where the rule will read them: at the drafted positions it judges
     (acceptance.judged_by_paths: the exact test rejected them, and, by default, they are not the
     clean target's top token) that can still be reached, left to right, until the rule rejects one.
@@ -300,7 +300,7 @@ def reachable_judged(exact: torch.Tensor, judged: torch.Tensor) -> torch.Tensor:
     return (~exact[:end] & judged[:end]).nonzero().flatten()
 
 
-def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: float, stage: torch.Tensor,
+def _stage_paths(target: Head, inputs: VerifyInputs, signals: Signals, rule, p: float, stage: torch.Tensor,
                  memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
     """The paths' stats and path signals at the drafted positions `stage` [m], memoised."""
     positions = [inputs.first_position + i for i in stage.tolist()]
@@ -319,7 +319,7 @@ def _stage_paths(target: Head, inputs: JudgeInputs, signals: Signals, rule, p: f
     return found
 
 
-def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tuple:
+def _paths_key(inputs: VerifyInputs, positions: list[int], rule, p: float) -> tuple:
     # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
     return ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid, rule.mask_draw)
 
@@ -327,16 +327,16 @@ def _paths_key(inputs: JudgeInputs, positions: list[int], rule, p: float) -> tup
 # ---------------------------------------------------------------- many sequences at once (a serving batch)
 
 
-def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
+def verify_stacked(target: Head, rule, p: float | None, batch: list[VerifyInputs],
                   judge: TrainedJudge | None = None, settle_on_host: bool = True) -> Signals:
     """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
     drafted positions together), the paths (when the rule reads them) at all of them in one head
     pass, each position with its own sequence's masks (mask_seed, position): the values
-    judge_positions gives each position it judges, whatever else is in the batch (tested).
+    verify_positions gives each position it judges, whatever else is in the batch (tested).
     settle_on_host False: no host copy (settle_close_calls).
 
     No stages: a server's pieces are each one position the exact test rejected (serving/verify.py),
-    where the rule reads its paths anyway; judging a batch in one pass is what makes it cheap."""
+    where the rule reads its paths anyway; verifying a batch in one pass is what makes it cheap."""
     draft_tokens = torch.cat([inputs.draft_tokens for inputs in batch])
     q_signal = torch.cat([inputs.q_signal for inputs in batch])
     clean_logits = torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch])
@@ -358,10 +358,10 @@ def judge_stacked(target: Head, rule, p: float | None, batch: list[JudgeInputs],
     return signals
 
 
-def _one_temperature(batch: list[JudgeInputs]) -> float:
+def _one_temperature(batch: list[VerifyInputs]) -> float:
     temperatures = {inputs.temperature for inputs in batch}
     if len(temperatures) > 1:
-        raise ValueError(f"one stacked judge step reads one temperature, got {sorted(temperatures)}")
+        raise ValueError(f"one stacked verify step reads one temperature, got {sorted(temperatures)}")
     return temperatures.pop() if temperatures else 0.0
 
 
