@@ -183,6 +183,9 @@ def test_the_vllm_plugin_refuses_the_rivals_it_cannot_serve_in_one_line():
         with pytest.raises(ConfigError, match=reason) as caught:
             ServeSettings().updated({"rule": rule})
         assert "\n" not in str(caught.value)
+    # margin reads one position at a time: the plugin serves it, with its knob (tests/test_serving.py decides it)
+    served = ServeSettings().updated({"rule": "margin", "margin_ratio": 0.3})
+    assert served.rule.rule == "margin" and served.rule.margin_ratio == 0.3
 
 
 def ensemble_distribution(p_row: torch.Tensor, q_row: torch.Tensor, weight: float) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ...config import ConfigError, RuleConfig
 # The rule's settings a request may give (RuleConfig.from_mapping's names): greedy serving has no use for
 # rescue_argmax (sampling only), path_support (an approximation) or auto_agreement (p = auto is not run).
 KEYS = ("rule", "p", "k", "majority_fraction", "centroid", "typical_eps", "typical_delta", "fixed_js_threshold",
-        "judge_threshold", "mask_draw")
+        "judge_threshold", "mask_draw", "margin_ratio")
 OTHER_KEYS = ("seed", "judge")
 FLAT_PREFIX = "dropmatch_"
 DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
