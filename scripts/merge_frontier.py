@@ -1,7 +1,7 @@
 """One frontier document from two benchmark runs on the same prompts: the base run's points, with the
 named rules' points taken from a newer run instead (each point keeps the date of its run).
 
-    python scripts/merge_frontier.py assets/results/frontier.json runs/rivals/frontier_rivals.json \
+    python scripts/merge_frontier.py assets/results/frontier.json assets/results/frontier_rivals.json \
         --take dropmatch,fly,margin --out assets/results/frontier.json
 
 Every point's tau gain is against the lossless SD of its own run (greedy lossless SD emits the same tokens

@@ -61,3 +61,16 @@ def test_a_run_with_a_setting_is_named_with_it():
 
     assert run_label("dropmatch@p=0.3") == "DropMatch (JS, then majority), p = 0.3"
     assert run_label("dropmatch_judge") == "DropMatch + trained judge"
+
+
+def test_the_shipped_results_show_the_rivals_lines_in_both_tabs():
+    """The app's Robustness and Trade-offs tabs read the shipped documents: both hold the training-free
+    rivals beside DropMatch, and each frontier point says which run it comes from."""
+    from dropmatch.assets import load_frontier, load_robustness
+
+    robustness = {row["rule"] for row in robustness_rows(load_robustness())}
+    assert {"dropmatch", "fly", "margin", "judge"} <= robustness
+    frontier = load_frontier()
+    swept = {point["rule"] for point in frontier["frontier"] if point["benchmark"] == "all"}
+    assert {"dropmatch", "fly", "margin", "judge", "typical", "fixed_js"} <= swept
+    assert all(point.get("run") for point in frontier["frontier"])

@@ -85,7 +85,8 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
         lossless, lossy = record.metrics()
         if lossless.tau and lossy.tau:
             current = {"tau_gain": lossy.tau / lossless.tau - 1, "target_nll": lossy.target_nll,
-                       "off_nucleus_rate": lossy.off_nucleus_rate, "label": f"this run ({record.rule})"}
+                       "off_nucleus_rate": lossy.off_nucleus_rate,
+                       "label": f"this run ({RULES[record.rule].label if record.rule in RULES else record.rule})"}
     reference = (frontier.get("reference") or {}).get("target_sampled")
     return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
