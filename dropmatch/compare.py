@@ -13,6 +13,7 @@ from typing import Iterator
 
 from .config import DecodeConfig, RuleConfig
 from .engine import run_to_end
+from .models import ensemble_assisted_generate, sequence_nll
 from .trace import GenerationTrace, RoundTrace
 
 
@@ -44,7 +45,8 @@ class Comparison:
     lossless: Column
     lossy: Column
     ar: GenerationTrace | None = None
-    phase: str = "running"  # running | baseline | done | stopped
+    phase: str = "running"  # running | baseline | peer | done | stopped
+    peer: dict | None = None  # transformers' own run of the rule, where it has one (static_ensemble_peer)
 
 
 def compare_stream(
@@ -76,5 +78,20 @@ def compare_stream(
         state.phase = "baseline"
         yield state
         state.ar = run_to_end(engine.autoregressive(ids, decode, stop_event))
+    if rule.rule == "ensemble" and hasattr(engine, "target") and not (stop_event is not None and stop_event.is_set()):
+        state.phase = "peer"
+        yield state
+        state.peer = static_ensemble_peer(engine, ids, decode, rule)
     state.phase = "stopped" if stop_event is not None and stop_event.is_set() else "done"
     yield state
+
+
+def static_ensemble_peer(engine, ids: list[int], decode: DecodeConfig, rule: RuleConfig) -> dict:
+    """transformers' own static ensemble (assisted generation with assistant_ensemble_weight) on the same pair,
+    prompt, weight, temperature, top-p and draft length, timed, with its text's target NLL: the peer row
+    under the ensemble column (its draws are transformers', so its text is a sample of the same rule)."""
+    tokens, seconds = ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                                                 None if decode.gamma_auto else decode.gamma, engine.stop_ids,
+                                                 rule.ensemble_weight, decode.temperature, decode.top_p, decode.seed)
+    return {"weight": rule.ensemble_weight, "tokens": len(tokens), "seconds": seconds,
+            "target_nll": sequence_nll(engine.target, ids, tokens) if tokens else None}

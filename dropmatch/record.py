@@ -47,6 +47,9 @@ class RunRecord:
     ar: GenerationTrace | None
     tokens: dict[int, str]
     lab: dict | None = None
+    # transformers' own run of the rule (compare.static_ensemble_peer), shown under its column; this run's
+    # only: a run file does not keep it (a recorded run shows no peer row).
+    peer: dict | None = None
 
     def token_text(self, token: int) -> str:
         return self.tokens.get(token, f"<{token}>")
@@ -164,7 +167,8 @@ def record_of(state, engine) -> RunRecord:
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
     tokens = {token: engine.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
     matrix = engine.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
-    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix)
+    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix,
+                     state.peer)
 
 
 class Downloads:

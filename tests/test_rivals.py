@@ -255,3 +255,27 @@ def test_our_ensemble_and_transformers_assistant_ensemble_weight_draw_the_static
     expected = {(token,): float(after_prompt[token]) for token in TOKENS}
     statistic, df = chi_square(theirs, expected, calls)
     assert statistic <= chi_square_quantile(max(df, 1), alpha), f"transformers: chi-square {statistic:.1f} (df {df})"
+
+
+def test_the_ensemble_column_gets_transformers_own_static_ensemble_as_its_peer_row(tiny_engine, tmp_path):
+    """A live comparison with the ensemble rule runs transformers' assistant_ensemble_weight on the same pair
+    and settings after the columns; its row shows under the ensemble column; a run file does not keep it."""
+    from dropmatch.compare import compare_stream
+    from dropmatch.record import Downloads, record_of
+    from dropmatch.ui.views import finished_view
+
+    decode = DecodeConfig(gamma=3, max_new_tokens=12, temperature=1.0, seed=2)
+    phases = []
+    for state in compare_stream(tiny_engine, PROMPTS[0], decode, RuleConfig("ensemble"), run_ar=True):
+        phases.append(state.phase)  # one Comparison, updated as the run goes
+    assert "peer" in phases and phases[-1] == "done"
+    peer = state.peer
+    assert peer["weight"] == 0.5 and peer["tokens"] > 0 and peer["seconds"] > 0 and peer["target_nll"] > 0
+    record = record_of(state, tiny_engine)
+    view = finished_view(record, Downloads(tmp_path))
+    assert "Peer: transformers' own static ensemble" in view["lossy_stats"] and "assistant_ensemble_weight=0.5" in \
+        view["lossy_stats"]
+    assert "peer" not in record.to_dict()
+    lossless = list(compare_stream(tiny_engine, PROMPTS[0], DecodeConfig(gamma=3, max_new_tokens=8),
+                                   RuleConfig("dropmatch", p=0.1), run_ar=False))[-1]
+    assert lossless.peer is None  # only the ensemble has transformers' own implementation to stand beside

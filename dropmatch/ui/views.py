@@ -108,7 +108,8 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "lossless_out": trace_html(record.lossless, record),
         "lossy_out": trace_html(record.lossy, record),
         "lossless_stats": stats_html(lossless_metrics),
-        "lossy_stats": stats_html(lossy_metrics, p_auto=record.p_auto, p_auto_reached=record.lossy.p_auto_reached),
+        "lossy_stats": stats_html(lossy_metrics, p_auto=record.p_auto, p_auto_reached=record.lossy.p_auto_reached)
+                       + peer_html(record.peer, lossy_metrics),
         "plot_agreement": figs["agreement"], "plot_js": figs["js"],
         "plot_acceptance": figs["acceptance"], "plot_calls": figs["tokens_vs_calls"],
         "plot_tradeoff": tradeoff_figure(record, load_frontier()),
@@ -121,6 +122,19 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
         "download_trace": trace_file, "download_metrics": metrics_file,
         **lab_view(record),
     }
+
+
+def peer_html(peer: dict | None, ours) -> str:
+    """The peer row under the ensemble column: transformers' own static ensemble on the same pair and settings."""
+    if not peer:
+        return ""
+    speed = peer["tokens"] / peer["seconds"] if peer["seconds"] else 0.0
+    nll = "–" if peer["target_nll"] is None else f"{peer['target_nll']:.3f}"
+    ours_nll = "–" if ours.target_nll is None else f"{ours.target_nll:.3f}"
+    return (f'<p class="dm-peer">Peer: transformers\' own static ensemble (<code>assistant_ensemble_weight={peer["weight"]:g}'
+            f'</code>, the same pair, temperature, top-p and draft length) wrote {peer["tokens"]} tokens at '
+            f'{speed:.1f} tokens/s, target NLL {nll} (this column: {ours.tokens_per_s:.1f} tokens/s, NLL {ours_nll}); '
+            "its draws are its own, so its text is another sample of the same rule.</p>")
 
 
 def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorded_from: str | None) -> str:
