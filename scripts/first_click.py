@@ -66,7 +66,7 @@ def first_click(cold: bool, max_new_tokens: int = 96) -> dict:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.goto(url)
             try:  # the page is ready when it shows the shipped run (a user reads it before clicking)
-                page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
+                page.wait_for_function("() => /recorded run/i.test(document.querySelector('#status')?.innerText || '')",
                                        timeout=30_000)
             except Exception:  # noqa: BLE001 - no shipped runs: go on
                 pass

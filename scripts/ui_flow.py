@@ -48,7 +48,7 @@ def _first_visit_lab_rows(page) -> int:
     """Rows of the rule lab of the shipped run shown on first visit, before the user's own run (a Run
     cancels it if it is late); 0 when there is none."""
     try:
-        page.wait_for_function("() => /Recorded run/.test(document.querySelector('#status')?.innerText || '')",
+        page.wait_for_function("() => /recorded run/i.test(document.querySelector('#status')?.innerText || '')",
                                timeout=15_000)
         page.get_by_role("tab", name="Rule lab").click()
         page.wait_for_selector("#lab-matrix table", timeout=15_000)

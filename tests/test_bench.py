@@ -144,8 +144,8 @@ def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_di
     assert isinstance(points, list)
     overall = [p for p in points if p["benchmark"] == "all"]
     expected = 2 * len(FRONTIER_KNOBS["p"]) + 2 * len(FRONTIER_KNOBS["p"]) + len(FRONTIER_KNOBS["fixed_js_threshold"]) \
-        + len(FRONTIER_KNOBS["typical_eps"]) + len(FRONTIER_KNOBS["fly_entropy_threshold"])
-    # dropmatch x 2 centroids, naive, majority, fixed_js, typical, fly; greedy: not the ensemble (sampling only)
+        + len(FRONTIER_KNOBS["typical_eps"]) + len(FRONTIER_KNOBS["fly_entropy_threshold"]) + len(FRONTIER_KNOBS["margin_ratio"])
+    # dropmatch x 2 centroids, naive, majority, fixed_js, typical, fly, margin; greedy: not the ensemble (sampling only)
     assert not [p for p in points if p["rule"] == "ensemble"]
     assert len(overall) == expected
     assert {p["benchmark"] for p in points} == {"all", "gsm8k_test_100", "mt_bench"}

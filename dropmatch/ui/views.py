@@ -101,8 +101,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
     trace_file, metrics_file = downloads.for_shipped(shipped, record) if shipped else downloads.write(record)
     rounds = len(record.lossy.rounds)
     return {
-        "status": f"{_finished_note(record, recorded_from)} Same prompt, seed and pair for both columns. Hover, tap or "
-                  "focus a token for its numbers; open *Step through* to see one round in detail.",
+        "status": _finished_note(record, recorded_from),
         "verdict": verdict_markdown(record, lossless_metrics, lossy_metrics, recorded_from),
         "lossy_header": lossy_title(record.rule),
         "lossless_out": trace_html(record.lossless, record),
@@ -173,12 +172,13 @@ def status_after_stop(status: str):
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
+    """The status after a run, short enough to stay on a phone's first screen under Run."""
     if recorded_from is None:
-        return "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
-    prompt = record.prompt if len(record.prompt) <= 120 else record.prompt[:117] + "…"
-    return (f"Showing a **recorded run**, *{recorded_from}* ({record.lossless.target_name} + "
-            f"{record.lossless.draft_name}), prompt: “{prompt}”; no model ran. Press **Run** to run the prompt in the "
-            "box live on this machine.")
+        done = "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
+        return (f"{done} Same prompt, seed and pair for both columns. Hover, tap or focus a token for its numbers; "
+                "open *Step through* to see one round in detail.")
+    return (f"Showing a **recorded run**, *{recorded_from}* ({record.lossless.target_name}); no model ran. "
+            "**Run** runs the prompt in the box live.")
 
 
 def lab_view(record: RunRecord) -> dict:
