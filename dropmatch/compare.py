@@ -63,6 +63,10 @@ def compare_stream(
                                                         keep_states=True)),
         "lossy": (state.lossy, engine.speculative(ids, decode, rule, stop_event)),
     }
+
+    def stopped() -> bool:
+        return stop_event is not None and stop_event.is_set()
+
     active = dict(runs)
     while active:
         for name in list(active):
@@ -73,16 +77,15 @@ def compare_stream(
                 column.trace = stop.value
                 del active[name]
             yield state
-    stopped = stop_event is not None and stop_event.is_set()
-    if run_ar and not stopped:
+    if run_ar and not stopped():
         state.phase = "baseline"
         yield state
         state.ar = run_to_end(engine.autoregressive(ids, decode, stop_event))
-    if rule.rule == "ensemble" and hasattr(engine, "target") and not (stop_event is not None and stop_event.is_set()):
+    if rule.rule == "ensemble" and hasattr(engine, "target") and not stopped():
         state.phase = "peer"
         yield state
         state.peer = static_ensemble_peer(engine, ids, decode, rule)
-    state.phase = "stopped" if stop_event is not None and stop_event.is_set() else "done"
+    state.phase = "stopped" if stopped() else "done"
     yield state
 
 

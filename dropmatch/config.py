@@ -118,7 +118,7 @@ SETTINGS_RULE_KEYS = ("rule", "k", "p", "centroid", "majority_fraction", "fixed_
 METHOD_SETTINGS = {"rule": "dropmatch", "k": 5, "p": "0.3", "centroid": "probs", "majority_fraction": 0.8}
 PRESET_SETTINGS = {"method": METHOD_SETTINGS}
 LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a number, not "auto")
-AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results.md)
+AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results-archive-2026-12.md)
 
 
 def _number(name: str, value) -> float:
@@ -219,7 +219,7 @@ class RuleConfig:
     typical_delta: float = 0.09
     fixed_js_threshold: float = DEFAULTS.fixed_js_threshold
     # p = auto: the largest p whose paths keep the clean argmax at this share of the prompt's positions.
-    # 0.5 chosen on the dev set (GSM8K train + written prompts, docs/results.md): the largest tau gain whose
+    # 0.5 chosen on the dev set (GSM8K train + written prompts, docs/results-archive-2026-12.md): the largest tau gain whose
     # answers stayed well inside the target's own variation there.
     auto_agreement: float = AUTO_AGREEMENT
     # Sampling only (greedy accepts a top-token draft anyway). False: the lossless coin alone decides a

@@ -211,7 +211,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                                         wrapped("off the target's top-p 0.95 nucleus (%)", 16)))
     groups: dict[str, list[dict]] = {}
     for point in points:
-        label = RULES[point["rule"]].label if point["rule"] in RULES else point["rule"]
+        label = run_label(point["rule"])
         name = label if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
             else f"{label}, logits centroid"
         groups.setdefault(wrapped(f"{name}: {KNOB_NAMES.get(point['knob'], point['knob'])} swept", 24),

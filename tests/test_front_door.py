@@ -7,6 +7,16 @@ import pytest
 
 
 
+def _opened(browser, url: str, width: int = 1400, height: int = 900, settings: bool = False, **options):
+    """A new page on the app, its status line drawn; settings: with the Settings accordion opened."""
+    page = browser.new_page(viewport={"width": width, "height": height}, **options)
+    page.goto(url)
+    page.wait_for_selector("#status")
+    if settings:
+        page.locator("#settings").get_by_text("Settings").first.click()
+    return page
+
+
 def _run_fake(page, url: str) -> None:
     page.goto(url)
     page.wait_for_selector("#status")
@@ -158,10 +168,7 @@ def test_each_column_has_a_colour_key_that_counts_its_tokens(fake_app_page):
 def test_a_number_outside_a_controls_range_is_said_next_to_the_control(fake_app_page):
     """Max new tokens 0 and top-p 100000 are set to the range's ends by Gradio: a line under each says so."""
     url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.goto(url)
-    page.wait_for_selector("#status")
-    page.locator("#settings").get_by_text("Settings").first.click()
+    page = _opened(browser, url, settings=True)
     for label, typed, said in (("max new tokens", "0", "0 is below"), ("top-p", "100000", "100000 is above")):
         field = page.get_by_label(f"number input for {label}", exact=True)
         block = page.locator("#settings .block").filter(has=field).last
@@ -177,10 +184,7 @@ def test_a_number_outside_a_controls_range_is_said_next_to_the_control(fake_app_
 @pytest.mark.browser
 def test_the_status_line_stays_on_the_first_screen_with_settings_open(fake_app_page):
     url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.goto(url)
-    page.wait_for_selector("#status")
-    page.locator("#settings").get_by_text("Settings").first.click()
+    page = _opened(browser, url, settings=True)
     page.wait_for_timeout(500)
     status, run = page.locator("#status").bounding_box(), page.locator("#run-button").bounding_box()
     assert status["y"] + status["height"] <= 900 and status["y"] >= run["y"]
@@ -222,9 +226,8 @@ def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(f
     """Each cell of the Robustness table holds one line (the table scrolls in its box instead of breaking
     "dropmatch_judge" or "ΔNLL"), and the command block wraps inside the page."""
     url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    page.goto(url)
-    page.wait_for_selector("#status")
+    page = _opened(browser, url, width=width)
+    page.wait_for_function("() => [...document.querySelectorAll('button')].some((b) => b.innerText.trim() === 'Robustness')")
     page.evaluate("""() => { const found = [...document.querySelectorAll('button')]
         .filter((b) => b.innerText.trim() === 'Robustness'); found[found.length - 1].click(); }""")
     table = page.locator("#robustness-table table")
@@ -245,9 +248,7 @@ def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(f
 @pytest.mark.browser
 def test_on_a_phone_run_and_the_status_are_on_the_first_screen(fake_app_page):
     url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 390, "height": 844})
-    page.goto(url)
-    page.wait_for_selector("#status")
+    page = _opened(browser, url, 390, 844)
     for name in ("#prompt", "#run-button", "#status"):
         box = page.locator(name).bounding_box()
         assert box["y"] + box["height"] <= 844, f"{name} is below the first screen"
@@ -258,10 +259,7 @@ def test_on_a_phone_run_and_the_status_are_on_the_first_screen(fake_app_page):
 @pytest.mark.browser
 def test_the_rule_dropdowns_arrow_covers_no_part_of_the_rules_name(fake_app_page):
     url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.goto(url)
-    page.wait_for_selector("#status")
-    page.locator("#settings").get_by_text("Settings").first.click()
+    page = _opened(browser, url, settings=True)
     field = page.locator("#rule-choice input").first
     field.wait_for()
     text_right = page.evaluate("""e => { const c = document.createElement('canvas').getContext('2d');

@@ -35,7 +35,7 @@ def lossy_rule_choices() -> list[tuple[str, str]]:
 
 
 def lossy_title(rule: str) -> str:
-    return "### DropMatch" if rule == "dropmatch" else f"### {RULES[rule].label}" if rule in RULES else f"### {rule}"
+    return "### DropMatch" if rule == "dropmatch" else f"### {plots.run_label(rule)}"
 
 
 def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
@@ -86,7 +86,7 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
         if lossless.tau and lossy.tau:
             current = {"tau_gain": lossy.tau / lossless.tau - 1, "target_nll": lossy.target_nll,
                        "off_nucleus_rate": lossy.off_nucleus_rate,
-                       "label": f"this run ({RULES[record.rule].label if record.rule in RULES else record.rule})"}
+                       "label": f"this run ({plots.run_label(record.rule)})"}
     reference = (frontier.get("reference") or {}).get("target_sampled")
     return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
@@ -138,7 +138,7 @@ def peer_html(peer: dict | None, ours) -> str:
 
 def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorded_from: str | None) -> str:
     """The verdict line above the columns (render.verdict), marked as a recorded run's where it is one."""
-    label = RULES[record.rule].label if record.rule in RULES else record.rule
+    label = plots.run_label(record.rule)
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
     spread = speed_ratio_interval(record.lossless, record.lossy)
     return f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread)}"
