@@ -169,6 +169,7 @@ def test_a_number_outside_a_controls_range_is_said_next_to_the_control(fake_app_
     """Max new tokens 0 and top-p 100000 are set to the range's ends by Gradio: a line under each says so."""
     url, browser = fake_app_page
     page = _opened(browser, url, settings=True)
+    page.wait_for_function("() => window.dmClampNotes === true")  # the page's listener is installed
     for label, typed, said in (("max new tokens", "0", "0 is below"), ("top-p", "100000", "100000 is above")):
         field = page.get_by_label(f"number input for {label}", exact=True)
         block = page.locator("#settings .block").filter(has=field).last

@@ -230,8 +230,9 @@ def _examples(parts: dict) -> None:
 
 
 def _settings(parts: dict) -> None:
+    # Outside the closed accordion: its listener is installed at page load, not when Settings first opens.
+    gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
     with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
-        gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
         with gr.Row():
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS.gamma, label="draft length γ",
                                          info="auto: each round drafts the length with the most expected tokens "
