@@ -470,12 +470,21 @@ def decide(
         signals = dataclasses.replace(signals, exact=exact)
     reasons = scan_reasons(cfg, signals, exact)
     num_accepted = accepted_count(reasons)
-    if num_accepted < num_drafted:
-        token = correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator)
-        return Verdict(num_accepted, reasons, token, CORRECTION)
+    return Verdict(num_accepted, reasons, *extra_token(num_accepted, num_drafted, q_sample, p_sample, generator, greedy))
+
+
+def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | None, p_sample: torch.Tensor | None,
+                generator: torch.Generator | None, greedy: bool = False) -> tuple[int, str]:
+    """(the token emitted after num_accepted of g drafts, its kind): a correction at the rejected
+    position (correction_token) or a bonus after the last draft, drawn from p_sample [g + 1, V] with
+    q_sample [g, V]; token -1 where no distributions were given (a caller that reads reasons only)."""
+    kind = BONUS if num_accepted == num_drafted else CORRECTION
+    if p_sample is None:
+        return -1, kind
+    if kind == CORRECTION:
+        return correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator), kind
     bonus = p_sample[num_drafted]
-    token = int(bonus.argmax()) if greedy else int(draw(bonus, generator))
-    return Verdict(num_accepted, reasons, token, BONUS)
+    return (int(bonus.argmax()) if greedy else int(draw(bonus, generator))), kind
 
 
 def scan_reasons(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:

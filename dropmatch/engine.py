@@ -289,22 +289,20 @@ class Engine:
 
     def _judge(self, run: _RunState, draft: drafting.Draft, hidden: torch.Tensor,
                clean_logits: torch.Tensor) -> _Verification:
-        """The lossless test at every drafted position, the rule's paths where it reads them, and
-        the verdict; one device -> host copy for everything the decision and the records read."""
-        decode, rule = run.decode, run.rule
+        """The lossless test at every drafted position, then the one verify step (a batch of one:
+        the rule's paths where it reads them, the scan, the extra token), then one device -> host
+        copy of everything the records read."""
+        decode = run.decode
         gamma = draft.num_drafted
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
         test = acceptance.lossless_test(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
-        exact = test.exact
-        inputs = verifying.VerifyInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits, exact,
-                                     decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x)
-        judged = verifying.verify_positions(self.target, rule, run.p, inputs, run.clock.now, judge=self.judge)
-        host = _to_host({**vars(judged.signals), "exact": exact,
-                         **_tops(draft.q_signal, judged.p_signal, judged.path_probs, gamma)})
-        signals = acceptance.Signals(**{name: host[name] for name in vars(judged.signals)})
-        verdict = acceptance.decide(rule, decode.greedy, signals, draft.q_sample, p_sample, run.generator,
-                                    exact=host["exact"])
-        return _Verification(verdict, host, judged.path_rows, judged.t_mc)
+        inputs = verifying.VerifyInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits,
+                                        test.exact, decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x,
+                                        q_sample=draft.q_sample, p_sample=p_sample)
+        verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=True, judge=self.judge,
+                                     generator=run.generator, clock=run.clock.now)
+        host = _to_host({**vars(verified.signals), **_tops(draft.q_signal, verified.p_signal, verified.path_probs, gamma)})
+        return _Verification(verified.verdict, host, verified.path_rows, verified.t_mc)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""

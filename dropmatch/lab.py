@@ -3,7 +3,7 @@
 The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
 result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
 and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
-under every rule with the engine's own verify step (verifying.verify_positions, then acceptance.scan_reasons): the
+under every rule with the engine's own verify step (verifying.verify): the
 same drafts and the same clean target for every rule, in well under a second, without running a
 transformer block. A replay with the run's own settings decides exactly as the run did.
 
@@ -21,7 +21,7 @@ import torch
 
 from . import acceptance
 from .config import LAB_P, ConfigError, RuleConfig
-from .verifying import VerifyInputs, verify_positions
+from .verifying import VerifyInputs, verify
 from .mc_head import mask_seed
 from .models import CausalLM
 from .sampling import sampling_probs, signal_probs
@@ -120,9 +120,9 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
         p = cfg.p if cfg.uses_paths else None
         column = []
         for rnd in prepared:
-            judged = verify_positions(target, cfg, p, rnd, memo=memo, judge=judge)
-            signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(judged.signals).items()})
-            column.append((acceptance.scan_reasons(cfg, signals, rnd.exact.cpu()), signals))
+            verified, = verify(target, cfg, p, [rnd], memo=memo, judge=judge)
+            signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(verified.signals).items()})
+            column.append((verified.verdict.reasons, signals))
         columns.append((cfg, column))
     rows = _rows(prepared, columns, token_text)
     return {

@@ -1,14 +1,14 @@
 """The verify step in one place: what every rule reads at a round's drafted positions, the
-Monte-Carlo dropout paths where a rule reads them, and the signals they give.
+Monte-Carlo dropout paths where a rule reads them, the scan and the emitted tokens.
 
     inputs = VerifyInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
-    judged = verify_positions(target, rule, p, inputs)
-    reasons = acceptance.scan_reasons(rule, judged.signals, exact)
+    verified, = verify(target, rule, p, [inputs])
+    verified.verdict.reasons, verified.emitted
 
-The engine judges each round with `verify_positions` (then `acceptance.decide` draws the extra
-token); the rule lab (lab.py) re-judges a run's stored drafts with the very same function, so the
-two never differ. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
-(models.CausalLM): the head is the only part of the model a path runs through.
+`verify` is the one verification function: the engine calls it with a batch of one each round, the
+rule lab (lab.py) with each stored round, the vLLM plugin (serving/) with a server step's requests; so
+none can decide differently. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
+(models.CausalLM, the plugin's VllmHead): the head is the only part of the model a path runs through.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import acceptance, mc_head
-from .acceptance import Signals
+from .acceptance import BONUS, CORRECTION, Signals, Verdict
 from .config import ConfigError
 from .trained_judge import TrainedJudge
 from .sampling import entropy, fast_js_error, js_divergence, js_divergence_accurate, signal_probs, top_token
@@ -57,6 +57,10 @@ class VerifyInputs:
     coin: torch.Tensor | None = None
     sample_target_prob: torch.Tensor | None = None
     sample_draft_prob: torch.Tensor | None = None
+    # Under sampling, the distributions the extra token is drawn from: the draft's q_sample [g, V] and the
+    # target's p_sample [g + 1, V] (temperature and top-p); None where a caller needs reasons only (the lab).
+    q_sample: torch.Tensor | None = None
+    p_sample: torch.Tensor | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -64,12 +68,17 @@ class VerifyInputs:
 
 
 @dataclass
-class VerifiedPositions:
-    """What a rule read at a round's g drafted positions: signals (path fields filled where the paths
-    were computed), p_signal [g, V] the clean target's smooth distributions, the path rows computed,
-    [(positions [m], path probs [K, m, V], support [m, S] or None)] (on a support, V is S + 1, the
-    last column the other tokens' mass), and the Monte-Carlo time."""
+class Verified:
+    """One request's verification (verify). verdict: acceptance.Verdict (num_accepted, reasons [g], the
+    extra token and its kind; next_token -1 under sampling where the caller gave no q_sample / p_sample);
+    emitted: the accepted drafts then the extra token (the row a server writes); signals [g] on the
+    device, path fields filled where the paths were computed; p_signal [g, V] the clean target's smooth
+    distributions; path_rows: the head rows the paths cost; path_probs [(slots [m], probs [K, m, V],
+    support [m, S] or None)] (on a support, V is S + 1, the last column the other tokens' mass); t_mc:
+    the batch's Monte-Carlo and trained-judge seconds (when timed)."""
 
+    verdict: Verdict
+    emitted: list[int]
     signals: Signals
     p_signal: torch.Tensor
     path_rows: int
@@ -216,25 +225,89 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
 # ---------------------------------------------------------------- the verify step
 
 
-def verify_positions(target: Head, rule, p: float | None, inputs: VerifyInputs,
-                    clock: Callable[[], float] | None = None, memo: dict | None = None,
-                    judge: TrainedJudge | None = None) -> VerifiedPositions:
-    """Everything `rule` (a config.RuleConfig) reads at one round's drafted positions, its paths
-    included, at dropout rate p (None when the rule reads no paths).
+def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, staged: bool = True,
+           judge: TrainedJudge | None = None, generator: torch.Generator | None = None,
+           clock: Callable[[], float] | None = None, memo: dict | None = None) -> list[Verified]:
+    """The one verification step: a batch of requests' drafted positions in, per request one reason
+    per drafted slot and the emitted tokens out. The engine calls it with a batch of one, the rule lab
+    with each stored round, the vLLM plugin with a server step's requests.
 
-    clock: a function giving seconds (synchronised with the device) that times the Monte-Carlo work
-    (and the trained judge's, which is part of the verify step). memo: what was computed already for
-    these positions (the signals; the paths by K, p and centroid): the lab judges several rules on the
-    same positions and computes each once. judge: the trained judge, for the rules that read it."""
-    p_signal, signals = _signals(inputs, memo)
+    Glossary of a slot's reason and the emitted token:
+      exact        the lossless test accepted the draft (greedy: it is the target's argmax; sampling:
+                   the coin u < p(x) / q(x));
+      lossy-accepted  a rule's check accepted a draft the lossless test rejected; the reason is the
+                   check's name ("dropmatch", "js", "majority", "margin", ...: acceptance.REASONS);
+      rejected     the first slot neither accepts; the scan stops there;
+      unchecked    every slot after the rejection: never read;
+      correction   the token emitted at the rejected slot (greedy: the target's argmax; sampling: a draw
+                   from the residual norm(max(0, p - q)), so the lossless part keeps the target's law);
+      bonus        the token emitted after the last slot when every slot was accepted.
+
+    rule: a config.RuleConfig; p its dropout rate (None when the rule reads no paths). staged: the
+    Monte-Carlo paths only where the rule reads them, in two stacked head passes (the first judged
+    slot of every request, then, where the rule accepted it, every later reachable one): fewer head
+    rows, a host sync per stage. staged False: the paths at every drafted slot in one pass and no host
+    read before the one copy the scans read (a device where each sync costs; its path fields are then
+    filled at slots no rule read). judge: the trained judge of the judge rules. generator: the draws
+    of a sampled run's extra token (its inputs then carry q_sample and p_sample). clock: seconds,
+    synchronised with the device, to time the Monte-Carlo and judge work (Verified.t_mc). memo:
+    what an earlier call on the same batch computed (the rule lab judges many rules on one round)."""
+    if not batch:
+        return []
+    _check_shapes(batch)
+    temperature = _one_temperature(batch)
+    spans = _spans(batch)
+    p_signal, signals = _stacked_signals(batch, temperature, memo)
     start = clock() if clock else 0.0
     if rule.uses_judge:
-        signals = with_judge_scores(signals, inputs.hidden[1 : inputs.num_drafted + 1], judge)
-    path_rows, path_probs = 0, []
-    if rule.uses_paths and inputs.num_drafted > 0:
-        signals, path_rows, path_probs = _checked_paths(target, inputs, signals, rule, p, memo)
+        signals = with_judge_scores(signals, torch.cat([inputs.hidden[1: inputs.num_drafted + 1] for inputs in batch]),
+                                    judge)
+    paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
+    if rule.uses_paths and spans[-1][1] > 0:
+        find = _staged_paths if staged else _paths_everywhere
+        paths = find(head, batch, spans, signals, rule, p, temperature, memo)
+        signals = with_path_parts(signals, paths.parts, rule.num_paths)
     t_mc = clock() - start if clock else 0.0
-    return VerifiedPositions(signals, p_signal, path_rows, path_probs, t_mc)
+    verdicts = _scans(rule, batch, spans, signals, generator)
+    return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs, t_mc)
+            for (verdict, emitted), (a, b), rows, probs in zip(verdicts, spans, paths.rows, paths.probs)]
+
+
+@dataclass
+class _PathWork:
+    """The paths a verify step computed: parts [(stacked positions [m], path fields)] where read, and
+    per request its head rows and [(its positions [m], probs [K, m, V], support [m, S] or None)]."""
+
+    parts: list
+    rows: list[int]
+    probs: list[list]
+
+
+def _check_shapes(batch: list[VerifyInputs]) -> None:
+    for inputs in batch:
+        g, vocab = inputs.num_drafted, inputs.clean_logits.shape[-1]
+        assert inputs.draft_tokens.dim() == 1, "draft_tokens is [g]"
+        assert inputs.q_signal.shape == (g, vocab), f"q_signal is [g, V] = [{g}, {vocab}]"
+        assert inputs.hidden.shape[0] == g + 1 and inputs.clean_logits.shape[0] == g + 1, "g + 1 verified rows"
+        assert inputs.exact.shape == (g,) and inputs.exact.dtype == torch.bool, "exact is [g] bool"
+        for name in ("coin", "sample_target_prob", "sample_draft_prob"):
+            assert getattr(inputs, name) is None or getattr(inputs, name).shape == (g,), f"{name} is [g]"
+        assert inputs.q_sample is None or inputs.q_sample.shape == (g, vocab), "q_sample is [g, V]"
+        assert inputs.p_sample is None or inputs.p_sample.shape == (g + 1, vocab), "p_sample is [g + 1, V]"
+
+
+def _spans(batch: list[VerifyInputs]) -> list[tuple[int, int]]:
+    """Each request's [start, end) in the stacked drafted positions."""
+    spans, start = [], 0
+    for inputs in batch:
+        spans.append((start, start + inputs.num_drafted))
+        start += inputs.num_drafted
+    return spans
+
+
+def _span_of(signals: Signals, start: int, end: int) -> Signals:
+    return Signals(**{name: None if value is None else (value[:, start:end] if name == "path_tokens" else value[start:end])
+                      for name, value in vars(signals).items()})
 
 
 def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
@@ -246,122 +319,178 @@ def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: Train
     return Signals(**{**vars(signals), "judge_scores": judge.scores(hidden_after)})
 
 
-def _signals(inputs: VerifyInputs, memo: dict | None) -> tuple[torch.Tensor, Signals]:
-    """(p_signal [g, V], the signals every rule reads), memoised per round."""
-    key = ("signals", inputs.first_position, inputs.num_drafted)
+def _stacked_signals(batch: list[VerifyInputs], temperature: float, memo: dict | None) -> tuple[torch.Tensor, Signals]:
+    """(p_signal [n, V], the signals every rule reads [n]) over the batch's drafted positions, memoised."""
+    key = ("signals", tuple((inputs.first_position, inputs.num_drafted, inputs.mask_seed) for inputs in batch))
     if memo is not None and key in memo:
         return memo[key]
-    p_signal = signal_probs(inputs.clean_logits[: inputs.num_drafted], inputs.temperature)
-    signals = position_signals(inputs.draft_tokens, inputs.q_signal, p_signal)
-    signals = Signals(**{**vars(signals), "exact": inputs.exact, "coin": inputs.coin,
-                         "sample_target_prob": inputs.sample_target_prob, "sample_draft_prob": inputs.sample_draft_prob})
-    found = p_signal, signals
+    p_signal = signal_probs(torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch]), temperature)
+    signals = position_signals(torch.cat([inputs.draft_tokens for inputs in batch]),
+                               torch.cat([inputs.q_signal for inputs in batch]), p_signal)
+    lossless = {name: _cat_or_none([getattr(inputs, name) for inputs in batch])
+                for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
+    found = p_signal, Signals(**{**vars(signals), **lossless})
     if memo is not None:
         memo[key] = found
     return found
 
 
-def _checked_paths(target: Head, inputs: VerifyInputs, signals: Signals, rule, p: float, memo: dict | None):
-    """Monte-Carlo paths only where the rule will read them: at the drafted positions it judges
-    (acceptance.judged_by_paths: the exact test rejected them, and, by default, they are not the
-    clean target's top token) that can still be reached, left to right, until the rule rejects one.
-    A position is out of reach after a position that nothing can accept (the exact test rejected it
-    and the rule does not judge it) or after the rule's first rejection; its path fields stay empty,
-    so a view shows path data only where a rule read it.
+def _cat_or_none(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if not parts or any(part is None for part in parts) else torch.cat(parts)
 
-    Stage 1 runs the K rows of the first such position; only when the rule accepts it, stage 2
-    runs all the later ones at once. Usually one stage of K rows instead of K x (gamma + 1).
-    At p = 0 every path is the clean row: its statistics come from that one row, no path work.
-    Returns (signals with the path fields filled where read, path rows computed, [(positions, probs)]).
-    """
-    judged = reachable_judged(inputs.exact, acceptance.judged_by_paths(signals, rule))
-    parts, probs, rows = [], [], 0
-    for stage in (judged[:1], judged[1:]):
-        if stage.numel() == 0:
+
+def _staged_paths(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float,
+                  memo: dict | None) -> _PathWork:
+    """The paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
+    the exact test rejected them and, by default, they are not the clean target's top token) that can
+    still be reached, left to right, until the rule rejects one. A slot is out of reach after a slot
+    nothing can accept or after the rule's first rejection; its path fields stay empty (a view shows
+    path data only where a rule read it). Stage 1: the first such slot of every request, stacked in
+    one head pass; stage 2: every later reachable slot of the requests whose stage 1 the rule
+    accepted, in one more. At p = 0 every path is the clean row: no head work."""
+    judged = acceptance.judged_by_paths(signals, rule)
+    exact_host, judged_host = signals.exact.tolist(), judged.tolist()
+    reach = [[a + i for i in reachable_judged(exact_host[a:b], judged_host[a:b])] for a, b in spans]
+    work = _PathWork([], [0] * len(batch), [[] for _ in batch])
+    stage = [positions[:1] for positions in reach]
+    for later in (True, False):
+        flat = [position for positions in stage for position in positions]
+        if not flat:
             break
-        stats, part = _stage_paths(target, inputs, signals, rule, p, stage, memo)
-        rows += 0 if p == 0.0 else rule.num_paths * int(stage.numel())
-        checked = Signals(**{**vars(at_positions(signals, stage)), **part})
-        accepted = acceptance.rule_accepts(rule, checked)
-        read = int(accepted.numel()) if bool(accepted.all()) else int((~accepted).nonzero()[0]) + 1
-        parts.append((stage[:read], {name: value[:, :read] if name == "path_tokens" else value[:read]
-                                     for name, value in part.items()}))
-        probs.append((stage[:read], stats.probs[:, :read], None if stats.support is None else stats.support[:read]))
-        if read < stage.numel() or not bool(accepted.all()):
-            break
-    return with_path_parts(signals, parts, rule.num_paths), rows, probs
+        stats, part, accepted = _stage(head, batch, spans, signals, rule, p, temperature, flat, memo)
+        at, going_on = 0, []
+        for request, positions in enumerate(stage):
+            ruled = accepted[at: at + len(positions)]
+            read = _read_until_rejection(ruled)
+            _keep(work, request, batch[request], spans[request][0], positions, len(positions), read,
+                  stats, part, at, rule.num_paths if p != 0.0 else 0)
+            going_on.append(reach[request][1:] if later and ruled and all(ruled) else [])
+            at += len(positions)
+        stage = going_on
+    return work
 
 
-def reachable_judged(exact: torch.Tensor, judged: torch.Tensor) -> torch.Tensor:
-    """Indices [m] of the positions the rule judges (judged [g] bool, where exact [g] is False) that
-    lie before the first position nothing can accept (neither exact nor judged)."""
-    blocked = ~exact & ~judged
-    end = int(blocked.nonzero()[0]) if bool(blocked.any()) else int(exact.numel())
-    return (~exact[:end] & judged[:end]).nonzero().flatten()
+def _read_until_rejection(accepted: list[bool]) -> int:
+    """How many of a stage's slots the rule read: up to and including its first rejection."""
+    return next((i + 1 for i, ok in enumerate(accepted) if not ok), len(accepted))
 
 
-def _stage_paths(target: Head, inputs: VerifyInputs, signals: Signals, rule, p: float, stage: torch.Tensor,
-                 memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
-    """The paths' stats and path signals at the drafted positions `stage` [m], memoised."""
-    positions = [inputs.first_position + i for i in stage.tolist()]
-    key = _paths_key(inputs, positions, rule, p)
+def _keep(work: _PathWork, request: int, inputs: VerifyInputs, start: int, positions: list[int], computed: int,
+          read: int, stats: mc_head.PathStats, part: dict, at: int, rows_per_slot: int) -> None:
+    """Record one request's share of a stage: its first `read` slots' path fields and probabilities."""
+    work.rows[request] += rows_per_slot * computed
+    if not read:
+        return
+    where = torch.tensor(positions[:read], dtype=torch.long, device=inputs.draft_tokens.device)
+    picked = slice(at, at + read)
+    work.parts.append((where, {name: value[:, picked] if name == "path_tokens" else value[picked]
+                               for name, value in part.items()}))
+    support = None if stats.support is None else stats.support[picked]
+    work.probs[request].append((where - start, stats.probs[:, picked], support))
+
+
+def _stage(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float, flat: list[int],
+           memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor], list[bool]]:
+    """The paths at the stacked slots `flat` (one head pass), their path fields, and whether the rule
+    accepts each (one host read)."""
+    every = _slot_keys(batch)
+    key = ("paths", tuple(every[position] for position in flat), rule.num_paths, p,
+           rule.centroid, rule.mask_draw, rule.path_support)
     if memo is not None and key in memo:
-        return memo[key]
+        stats, part = memo[key]
+    else:
+        stats, part = _paths_at(head, batch, spans, signals, rule, p, temperature, flat, settle_on_host=True)
+        if memo is not None:
+            memo[key] = stats, part
+    where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
+    checked = Signals(**{**vars(at_positions(signals, where)), **part})
+    return stats, part, acceptance.rule_accepts(rule, checked).tolist()
+
+
+def _slot_keys(batch: list[VerifyInputs]) -> list[tuple[int, int, int]]:
+    """Per stacked slot, (mask_seed, sequence position, the round's first position): the first two key its
+    masks; a sequence position recurs in the next round (after a rejection), hence the third in a memo key."""
+    return [(inputs.mask_seed, inputs.first_position + i, inputs.first_position)
+            for inputs in batch for i in range(inputs.num_drafted)]
+
+
+def _paths_at(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float, flat: list[int] | None,
+              settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
+    """PathStats and path fields at the stacked slots `flat` (None: every slot), each slot with its own
+    request's masks."""
+    hidden = torch.cat([inputs.hidden[: inputs.num_drafted] for inputs in batch])
+    clean_logits = torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch])
+    q_signal = torch.cat([inputs.q_signal for inputs in batch])
+    draft_tokens = signals.draft_tokens
+    if flat is not None:
+        where = torch.tensor(flat, dtype=torch.long, device=hidden.device)
+        hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
+    every = _slot_keys(batch)
+    keys = [key[:2] for key in every] if flat is None else [every[position][:2] for position in flat]
     support = None
     if rule.path_support and p != 0.0:  # a labelled approximation: the paths score a few tokens, not V
-        support = mc_head.path_support(inputs.clean_logits[stage], inputs.q_signal[stage], inputs.draft_tokens[stage],
-                                       rule.path_support)
-    stats = path_stats_at(target, inputs.hidden[stage], inputs.clean_logits[stage], rule, p, inputs.temperature,
-                          [(inputs.mask_seed, position) for position in positions], support)
-    found = stats, path_signals(signals.draft_tokens[stage], inputs.q_signal[stage], stats)
-    if memo is not None:
-        memo[key] = found
+        support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
+    stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys, support)
+    return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
+
+
+def _paths_everywhere(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float,
+                      memo: dict | None) -> _PathWork:
+    """The paths at every drafted slot in one head pass, no host read (settle_close_calls on the device)."""
+    stats, part = _paths_at(head, batch, spans, signals, rule, p, temperature, None, settle_on_host=False)
+    work = _PathWork([], [0] * len(batch), [[] for _ in batch])
+    for request, (a, b) in enumerate(spans):
+        _keep(work, request, batch[request], a, list(range(a, b)), b - a, b - a, stats, part, a,
+              rule.num_paths if p != 0.0 else 0)
+    return work
+
+
+def reachable_judged(exact: list[bool], judged: list[bool]) -> list[int]:
+    """The slots [m] the rule judges (judged [g], where exact [g] is False) that lie before the first
+    slot nothing can accept (neither exact nor judged)."""
+    end = next((i for i, (ok, read) in enumerate(zip(exact, judged)) if not ok and not read), len(exact))
+    return [i for i in range(end) if not exact[i] and judged[i]]
+
+
+def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals,
+           generator: torch.Generator | None) -> list[tuple[Verdict, list[int]]]:
+    """Each request's scan and extra token, from one host copy of the rule's check masks, the exact
+    test, the drafted tokens and the target's argmax at every verified position."""
+    n = spans[-1][1]
+    checks = _checks(rule, spans, signals) if n else []
+    argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
+    parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
+    parts += [signals.exact, signals.draft_tokens, argmax]
+    host = torch.cat([part.long() for part in parts]).tolist()  # the one copy
+    masks = {name: host[i * n:(i + 1) * n] for i, (name, _) in enumerate(checks)}
+    base = len(checks) * n
+    exact, drafts, argmax_host = host[base: base + n], host[base + n: base + 2 * n], host[base + 2 * n:]
+    found = []
+    for request, ((a, b), inputs) in enumerate(zip(spans, batch)):
+        reasons = acceptance.run_scan(acceptance.scan(b - a, lambda i, at=a: bool(exact[at + i])),
+                                      lambda i, at=a: acceptance.first_accepting(masks, at + i))
+        accepted = acceptance.accepted_count(reasons)
+        if inputs.temperature == 0.0:
+            token, kind = argmax_host[a + request + accepted], BONUS if accepted == b - a else CORRECTION
+        else:
+            token, kind = acceptance.extra_token(accepted, b - a, inputs.q_sample, inputs.p_sample, generator)
+        found.append((Verdict(accepted, reasons, token, kind), drafts[a: a + accepted] + [token]))
     return found
 
 
-def _paths_key(inputs: VerifyInputs, positions: list[int], rule, p: float) -> tuple:
-    # A sequence position recurs in the next round (after a rejection): the round's first position is in the key.
-    return ("paths", inputs.first_position, tuple(positions), rule.num_paths, p, rule.centroid, rule.mask_draw)
-
-
-# ---------------------------------------------------------------- many sequences at once (a serving batch)
-
-
-def verify_stacked(target: Head, rule, p: float | None, batch: list[VerifyInputs],
-                  judge: TrainedJudge | None = None, settle_on_host: bool = True) -> Signals:
-    """The signals at every drafted position of every input, stacked in order ([n], n the inputs'
-    drafted positions together), the paths (when the rule reads them) at all of them in one head
-    pass, each position with its own sequence's masks (mask_seed, position): the values
-    verify_positions gives each position it judges, whatever else is in the batch (tested).
-    settle_on_host False: no host copy (settle_close_calls).
-
-    No stages: a server's pieces are each one position the exact test rejected (serving/verify.py),
-    where the rule reads its paths anyway; verifying a batch in one pass is what makes it cheap."""
-    draft_tokens = torch.cat([inputs.draft_tokens for inputs in batch])
-    q_signal = torch.cat([inputs.q_signal for inputs in batch])
-    clean_logits = torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch])
-    temperature = _one_temperature(batch)
-    p_signal = signal_probs(clean_logits, temperature)
-    paths = None
-    if rule.uses_paths and draft_tokens.numel():
-        hidden = torch.cat([inputs.hidden[: inputs.num_drafted] for inputs in batch])
-        keys = [(inputs.mask_seed, inputs.first_position + i) for inputs in batch for i in range(inputs.num_drafted)]
-        support = None
-        if rule.path_support and p != 0.0:  # as _stage_paths: the labelled approximation, row by row
-            support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
-        paths = path_stats_at(target, hidden, clean_logits, rule, p, temperature, keys, support, p_signal)
-    signals = position_signals(draft_tokens, q_signal, p_signal, paths, settle_on_host)
-    signals = Signals(**{**vars(signals), "exact": torch.cat([inputs.exact for inputs in batch])})
-    if rule.uses_judge:
-        hidden_after = torch.cat([inputs.hidden[1 : inputs.num_drafted + 1] for inputs in batch])
-        signals = with_judge_scores(signals, hidden_after, judge)
-    return signals
+def _checks(rule, spans, signals: Signals) -> list[tuple[str, torch.Tensor]]:
+    """The rule's (reason, mask [n]) over the stacked slots; per request where a check reads later slots
+    of its own round (FLy's window), so that no window runs into the next request."""
+    if not acceptance.RULES[rule.rule].reads_later or len(spans) == 1:
+        return acceptance.rule_checks(rule, signals)
+    per_request = [acceptance.rule_checks(rule, _span_of(signals, a, b)) for a, b in spans]
+    return [(name, torch.cat([checks[c][1] for checks in per_request])) for c, (name, _) in enumerate(per_request[0])]
 
 
 def _one_temperature(batch: list[VerifyInputs]) -> float:
     temperatures = {inputs.temperature for inputs in batch}
     if len(temperatures) > 1:
-        raise ValueError(f"one stacked verify step reads one temperature, got {sorted(temperatures)}")
+        raise ValueError(f"one verify step reads one temperature, got {sorted(temperatures)}")
     return temperatures.pop() if temperatures else 0.0
 
 

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from dropmatch import acceptance, verifying
+from dropmatch import acceptance, mc_head, verifying
 from dropmatch.config import ConfigError, RuleConfig
 from dropmatch.mc_head import mask_seed
-from dropmatch.serving.verify import Round, verify_greedy, verify_in_one_pass
+from dropmatch.sampling import signal_probs
+from dropmatch.serving.verify import Round, verify_rounds
 from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
 from dropmatch.serving.vllm.stats import StatsFile, read_counts
@@ -37,39 +37,53 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
     return made
 
 
-@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6),
-                                  RuleConfig("naive", p=0.2), RuleConfig("fixed_js", fixed_js_threshold=0.5),
-                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)])
-def test_a_batch_decides_what_each_request_decides_alone(tiny_engine, rule):
-    """One batched head pass for the first stage of every request gives each request the verdict
-    verify_positions + decide give it alone (the engine's and the rule lab's own path)."""
-    rounds = rounds_of(tiny_engine.target)
-    batched = verify_greedy(tiny_engine.target, rule, rounds)
-    path_rows = 0
-    for round_, verdict in zip(rounds, batched):
-        inputs = round_.verify_inputs()
-        alone = verifying.verify_positions(tiny_engine.target, rule, rule.p if rule.uses_paths else None, inputs)
-        expected = acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
-                                     torch.Generator(), exact=inputs.exact)
-        assert verdict == expected
-        path_rows += alone.path_rows
-    assert path_rows > 0 or not rule.uses_paths  # the batched first stage had work to share
+def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
+    """A round's verdict by the method's definition, no scheduling: every signal at every drafted
+    position (the paths at all of them, each with its own masks), then acceptance.decide's scan."""
+    inputs, g = round_.verify_inputs(), round_.num_drafted
+    p_signal = signal_probs(inputs.clean_logits[:g], 0.0)
+    paths = None
+    if rule.uses_paths:
+        support = None
+        if rule.path_support and rule.p != 0.0:
+            support = mc_head.path_support(inputs.clean_logits[:g], inputs.q_signal, inputs.draft_tokens, rule.path_support)
+        keys = [(inputs.mask_seed, inputs.first_position + i) for i in range(g)]
+        paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 0.0, keys, support)
+    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths)
+    if rule.uses_judge:
+        signals = verifying.with_judge_scores(signals, inputs.hidden[1:g + 1], judge)
+    return acceptance.decide(rule, True, signals, inputs.q_signal, inputs.clean_logits, torch.Generator(),
+                             exact=inputs.exact)
 
 
-@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
-                                  RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
-                                  RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
-                                  RuleConfig("dropmatch", p=0.3, path_support=8),
-                                  RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)])
-def test_one_pass_gives_the_verdicts_of_the_scan_pass_by_pass(tiny_engine, rule):
-    """verify_greedy(one_pass=True), every position judged at once and the scans run on the host, gives
-    the verdicts of the incremental scan (which judges only the positions each scan reaches)."""
+RULES_SERVED = [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
+                RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
+                RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
+                RuleConfig("dropmatch", p=0.3, path_support=8),
+                RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)]
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("rule", RULES_SERVED)
+def test_a_batch_decides_what_the_definition_decides_for_each_request(tiny_engine, rule, one_pass):
+    """The one verify step over a batch (staged, or every position in one pass) gives each request the
+    verdict of the definition (every position's signals, then the scan), and emits its accepted drafts
+    then the token after them: the row a server writes."""
     rounds = rounds_of(tiny_engine.target, num_requests=8)
-    verdicts = verify_greedy(tiny_engine.target, rule, rounds)
-    assert verify_greedy(tiny_engine.target, rule, rounds, one_pass=True) == verdicts
-    _, lines = verify_in_one_pass(tiny_engine.target, rule, rounds)  # the rows a server writes
-    assert lines == [round_.draft_tokens[:verdict.num_accepted].tolist() + [verdict.next_token]
-                     for round_, verdict in zip(rounds, verdicts)]
+    verified = verify_rounds(tiny_engine.target, rule, rounds, one_pass)
+    for round_, found in zip(rounds, verified):
+        assert found.verdict == by_definition(tiny_engine.target, rule, round_)
+        assert found.emitted == round_.draft_tokens[:found.verdict.num_accepted].tolist() + [found.verdict.next_token]
+    assert sum(found.path_rows for found in verified) > 0 or not rule.uses_paths or rule.p == 0.0
+
+
+@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6)])
+def test_staging_reads_fewer_head_rows_than_one_pass(tiny_engine, rule):
+    """Staged, the paths run only at the positions the rule reads; in one pass at every drafted one."""
+    rounds = rounds_of(tiny_engine.target, num_requests=8)
+    staged = sum(found.path_rows for found in verify_rounds(tiny_engine.target, rule, rounds))
+    everywhere = sum(found.path_rows for found in verify_rounds(tiny_engine.target, rule, rounds, one_pass=True))
+    assert 0 < staged < everywhere == rule.num_paths * sum(round_.num_drafted for round_ in rounds)
 
 
 class HostReads(torch.overrides.TorchFunctionMode):
@@ -94,28 +108,25 @@ def test_one_pass_reads_the_device_once_for_the_whole_batch(tiny_engine, rule):
     for round_ in rounds:  # the inputs a server hands over, computed before the verify step
         round_.q_signal
     with HostReads() as one_pass:
-        verify_greedy(tiny_engine.target, rule, rounds, one_pass=True)
-    with HostReads() as by_passes:
-        verify_greedy(tiny_engine.target, rule, rounds)
+        verify_rounds(tiny_engine.target, rule, rounds, one_pass=True)
+    with HostReads() as staged:
+        verify_rounds(tiny_engine.target, rule, rounds)
     assert one_pass.reads == ["tolist"]
-    assert len(by_passes.reads) > 1  # what it replaces: a copy per pass, per check and per round
+    assert len(staged.reads) > 1  # what it replaces: a read per stage
 
 
 @pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("name", ["judge", "dropmatch_judge"])
 def test_the_judge_rules_decide_in_a_batch_what_the_engines_judge_step_decides(tiny_engine, name, one_pass):
-    """The trained judge's rules served: each request's verdict equals verify_positions + decide with the
-    same judge, which reads the target's hidden state on reading each drafted token."""
+    """The trained judge's rules served: each request's verdict is the definition's with the same judge,
+    which reads the target's hidden state on reading each drafted token."""
     judge = random_judge(int(tiny_engine.target.hidden_size), seed=1, threshold=0.6)
     rule = RuleConfig(name, p=0.3, judge_threshold=0.6)
     rounds = rounds_of(tiny_engine.target, num_requests=8)
     reasons = set()
-    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds, one_pass, judge)):
-        inputs = round_.verify_inputs()
-        alone = verifying.verify_positions(tiny_engine.target, rule, 0.3 if rule.uses_paths else None, inputs, judge=judge)
-        assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
-                                            torch.Generator(), exact=inputs.exact)
-        reasons.update(verdict.reasons)
+    for round_, found in zip(rounds, verify_rounds(tiny_engine.target, rule, rounds, one_pass, judge)):
+        assert found.verdict == by_definition(tiny_engine.target, rule, round_, judge)
+        reasons.update(found.verdict.reasons)
     assert "judge" in reasons and "rejected" in reasons  # the judge decided both ways
 
 
@@ -153,38 +164,44 @@ def test_a_request_may_ask_for_the_counter_mask_draw_and_a_bad_draw_is_refused_i
 
 
 def test_a_lossy_acceptance_mid_round_is_followed_by_the_rest_of_the_round(tiny_engine):
-    """verify_greedy judges a round piece by piece (up to each exact-test rejection): after the rule
-    accepts a position the later ones are judged too, as verifying the whole round does."""
+    """After the rule accepts a position the exact test rejected, the later ones are judged too."""
     rule = RuleConfig("fixed_js", fixed_js_threshold=0.5)
     rounds = rounds_of(tiny_engine.target)
     continued = 0
-    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, rule, rounds)):
-        inputs = round_.verify_inputs()
-        alone = verifying.verify_positions(tiny_engine.target, rule, None, inputs)
-        assert verdict == acceptance.decide(rule, True, alone.signals, round_.q_signal, round_.clean_logits,
-                                            torch.Generator(), exact=inputs.exact)
+    for round_, found in zip(rounds, verify_rounds(tiny_engine.target, rule, rounds)):
+        verdict = found.verdict
+        assert verdict == by_definition(tiny_engine.target, rule, round_)
         continued += "fixed_js" in verdict.reasons[:-1] and verdict.reasons[-1] != "unchecked"
     assert continued > 0
 
 
-def test_at_p0_a_batch_verifies_losslessly(tiny_engine):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_at_p0_a_batch_verifies_losslessly(tiny_engine, one_pass):
     """Every path is the clean row: greedy verdicts accept exactly the argmax prefix."""
     rounds = rounds_of(tiny_engine.target)
-    for round_, verdict in zip(rounds, verify_greedy(tiny_engine.target, RuleConfig("dropmatch", p=0.0), rounds)):
+    for round_, found in zip(rounds, verify_rounds(tiny_engine.target, RuleConfig("dropmatch", p=0.0), rounds, one_pass)):
         argmax = round_.clean_logits.argmax(-1)
         matches = (argmax[: len(round_.draft_tokens)] == round_.draft_tokens).tolist() + [False]
-        assert verdict.num_accepted == matches.index(False)
-        assert verdict.next_token == int(argmax[verdict.num_accepted])
+        assert found.verdict.num_accepted == matches.index(False)
+        assert found.verdict.next_token == int(argmax[found.verdict.num_accepted])
 
 
-def test_a_requests_verdict_does_not_depend_on_its_batch(tiny_engine):
-    """The same request judged beside others or beside other others: the same verdict."""
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_a_requests_verification_does_not_depend_on_its_batch(tiny_engine, one_pass):
+    """The same request judged beside others, beside other others or alone: the same verdict and the same
+    signals (each position keyed by its own request's masks)."""
     rule = RuleConfig("dropmatch", p=0.3)
-    rounds = rounds_of(tiny_engine.target)
-    first = verify_greedy(tiny_engine.target, rule, rounds)
-    others = rounds_of(tiny_engine.target, seed=5)
-    mixed = verify_greedy(tiny_engine.target, rule, [others[0], rounds[2], others[3], rounds[4]])
-    assert mixed[1] == first[2] and mixed[3] == first[4]
+    rounds, others = rounds_of(tiny_engine.target), rounds_of(tiny_engine.target, seed=5)
+    first = verify_rounds(tiny_engine.target, rule, rounds, one_pass)
+    mixed = verify_rounds(tiny_engine.target, rule, [others[0], rounds[2], others[3], rounds[4]], one_pass)
+    for in_batch, (index, round_) in zip((mixed[1], mixed[3]), ((2, rounds[2]), (4, rounds[4]))):
+        alone, = verify_rounds(tiny_engine.target, rule, [round_], one_pass)
+        assert in_batch.verdict == first[index].verdict == alone.verdict
+        for name, value in vars(in_batch.signals).items():
+            expected = getattr(alone.signals, name)
+            assert (value is None) == (expected is None), name
+            if value is not None:
+                assert torch.allclose(value.float(), expected.float(), atol=1e-6, equal_nan=True), name
 
 
 def test_settings_apply_over_the_engines_and_refuse_bad_ones_in_one_line():
@@ -298,52 +315,6 @@ def test_the_vllm_table_gives_the_median_speed_with_its_range_and_flags_unequal_
     assert "(repeats differ!)" in bench.table({"runs": [run], "reference": reference})
 
 
-@pytest.mark.parametrize("p", [0.0, 0.3])
-def test_stacked_positions_get_the_signals_each_gets_alone(tiny_engine, p):
-    """verifying.verify_stacked (every position of a batch in one call, each with its own masks) gives
-    each position the signals verify_positions gives it alone, path fields included."""
-    rule = RuleConfig("dropmatch", p=p)
-    rounds = rounds_of(tiny_engine.target)
-    pieces = []  # each round's positions the exact test rejected, one piece each
-    for round_ in rounds:
-        inputs = round_.verify_inputs()
-        for i in (~inputs.exact).nonzero().flatten().tolist():
-            pieces.append((round_, i, verifying.VerifyInputs(
-                inputs.first_position + i, inputs.draft_tokens[i:i + 1], inputs.q_signal[i:i + 1],
-                inputs.hidden[i:i + 2], inputs.clean_logits[i:i + 2], inputs.exact[i:i + 1], 0.0, inputs.mask_seed)))
-    stacked = verifying.verify_stacked(tiny_engine.target, rule, p, [piece for _, _, piece in pieces])
-    for j, (_, _, piece) in enumerate(pieces):
-        alone = verifying.verify_positions(tiny_engine.target, rule, p, piece).signals
-        for name, value in vars(stacked).items():
-            expected = getattr(alone, name)
-            if value is None:  # a field this rule does not read (the judge's scores)
-                assert expected is None, name
-                continue
-            got, want = (value[:, j], expected[:, 0]) if name == "path_tokens" else (value[j], expected[0])
-            assert torch.allclose(got.float(), want.float(), atol=1e-6), (name, j)
-    assert len(pieces) >= len(rounds)
-
-
-def test_the_servers_own_verdict_is_the_exact_test_the_scan_starts_from(tiny_engine):
-    """A Round given the server's lossless verdict decides what it decides computing the exact test."""
-    rule = RuleConfig("dropmatch", p=0.3)
-    rounds = rounds_of(tiny_engine.target)
-    told = []
-    for round_ in rounds:
-        exact = round_.exact().tolist() + [False]
-        accepted = exact.index(False)
-        told.append(replace(round_, lossless=(accepted, int(round_.clean_logits[accepted].argmax()))))
-    assert verify_greedy(tiny_engine.target, rule, told) == verify_greedy(tiny_engine.target, rule, rounds)
-
-
-def test_vllms_output_row_reads_as_its_lossless_verdict():
-    from dropmatch.serving.vllm.runner import vllm_verdict
-
-    assert vllm_verdict([11, 12, 7, -1, -1]) == (2, 7)
-    assert vllm_verdict([9, -1, -1]) == (0, 9)
-    assert vllm_verdict([1, 2, 3]) == (2, 3)
-
-
 def test_the_counters_reach_the_file_soon_without_the_step_writing_it(tmp_path):
     """write_soon only signals: the writer thread puts the counts in the file (waited for up to 60 s,
     1,200 of its 50 ms periods: a guard against a writer that never writes, not a timing)."""
@@ -380,22 +351,21 @@ def test_rounds_of_engine_processes_merge_into_one_run_and_pair_their_ratios():
             bench.parse_args(["--rounds", bad])
 
 
-def test_the_judge_step_cost_script_times_each_rate(capsys):
-    """scripts/judge_step_cost.py on a small head: one line of milliseconds a step per rate."""
-    import importlib.util
+def test_the_verify_step_cost_script_times_each_rate_staged_and_in_one_pass():
+    """scripts/verify_step_cost.py on a small head, run as a user runs it: per rate, a line of milliseconds
+    a step staged and one in one pass, the one pass computing the paths at every drafted position."""
+    import subprocess
+    import sys
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("judge_step_cost",
-                                                  Path(__file__).resolve().parents[1] / "scripts" / "judge_step_cost.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    threads = torch.get_num_threads()
-    try:
-        assert script.main(["--requests", "3", "--vocab", "300", "--hidden", "16", "--steps", "2", "--p", "0,0.2"]) == 0
-    finally:
-        torch.set_num_threads(threads)  # the script runs on one thread, as vLLM's worker; the suite on all
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["p 0", "p 0.2"] and all("ms a step of 3" in l for l in lines)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "verify_step_cost.py"
+    done = subprocess.run([sys.executable, str(script), "--requests", "3", "--vocab", "300", "--hidden", "16",
+                           "--steps", "2", "--p", "0,0.2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["p 0 staged  ", "p 0 one pass", "p 0.2 staged  ", "p 0.2 one pass"]
+    assert all("ms a step of 3 requests" in line for line in lines)
+    assert lines[-1].endswith(f"{3 * 4 * RuleConfig('dropmatch').num_paths} path rows")  # 3 requests, gamma 4
 
 
 def _engine(dropmatch) -> SimpleNamespace:

@@ -18,7 +18,6 @@ import sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process: its steps can be recorded
 
-import torch  # noqa: E402
 
 from dropmatch import verifying  # noqa: E402
 from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
@@ -46,11 +45,10 @@ def record_steps() -> None:
 
 
 def recheck() -> tuple[dict, dict[str, list[int]]]:
-    """Each recorded round judged alone by the project's verify step (verify_positions, no batching)
+    """Each recorded round judged alone by the project's verify step (verifying.verify, a batch of one, staged)
     with the same head, hidden rows and masks; the emitted row must match, and every emitted token
     must be the target's argmax there or accepted by the rule. Also: per request id, the sequence
     positions of the tokens the rule accepted beyond the exact test."""
-    from dropmatch import acceptance
 
     mismatches, lossy, exact, not_allowed, q_not_draft = 0, 0, 0, 0, 0
     lossy_positions: dict[str, list[int]] = {}
@@ -59,10 +57,8 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
         inputs = round_.verify_inputs()
         rule = judge.filled(rule) if rule.uses_judge else rule  # as the runner fills it
-        judged = verifying.verify_positions(head, rule, rule.p if rule.uses_paths else None, inputs, judge=judge)
-        verdict = acceptance.decide(rule, True, judged.signals, round_.q_signal, round_.clean_logits,
-                                    torch.Generator(), exact=inputs.exact)
-        expected = round_.draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+        alone, = verifying.verify(head, rule, rule.p if rule.uses_paths else None, [inputs], judge=judge)
+        verdict, expected = alone.verdict, alone.emitted
         got = [token for token in emitted if token != -1]
         mismatches += got != expected
         argmax = round_.clean_logits.argmax(-1).tolist()

@@ -144,7 +144,7 @@ def engine_specs() -> dict[str, tuple]:
         "dropmatch_ngram": ("ngram", {"rule": "dropmatch", "p": 0.0}, [
             greedy("p0"), greedy("lossy", LOSSY), greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
         # DropMatch engine-wide at p = 0.3 with the exported draft model, verified as off a CPU: every
-        # drafted position at once, one host copy per step (runner.one_pass_on); the engine above pass by pass
+        # drafted position at once, one host copy per step (runner.one_pass_on); the engine above staged
         # and the trained judge's combination (the shipped judge, trained on this target's hidden states);
         # a request's own mask_draw "counter" (the step's masks in one batched draw: an accelerator's way)
         "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3, "judge": str(SHIPPED_JUDGE)}, [
@@ -208,10 +208,10 @@ def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(pla
                                                     ("dropmatch_draft_model", "lossy", True),
                                                     ("dropmatch_draft_model", "lossy_counter", True)])
 def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, run, one_pass, request):
-    """(b) Each round the plugin re-verified, judged again alone by verifying.verify_positions with the
+    """(b) Each round the plugin re-verified, judged again alone by verifying.verify (a batch of one) with the
     same head, hidden rows and masks, gives the row the plugin emitted; every token accepted as exact
     is the target's argmax; some tokens were accepted by the rule alone; a draft model's kept
-    distributions belong to the tokens it drafted. Verified pass by pass (a CPU's way) and in one
+    distributions belong to the tokens it drafted. Verified staged (a CPU's way) and in one
     pass with one host copy per step (an accelerator's); with the per-position masks and with a
     request's own mask_draw "counter" (every position's masks in one batched draw)."""
     result = request.getfixturevalue(engine)
@@ -222,8 +222,8 @@ def test_at_p_above_0_every_decision_is_the_judge_steps_own(engine, run, one_pas
 
 
 def test_the_trained_judges_rule_decides_in_vllm_what_the_judge_step_decides(dropmatch_draft_model):
-    """DropMatch + the shipped trained judge on the plugin's engine: every round equal to verify_positions
-    + decide with the same judge (it reads the target's hidden state vLLM computed), and the judge
+    """DropMatch + the shipped trained judge on the plugin's engine: every round equal to verifying.verify
+    alone with the same judge (it reads the target's hidden state vLLM computed), and the judge
     accepted some drafts itself."""
     steps = dropmatch_draft_model["steps"]["with_judge"]
     assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps

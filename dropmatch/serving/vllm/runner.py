@@ -2,8 +2,8 @@
 
 `DropMatchRunner` goes before vLLM's runner class in the MRO (register() builds the subclasses) and
 changes one thing: after vLLM's rejection sampler has verified a step's drafts, the greedy requests
-that asked for a lossy rule are re-verified by the project's own verify step and rules
-(serving/verify.py), from the very rows vLLM computed: the target's final hidden states at the
+that asked for a lossy rule are re-verified by the project's one verify step (verifying.verify, as the
+engine and the rule lab call it; serving/verify.py builds its inputs), from the very rows vLLM computed: the target's final hidden states at the
 verified positions (kept from the forward pass), its logits there, and the LM head for the K
 Monte-Carlo paths (`model.compute_logits` on the judged rows only). Everything else is vLLM's own:
 sampled requests, requests asking for logprobs, rule "lossless", and every engine without
@@ -16,8 +16,8 @@ Methods that give neither serve only the rules that do not read them.
 
 Nothing of a step is copied: the rows are views of the step's own tensors, which vLLM's rejection
 sampler reads without changing (it indexes copies of the logits: vllm/v1/sample/rejection_sampler.py,
-0.32), and the exact test's verdict is vLLM's own (its output row), extended only where a rule
-accepts a token vLLM rejected.
+0.32). The exact test is greedy's argmax test on those logits, vLLM's own; a re-verified row replaces
+vLLM's with the accepted drafts and the target's token after them.
 """
 
 from __future__ import annotations
@@ -33,19 +33,19 @@ import torch
 from ...acceptance import RULES
 from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
-from ..verify import Round, verify_greedy, verify_in_one_pass
+from ..verify import Round, verify_rounds
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
 from .settings import ServeSettings, read_judge, request_settings
 from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
-ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": pass by pass; unset: by the device
+ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": staged; unset: by the device
 
 
 def one_pass_on(device) -> bool:
     """Whether the verify step judges every drafted position at once with one host copy (off a CPU,
-    where each copy is a sync) or pass by pass (fewer head rows; on a CPU a copy costs nothing)."""
+    where each copy is a sync) or staged (fewer head rows; on a CPU a copy costs nothing)."""
     given = os.environ.get(ONE_PASS_ENV, "")
     if given in ("0", "1"):
         return given == "1"
@@ -145,7 +145,7 @@ class _Verifier:
                              f"speculative method {method!r} does not give; use method 'ngram' or 'draft_model', or "
                              "a rule that reads none (majority, naive, typical)")
         LOG.info("DropMatch on: rule %s, p %s, K %d (method %s; verify %s)", settings.rule.rule, settings.rule.p,
-                 settings.rule.num_paths, method, "in one pass" if verifier.one_pass else "pass by pass")
+                 settings.rule.num_paths, method, "in one pass" if verifier.one_pass else "staged")
         if method == "draft_model":
             LOG.info("%s", memory_line(runner.model_config.get_vocab_size(), spec.num_speculative_tokens,
                                        runner.scheduler_config.max_num_seqs))
@@ -262,39 +262,28 @@ class _Verifier:
             self._forget_finished()
             return
         sampled = output.sampled_token_ids
-        emitted = None if self.one_pass else sampled.tolist()  # pass by pass: vLLM's verdicts, one host copy
         by_rule: dict = {}
         for row, req_id, settings, round_ in work:
-            if emitted is not None:
-                round_ = replace(round_, lossless=vllm_verdict(emitted[row]))
             by_rule.setdefault(settings.rule, []).append((row, req_id, round_))
         rows, lines = [], []
         for rule, items in by_rule.items():
-            for (row, req_id, _), verdict, line in zip(items, *self.verify(rule, items, emitted)):
+            for (row, req_id, _), verified in zip(items, self.verify(rule, items)):
                 rows.append(row)
-                lines.append(line + [-1] * (sampled.shape[1] - len(line)))
-                self.step_reasons[req_id] = dict(Counter(verdict.reasons))
+                lines.append(verified.emitted + [-1] * (sampled.shape[1] - len(verified.emitted)))
+                self.step_reasons[req_id] = dict(Counter(verified.verdict.reasons))
                 if self.stats is not None:
-                    self.stats.add(verdict.reasons)
+                    self.stats.add(verified.verdict.reasons)
         # every rewritten row in one copy to the device
         sampled[torch.tensor(rows, device=sampled.device)] = torch.tensor(lines, dtype=sampled.dtype, device=sampled.device)
         if self.stats is not None:
             self.stats.write_soon()
         self._forget_finished()
 
-    def verify(self, rule, items: list, emitted: list | None) -> tuple[list, list[list[int]]]:
-        """(the verdicts of items [(row, request id, Round)] under rule, each row's emitted tokens: its
-        accepted drafts, then the target's token)."""
-        rounds = [round_ for _, _, round_ in items]
+    def verify(self, rule, items: list) -> list:
+        """The verifications (verifying.Verified) of items [(row, request id, Round)] under rule."""
         if rule.uses_judge:
             rule = self.judge.filled(rule)  # the judge's validation-chosen threshold where the request set none
-        if self.one_pass:
-            return verify_in_one_pass(self.head, rule, rounds, self.judge)
-        verdicts = verify_greedy(self.head, rule, rounds, judge=self.judge)
-        # the drafts it accepted are vLLM's accepted drafts, then the rule's: the row so far and the drafts
-        lines = [_accepted_drafts(emitted[row], round_, verdict.num_accepted) + [verdict.next_token]
-                 for (row, _, round_), verdict in zip(items, verdicts)]
-        return verdicts, lines
+        return verify_rounds(self.head, rule, [round_ for _, _, round_ in items], self.one_pass, self.judge)
 
     def _forget_finished(self) -> None:
         if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
@@ -307,15 +296,6 @@ class _Verifier:
             self.warned.add(key)
             LOG.warning(message)
 
-
-
-def _accepted_drafts(emitted_row: list[int], round_: Round, num_accepted: int) -> list[int]:
-    """The first num_accepted drafted tokens: those vLLM accepted are in its row already; past them
-    (where the rule accepted what vLLM rejected) the drafts are read from the round, on the host."""
-    own, _ = vllm_verdict(emitted_row)
-    if num_accepted <= own:
-        return emitted_row[:num_accepted]
-    return emitted_row[:own] + round_.draft_tokens[own:num_accepted].tolist()
 
 
 def memory_line(vocab_size: int, gamma: int, max_requests: int) -> str:
@@ -349,11 +329,3 @@ def _counting_rank() -> bool:
         return get_tensor_model_parallel_rank() == 0
     except (ImportError, AssertionError, AttributeError):  # no parallel group set up: a single worker
         return True
-
-
-def vllm_verdict(emitted: list[int]) -> tuple[int, int]:
-    """A greedy request's row of vLLM's output (accepted drafts, the target's token, then -1s) as
-    (drafts its exact test accepted, the token after them)."""
-    tokens = [token for token in emitted if token != -1]
-    return len(tokens) - 1, tokens[-1]
-

@@ -1,12 +1,14 @@
-"""What one serving step's re-verification costs on this machine, apart from any server: verify_greedy
-(serving/verify.py) with the plugin's VllmHead over a batch of greedy requests, on a random LM head
+"""What one verify step costs on this machine, staged and in one pass, apart from any server:
+verifying.verify (through serving/verify.verify_rounds) with the plugin's VllmHead over a batch of greedy
+requests (--requests 1: the engine's batch of one), on a random LM head
 of the embedded target's shape (V 49152, H 576), one thread as vLLM's CPU worker runs. Each request
 drafts gamma tokens, the first 0, 1 or 2 of them the target's own choice; the draft's logits are
 random rows.
 
-    .venv/bin/python scripts/judge_step_cost.py [--requests 16] [--p 0,0.15] [--steps 10]
+    .venv/bin/python scripts/verify_step_cost.py [--requests 16] [--p 0,0.15] [--steps 10]
 
-Prints the milliseconds a step (the median of --steps) at each p. glibc's allocator returns large
+Prints the milliseconds a step (the median of --steps) at each p, staged (the paths only where the rule
+reads them) and in one pass (the paths at every drafted position), with the head rows each computed. glibc's allocator returns large
 freed blocks to the system, and the page faults of fresh vocabulary-sized tensors are a good part of
 the cost; MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or tcmalloc) change that, as they do for vLLM.
 """
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dropmatch.config import RuleConfig  # noqa: E402
-from dropmatch.serving.verify import Round, verify_greedy  # noqa: E402
+from dropmatch.serving.verify import Round, verify_rounds  # noqa: E402
 from dropmatch.serving.vllm.runner import VllmHead  # noqa: E402  (imports no vLLM)
 
 
@@ -39,7 +41,7 @@ class RandomLM:
 
 
 def rounds_of(model: RandomLM, requests: int, gamma: int, generator: torch.Generator) -> list[Round]:
-    """Rounds as a server hands them over: views of the step's rows, the server's own verdict given."""
+    """Rounds as a server hands them over: views of the step's rows."""
     vocab, hidden_size = model.weight.shape
     made = []
     for i in range(requests):
@@ -48,10 +50,8 @@ def rounds_of(model: RandomLM, requests: int, gamma: int, generator: torch.Gener
         target = logits.argmax(-1)
         drafts = torch.randint(0, vocab, (gamma,), generator=generator)
         drafts[: i % 3] = target[: i % 3]
-        accepted = int((drafts == target[:gamma]).int().cumprod(0).sum())
         draft_logits = tuple(torch.randn(gamma, vocab, generator=generator))
-        made.append(Round(100 + i, drafts, draft_logits, hidden, logits, 1234 + i,
-                          lossless=(accepted, int(target[accepted]))))
+        made.append(Round(100 + i, drafts, draft_logits, hidden, logits, 1234 + i))
     return made
 
 
@@ -72,14 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     rounds = rounds_of(model, args.requests, args.gamma, generator)
     for p in (float(text) for text in args.p.split(",")):
         rule = RuleConfig("dropmatch", p=p)
-        verify_greedy(head, rule, rounds)  # first-call costs out of the timing
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            verify_greedy(head, rule, rounds)
-            times.append(1000 * (time.perf_counter() - start))
-        print(f"p {p:g}: {statistics.median(times):.1f} ms a step of {args.requests} requests "
-              f"({min(times):.1f}-{max(times):.1f})")
+        for one_pass in (False, True):
+            rows = sum(found.path_rows for found in verify_rounds(head, rule, rounds, one_pass))  # first-call costs out
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                verify_rounds(head, rule, rounds, one_pass)
+                times.append(1000 * (time.perf_counter() - start))
+            print(f"p {p:g} {'one pass' if one_pass else 'staged  '}: {statistics.median(times):.1f} ms a step of "
+                  f"{args.requests} requests ({min(times):.1f}-{max(times):.1f}), {rows} path rows")
     return 0
 
 
