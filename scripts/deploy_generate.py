@@ -60,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", help="the model repository, owner/name")
     parser.add_argument("--dry-run", action="store_true", help="list the files and their sizes; upload nothing")
+    parser.add_argument("--stage", metavar="DIR", help="write the repository's files into DIR to read; upload nothing")
     args = parser.parse_args(argv)
+    if args.stage:
+        for path in staged(Path(args.stage)):
+            print(f"{(Path(args.stage) / path).stat().st_size / 1e3:8.1f} kB  {path}")
+        return 0
     if not args.dry_run and not args.repo:
-        parser.error("give --repo owner/name, or --dry-run")
+        parser.error("give --repo owner/name, --dry-run or --stage DIR")
     with tempfile.TemporaryDirectory() as folder:
         files = staged(Path(folder))
         for path in files:

@@ -31,16 +31,16 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
+from dropmatch.bench.prompts import DEFAULT_GSM8K_TRAIN, DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: F401
 from dropmatch.models import EMBEDDED_DRAFT_DIR, encode_prompt, load_embedded_target, stop_token_ids
+from dropmatch.models.generation import batched_generate, load_generated, save_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_WORK = ROOT / "runs" / "distill"
-DEFAULT_GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"
 
 TOPICS = [
     "the ocean", "autumn leaves", "a city at night", "friendship", "learning to code", "coffee",
@@ -91,38 +91,6 @@ CODE_TASKS = [
     "counts word frequencies in a text", "returns the second largest number in a list",
     "checks whether two strings are anagrams", "computes the mean and median of a list",
     "transposes a matrix given as a list of lists", "finds all even numbers in a list",
-]
-
-
-def gsm8k_questions(seed: int, gsm8k_train: Path = DEFAULT_GSM8K_TRAIN) -> list[str]:
-    """GSM8K train questions, shuffled with the seed (the dev set and the recipe read the same order)."""
-    questions = [json.loads(line)["question"] for line in Path(gsm8k_train).read_text().splitlines()]
-    random.Random(seed).shuffle(questions)
-    return questions
-
-
-DEV_GSM8K = slice(700, 720)  # GSM8K train questions that `generate` skips: the dev set's math half
-DEV_PROMPTS = [  # written for the dev set only, not built from the training templates
-    "How do I politely decline an invitation to a colleague's party?",
-    "Write a short thank-you note to a neighbour who watered my plants.",
-    "What should I pack for a three-day hiking trip in spring?",
-    "Explain what a mortgage is and how interest works on it.",
-    "Suggest a name and a slogan for a bicycle repair shop.",
-    "Why do leaves change colour before they fall?",
-    "Give me a simple weekly plan to start running.",
-    "Write a four-line poem about a sleepy cat on a windowsill.",
-    "What is the difference between weather and climate?",
-    "Describe how a bill becomes a law, in a few steps.",
-    "Write a Python function that returns the number of words in a sentence.",
-    "How can I make my mornings less stressful?",
-    "Explain how vaccines train the immune system.",
-    "Write a short product review of a pair of noise-cancelling headphones.",
-    "What are three good habits for keeping a tidy desk?",
-    "Summarize the plot of a heist story in five sentences.",
-    "How does a refrigerator keep food cold?",
-    "Write an invitation to a board game night with friends.",
-    "What questions should I ask before adopting a dog?",
-    "Explain recursion to someone who has just started programming.",
 ]
 
 
@@ -230,55 +198,6 @@ def written_prompts(seed: int) -> list[str]:
     return prompts
 
 
-@torch.inference_mode()
-def batched_generate(model, tokenizer, encoded: list[list[int]], *, batch: int, max_new_tokens: int,
-                     deadline: float, sample: bool = False, desc: str = "generate"):
-    """Yields, batch by batch, [(prompt ids, answer ids up to and including the first stop
-    token)] for as many prompts as the deadline allows; batches of similar length, visited in a
-    shuffled order so that a cut run still covers short and long prompts."""
-    stops = list(stop_token_ids(tokenizer, model))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    encoded = sorted(encoded, key=len)
-    batches = [encoded[i : i + batch] for i in range(0, len(encoded), batch)]
-    random.Random(len(encoded)).shuffle(batches)
-    done = 0
-    for group in tqdm(batches, desc=desc):
-        if time.time() > deadline:
-            print(f"{desc}: deadline reached after {done} of {len(encoded)} prompts", flush=True)
-            return
-        options = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
-        answers = _generate_group(model, group, pad, stops, max_new_tokens=max_new_tokens, **options)
-        done += len(group)
-        yield list(zip(group, answers))
-
-
-def _generate_group(model, group: list[list[int]], pad: int, stops: list[int], **options) -> list[list[int]]:
-    """Answers to one batch of prompts (left-padded); a batch too big for the device's memory is
-    split in halves rather than ending the run."""
-    width = max(len(ids) for ids in group)
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group], device=model.device)
-    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=model.device)
-    out = None
-    try:
-        out = model.generate(input_ids=input_ids, attention_mask=attention, eos_token_id=stops, pad_token_id=pad,
-                             **options).tolist()
-    except torch.OutOfMemoryError:
-        if len(group) == 1:
-            raise
-    if out is None:  # outside the except block, so that the failed attempt's tensors are freed first
-        del input_ids, attention
-        torch.cuda.empty_cache()
-        half = len(group) // 2
-        print(f"out of memory with {len(group)} prompts in a batch: halves instead", flush=True)
-        return (_generate_group(model, group[:half], pad, stops, **options)
-                + _generate_group(model, group[half:], pad, stops, **options))
-    answers = []
-    for row in out:
-        answer = row[width:]
-        answers.append(answer[: next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))])
-    return answers
-
-
 def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline: float) -> list[str]:
     """Questions the target writes itself about listed topics (sampled), as extra training prompts."""
     rng = random.Random(seed)
@@ -295,29 +214,6 @@ def self_instruct(model, tokenizer, count: int, seed: int, batch: int, deadline:
 
 
 SOURCES = ("gsm8k", "written", "self")
-
-
-def load_generated(path: Path) -> tuple[list[dict], list[dict]]:
-    """(records, runs) of a generated.npz; ([], []) when there is none yet. A record is
-    {"ids": int32 [prompt + answer], "prompt_len": int, "source": one of SOURCES}."""
-    if not path.exists():
-        return [], []
-    data = np.load(path)
-    ends = np.cumsum(data["lengths"])
-    records = [{"ids": torch.from_numpy(ids.astype(np.int32)), "prompt_len": int(prompt_len), "source": str(source)}
-               for ids, prompt_len, source in zip(np.split(data["ids"], ends[:-1]), data["prompt_lens"], data["sources"])]
-    return records, json.loads(str(data["runs"]))
-
-
-def save_generated(path: Path, records: list[dict], runs: list[dict]) -> None:
-    """Written whole after every batch (to a temporary name first), so a cut run loses one batch at most."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.stem + ".partial.npz")
-    np.savez_compressed(partial, ids=np.concatenate([r["ids"].numpy() for r in records]).astype(np.int32),
-                        lengths=np.array([len(r["ids"]) for r in records]),
-                        prompt_lens=np.array([r["prompt_len"] for r in records]),
-                        sources=np.array([r["source"] for r in records]), runs=np.array(json.dumps(runs)))
-    partial.replace(path)
 
 
 def shuffled_answers(records: list[dict], rng: random.Random) -> list[dict]:

@@ -1,9 +1,10 @@
 """Drive the app in a real headless Chromium: the shipped run's rule lab on first visit, then pick an
 example, Run, wait, open every tab, move a rule-lab control, take screenshots.
 
-Used by tests/test_browser.py and, to refresh the README's pictures:
+To refresh the README's pictures (starts the app on the embedded pair itself):
     python scripts/ui_flow.py --out assets/screenshots
-(starts the app on the embedded pair itself). Needs Debian's chromium at /usr/bin/chromium.
+tests/test_browser.py drives its own app with it: --url URL (an app already running) and --json FILE
+(what the page showed). Needs Debian's chromium at /usr/bin/chromium.
 """
 
 from __future__ import annotations
@@ -111,21 +112,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="assets/screenshots")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--url", help="drive the app running there (default: start one on the embedded pair)")
+    parser.add_argument("--json", help="write what the page showed to this file")
     args = parser.parse_args()
     import json
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # app.py, run from anywhere
     import app
-    from dropmatch.engine import Engine
-    from dropmatch.models import load_pair
-    from dropmatch.studio import Policy, Studio
 
-    demo = app.create_demo(Studio(load_pair, Engine, Policy()))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
+    example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
+    demo = None
+    if args.url is None:
+        from dropmatch.engine import Engine
+        from dropmatch.models import load_pair
+        from dropmatch.studio import Policy, Studio
+
+        demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
-        example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
-        print(drive(demo.local_url, Path(args.out), example, args.max_new_tokens))
+        found = drive(args.url or demo.local_url, Path(args.out), example, args.max_new_tokens)
     finally:
-        demo.close()
+        if demo is not None:
+            demo.close()
+    print(found)
+    if args.json:
+        Path(args.json).write_text(json.dumps(found))
     return 0
 
 

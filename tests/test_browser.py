@@ -11,7 +11,6 @@ import pytest
 from local_server import serve_locally
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -39,10 +38,15 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     when a control moves; before that, the shipped run shown on first visit has its rule lab too."""
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
-    from ui_flow import drive
+    import subprocess
 
-    url, examples = embedded_app
-    found = drive(url, tmp_path, examples[0]["prompt"][:40], max_new_tokens=24)
+    url, _ = embedded_app
+    # scripts/ui_flow.py as a user runs it, on this app: example 0, Run, every tab, the rule lab, screenshots
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ui_flow.py"), "--url", url, "--out", str(tmp_path),
+                           "--max-new-tokens", "24", "--json", str(tmp_path / "found.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((tmp_path / "found.json").read_text())
     assert (found["method_p"], found["method_k"]) == ("0.3", "5")  # the method's settings button set them
     assert found["status"].startswith("Done"), found["status"]
     assert found["lossless_tokens"] >= 5 and found["lossy_tokens"] >= 5

@@ -17,8 +17,6 @@ from dropmatch.models.loading import EMBEDDED_DRAFT_DIR, GGUF_FILE, GGUF_REPO, G
 from dropmatch.trained_judge import SHIPPED_JUDGE
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import deploy_space  # noqa: E402
 
 ZEROGPU_PYTHONS = {"3.10", "3.12"}  # what ZeroGPU Spaces run (spaces' own docs)
 HARDWARE = {"cpu-basic", "cpu-upgrade", "zero-a10g", "t4-small", "t4-medium", "l4x1", "a10g-small", "a10g-large"}
@@ -49,13 +47,19 @@ def test_front_matter_matches_requirements_the_loader_and_the_presets():
     assert set(meta["models"]) == {GGUF_REPO} | preset_ids
 
 
-def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
+def dry_run_listing() -> list[str]:
+    """The files `scripts/deploy_space.py --dry-run` lists (as a user runs it), after checking its total line."""
     out = subprocess.run([sys.executable, "scripts/deploy_space.py", "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    listed = {line.split("MB  ", 1)[1] for line in lines[:-1]}
+    listed = [line.split("MB  ", 1)[1] for line in lines[:-1]]
     assert re.fullmatch(r"\d+ files, \d+\.\d MB", lines[-1]) and int(lines[-1].split()[0]) == len(listed)
+    return listed
+
+
+def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
+    listed = set(dry_run_listing())
     read_by_the_app = {path for name, path in vars(assets).items() if name.endswith("_FILE")}  # every named file
     needed = {*read_by_the_app,
               *assets.RECORDED_DIR.glob("*.json"), *assets.LESSONS_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(),
@@ -73,7 +77,7 @@ def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
 def test_every_shipped_binary_is_marked_for_xet_or_lfs():
     patterns = [line.split()[0] for line in (ROOT / ".gitattributes").read_text().splitlines()
                 if line and not line.startswith("#") and "filter=lfs" in line]
-    for path in deploy_space.space_files():
+    for path in map(Path, dry_run_listing()):
         if path.suffix in BINARY:
             assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path
 
@@ -84,16 +88,18 @@ def test_upload_without_a_space_name_is_one_clear_line():
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--space owner/name" in out.stderr
 
 
-def test_the_generate_repositorys_dry_run_lists_custom_generate_its_requirements_and_the_model_card():
-    """What `custom_generate="owner/dropmatch"` needs on the Hub, and a card with the arguments and the citation."""
+def test_the_generate_repositorys_dry_run_lists_custom_generate_its_requirements_and_the_model_card(tmp_path):
+    """What `custom_generate="owner/dropmatch"` needs on the Hub, and a card with the arguments and the citation
+    (the repository staged in a folder by the script, as a user would look at it before uploading)."""
     done = subprocess.run([sys.executable, "scripts/deploy_generate.py", "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     listed = [line.split()[-1] for line in done.stdout.splitlines()]
     assert listed == ["custom_generate/generate.py", "custom_generate/requirements.txt", "README.md"]
-    from deploy_generate import model_card
-
-    card = model_card()
+    staged = subprocess.run([sys.executable, "scripts/deploy_generate.py", "--stage", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert staged.returncode == 0 and [line.split()[-1] for line in staged.stdout.splitlines()] == listed, staged.stderr
+    card = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert card.startswith("---\nlibrary_name: transformers") and "custom_generate" in card
     assert "dropmatch_rule" in card and "2603.03333" in card and "```python" in card
     requirements = (ROOT / "custom_generate" / "requirements.txt").read_text()

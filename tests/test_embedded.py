@@ -96,6 +96,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     from pathlib import Path
 
     from dropmatch.models import load_embedded_pair
+    from dropmatch.models.generation import load_generated
 
     root = Path(__file__).resolve().parent.parent
     gsm8k = tmp_path / "gsm8k_train.jsonl"  # the recipe reads GSM8K *train*; a stand-in keeps CI offline
@@ -124,32 +125,20 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     assert last.startswith("error:") and "raise --generate-minutes" in last, last
 
     # generate resumes: earlier answers are kept, their prompts are not asked again
-    distill = _distill_module(root)
-    before, _ = distill.load_generated(tmp_path / "work" / "generated.npz")
+    before, _ = load_generated(tmp_path / "work" / "generated.npz")
     resume = command[:2] + ["generate", "--device", "cpu", "--work", str(tmp_path / "work"), "--gsm8k-train", str(gsm8k),
                             "--self-instruct", "0", "--limit", "5", "--batch-generate", "4", "--max-new-tokens", "12"]
     done = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    after, runs = distill.load_generated(tmp_path / "work" / "generated.npz")
+    after, runs = load_generated(tmp_path / "work" / "generated.npz")
     prompts = [tuple(r["ids"][: r["prompt_len"]].tolist()) for r in after]
     assert len(runs) == 2 and runs[1]["answers"] == len(after) - len(before) > 0
     assert len(set(prompts)) == len(prompts)
     assert all(torch.equal(old["ids"], new["ids"]) for old, new in zip(before, after))
 
 
-def _distill_module(root):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("distill_draft", root / "scripts" / "distill_draft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_generation_batch_too_big_for_memory_is_split_not_lost():
-    from pathlib import Path
-
-    distill = _distill_module(Path(__file__).resolve().parent.parent)
+    from dropmatch.models.generation import generate_group
 
     class SmallMemoryModel:
         device = torch.device("cpu")
@@ -164,7 +153,7 @@ def test_a_generation_batch_too_big_for_memory_is_split_not_lost():
 
     model = SmallMemoryModel()
     prompts = [[1, 2], [3], [4, 5, 6], [8], [10]]
-    answers = distill._generate_group(model, prompts, pad=0, stops=[7], max_new_tokens=3)
+    answers = generate_group(model, prompts, pad=0, stops=[7], max_new_tokens=3)
     assert answers == [[3, 7], [4, 7], [7], [9, 7], [11, 7]]
     assert model.calls == [5, 2, 3, 1, 2]
 

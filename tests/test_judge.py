@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
 from dropmatch.engine import Engine, run_to_end
 from dropmatch.models import encode_prompt, load_hub_pair
 from dropmatch.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
+from dropmatch.trained_judge.mining import Miner, read_mined, walk_record
+from dropmatch.trained_judge.training import features_of, fit_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,18 +153,11 @@ def mining_pair(tmp_path_factory):
     return pair, dict(a=a, b=b, five=five, seven=seven, end=end)
 
 
-def mine_judge_script():
-    spec = importlib.util.spec_from_file_location("mine_judge", ROOT / "scripts" / "mine_judge.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_mining_labels_a_substitution_that_changes_the_answer_important_and_keeps_one_that_does_not(mining_pair):
     """The walk: B for A leaves the answer 5 (unimportant, B kept); 7 for 5 makes it 7 (important,
     5 kept); the control (A put back) changes nothing."""
     pair, ids = mining_pair
-    miner = mine_judge_script().Miner(pair, max_new_tokens=8, batch=4)
+    miner = Miner(pair, max_new_tokens=8, batch=4)
     walks, unfinished = miner.start([(0, "question"), (1, "question")])
     assert unfinished == [] and [w.response for w in walks] == [[ids["a"], ids["five"], ids["end"]]] * 2
     while not all(w.over for w in walks):
@@ -176,21 +170,19 @@ def test_mining_labels_a_substitution_that_changes_the_answer_important_and_keep
 
 
 def test_the_recipe_trains_a_judge_file_the_engine_reads(mining_pair, tmp_path):
-    """mine -> train on the tiny pair: WORK/judge.json reads as a TrainedJudge fitted to that target, and it
+    """mine -> fit on the tiny pair: the judge file reads as a TrainedJudge fitted to that target, and it
     scores the important mismatch above the one that kept the answer."""
-    import argparse
-
-    script = mine_judge_script()
     pair, ids = mining_pair
-    miner = script.Miner(pair, max_new_tokens=8, batch=5)
+    miner = Miner(pair, max_new_tokens=8, batch=5)
     walks, _ = miner.start([(index, "question") for index in range(10)])
     while not all(w.over for w in walks):
         miner.step(walks)
-    (tmp_path / "mined.jsonl").write_text("".join(json.dumps(script.walk_record(w)) + "\n" for w in walks))
-    script.train(argparse.Namespace(work=str(tmp_path), threads=1, seed=0, val_share=0.2, recall=0.9), pair=pair)
+    (tmp_path / "mined.jsonl").write_text("".join(json.dumps(walk_record(w)) + "\n" for w in walks))
+    records = read_mined(tmp_path / "mined.jsonl")
+    (tmp_path / "judge.json").write_text(json.dumps(fit_judge(records, pair.target, seed=0, val_share=0.2, recall=0.9)))
     judge = TrainedJudge.read(tmp_path / "judge.json")
     judge.check_fits(pair.target.name, pair.target.hidden_size)
     assert judge.validation["roc_auc"] == 1.0  # two kinds of mismatch, each always labelled alike
-    features = script.features_of(pair.target, script.walk_record(walks[0]))
+    features = features_of(pair.target, records[0])
     unimportant, important = judge.scores(torch.tensor(features)).tolist()
     assert important > unimportant

@@ -3,9 +3,7 @@ tab's stays (sessions.SessionJanitor), through the real Gradio server."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -15,9 +13,7 @@ from local_server import serve_locally, wait_for
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
 from dropmatch.ui.sessions import SessionJanitor
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from soak_server import BrowserVisitor  # noqa: E402  (what a browser tab sends, shared with the soak)
+from dropmatch.ui.visitors import BrowserVisitor  # what a browser tab sends, shared with the soak
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ process-wide state), under .venv-vllm's python.
 spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
        "runs": [{"name": str, "prompts": [[ids]], "max_tokens": int, "temperature": float, "seed": int|null,
                  "dropmatch": null | {...per request...}, "alone": bool}],
-       "recheck": bool}
+       "recheck": bool, "break_runner_import": bool (the plugin's runner cannot be imported: start_engine.py)}
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process
 
 
 from dropmatch import verifying  # noqa: E402
-from dropmatch.serving.vllm import runner as dm_runner  # noqa: E402
 
 STEPS: list = []
 ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify
@@ -29,6 +28,8 @@ ONE_PASS: set[bool] = set()  # how the steps were verified (runner.one_pass_on)
 
 def record_steps() -> None:
     """Keeps every re-verified step: the rule, each request's Round and what the plugin decided."""
+    from dropmatch.serving.vllm import runner as dm_runner
+
     original = dm_runner._Verifier.rejudge
 
     def rejudge(self, output, work):
@@ -107,7 +108,12 @@ def main() -> int:
     from vllm import LLM
 
     spec = json.loads(sys.argv[1])
-    record_steps()
+    if spec.get("break_runner_import"):
+        from start_engine import BrokenImport
+
+        sys.meta_path.insert(0, BrokenImport())
+    if spec.get("dropmatch") is not None:
+        record_steps()
     extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
     llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0, disable_log_stats=False,
               speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
@@ -130,6 +136,7 @@ def main() -> int:
             result.setdefault("lossy_positions", {})[run["name"]] = [sorted(by_output.get(out.request_id, []))
                                                                      for out in outputs]
     result["one_pass"] = sorted(ONE_PASS)
+    result["runner_imported"] = "dropmatch.serving.vllm.runner" in sys.modules
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

@@ -1,12 +1,16 @@
-"""Start one vLLM engine on the embedded target as a user would (the plugin loaded by vLLM itself) and
-say whether it started: prints `RESULT {"started": bool, "error": str | null, "text": [ids]}`.
+"""Start vLLM engines on the embedded target as a user would (the plugin loaded by vLLM itself), one
+after another in this process, and say whether each started: prints
+`RESULT {name: {"started": bool, "error": str | null, "text": [ids]}}`.
 
     python start_engine.py SPEC_JSON
 
-spec: {"target": dir, "dropmatch": null | {...}, "speculative": bool,
+spec: {"target": dir, "attempts": [{"name": str, "dropmatch": null | {...}, "speculative": bool,
        "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
-       "stand_in": bool (the CPU worker builds a runner class the plugin never saw)}
-Environment (e.g. VLLM_USE_V2_MODEL_RUNNER) comes from the caller.
+       "stand_in": bool (the CPU worker builds a runner class the plugin never saw; from then on, for every
+       later attempt of the process: put it last)}]}
+The engines the tests start here are refused before they run (one process pays vLLM's import once);
+a broken runner import holds only for its own attempt, so it must come before any attempt that imports
+the runner. Environment (e.g. VLLM_USE_V2_MODEL_RUNNER) comes from the caller.
 """
 
 from __future__ import annotations
@@ -48,25 +52,35 @@ def use_a_stand_in_runner() -> None:
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    if spec.get("break_runner_import"):
-        sys.meta_path.insert(0, BrokenImport())
-    if spec.get("stand_in"):
+    print("RESULT " + json.dumps({attempt["name"]: start(spec["target"], attempt) for attempt in spec["attempts"]}),
+          flush=True)
+    return 0
+
+
+def start(target: str, attempt: dict) -> dict:
+    """One engine start: {"started", "error", "text"} (4 greedy tokens where it started)."""
+    broken = BrokenImport() if attempt.get("break_runner_import") else None
+    if broken is not None:
+        sys.meta_path.insert(0, broken)
+    if attempt.get("stand_in"):
         use_a_stand_in_runner()
     from vllm import LLM, SamplingParams
 
-    extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
+    extra = {"additional_config": {"dropmatch": attempt["dropmatch"]}} if attempt.get("dropmatch") is not None else {}
     speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     result = {"started": False, "error": None, "text": None}
     try:
-        llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
-                  speculative_config=speculative if spec.get("speculative", True) else None, **extra)
+        llm = LLM(target, dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+                  speculative_config=speculative if attempt.get("speculative", True) else None, **extra)
         result["started"] = True
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
         result["text"] = list(out[0].outputs[0].token_ids)
     except Exception as error:  # noqa: BLE001 - what the user would see is the result
         result["error"] = f"{type(error).__name__}: {error}"
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    finally:
+        if broken is not None:
+            sys.meta_path.remove(broken)
+    return result
 
 
 if __name__ == "__main__":

@@ -13,10 +13,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
@@ -25,8 +23,7 @@ def main() -> int:
 
     from dropmatch.serving.vllm.stats import read_counts
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from distill_draft import DEV_PROMPTS
+    from dropmatch.bench.prompts import DEV_PROMPTS
 
     model, size = sys.argv[1], int(sys.argv[2])
     tokenizer = AutoTokenizer.from_pretrained(model)
