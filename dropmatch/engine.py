@@ -13,7 +13,6 @@ nothing about transformers' caches: models.CausalLM owns those.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Generator
 
@@ -21,9 +20,10 @@ import torch
 
 from . import acceptance, drafting, verifying, lab, mc_head
 from .config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
-from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids, synchronize
+from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids
 from .sampling import draw, sampling_probs, target_view
 from .trained_judge import TrainedJudge, judge_for
+from .timing import PhaseTimer
 from .trace import DraftedToken, GenerationTrace, RoundStates, RoundTrace
 
 TOP_SHOWN = 3  # top tokens kept per distribution for the step-through view
@@ -39,15 +39,6 @@ def run_to_end(run: Run) -> GenerationTrace:
             next(run)
         except StopIteration as stop:
             return stop.value
-
-
-@dataclass
-class _Clock:
-    device: torch.device
-
-    def now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
 
 
 @dataclass
@@ -76,7 +67,6 @@ class _RunState:
     target_cache: object
     drafter: drafting.Drafter
     generator: torch.Generator  # sampling and acceptance: the run's seed stream
-    clock: _Clock
     mask_seed: int  # keys the dropout masks with each position (mc_head.mask_seed)
     judge_cost: drafting.VerifyCost  # what gamma = auto learns of the verify step's cost
     rounds: list[RoundTrace] = field(default_factory=list)
@@ -85,12 +75,11 @@ class _RunState:
 
 @dataclass
 class _Verification:
-    """A round's verdict, the host copies of what it read (for the records), and its MC cost."""
+    """A round's verdict, the host copies of what it read (for the records), and its path rows."""
 
     verdict: acceptance.Verdict
     host: dict
     path_rows: int
-    t_mc: float
 
 
 class Engine:
@@ -176,30 +165,34 @@ class Engine:
     ) -> Run:
         """The target alone, one token per call, with the same instrumentation (tau = 1)."""
         self.check_fits(prompt_ids, decode)
-        clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
-        start = clock.now()
+        prefill = PhaseTimer(self.device)
+        prefill.mark("start")
         cache = self.target.new_cache()
         hidden = self.target.hidden(self._ids(prompt_ids), cache)
         first_logits = self.target.logits(hidden[-1:])
         first = self._pick(first_logits[0], decode, generator)
-        t_prefill = clock.now() - start
+        prefill.mark("end")
+        t_prefill = prefill.between("start", "end")
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
         stop_reason = self._stop_reason(seq, decode, stop_event)
         while stop_reason is None:
-            t0 = clock.now()
+            timer = PhaseTimer(self.device)
+            timer.mark("start")
             context = seq.output[-1]
             hidden = self.target.hidden(self._ids(seq.pending(self.target.cached_length(cache))), cache)
-            t1 = clock.now()
+            timer.mark("forward")
             logits = self.target.logits(hidden[-1])
-            t2 = clock.now()
+            timer.mark("head")
             token = self._pick(logits, decode, generator)
             seq.output.append(token)
-            t3 = clock.now()
+            timer.mark("end")
+            t = timer.read()
             rounds.append(RoundTrace(
                 index=len(rounds), context_token=context, drafted=(), emitted=(token,), extra_kind="target",
-                num_accepted=0, t_draft=0.0, t_forward=t1 - t0, t_head=t2 - t1, t_mc=0.0, t_round=t3 - t0,
+                num_accepted=0, t_draft=0.0, t_forward=t["forward"], t_head=t["head"] - t["forward"], t_mc=0.0,
+                t_round=t["end"],
                 head_rows=1, **_emitted_view(logits.unsqueeze(0), [token]),
             ))
             yield rounds[-1]
@@ -217,25 +210,28 @@ class Engine:
         check_mode(rule, decode)
         rule = self.with_judge(rule)
         costs = self.step_costs() if decode.gamma_auto else None  # measured once per pair, before the clock starts
-        clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
         space = drafting.DraftSpace(decode, generator, costs, self.target.vocab_size, self.device,
                                     self.draft.hidden_size)
         drafter = drafting.make_drafter(space, self.draft)
-        start = clock.now()
+        prefill = PhaseTimer(self.device)
+        prefill.mark("start")
         target_cache = self.target.new_cache()
         prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
         first_logits = self.target.logits(prompt_hidden[-1:])
-        calibration_start = clock.now()
+        prefill.mark("calibration")
         masks = mc_head.mask_seed(decode.seed, prompt_ids)  # the run's dropout masks: (seed, prompt, position)
         calibration = self._calibrate(rule, prompt_hidden, mc_head.mc_generator(masks, self.device))
-        t_calibration = clock.now() - calibration_start
+        prefill.mark("calibrated")
         p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
         drafter.start(list(prompt_ids))
-        t_prefill = clock.now() - start - t_calibration
+        prefill.mark("end")
+        seconds = prefill.read()
+        t_calibration = prefill.between("calibration", "calibrated", seconds)
+        t_prefill = seconds["end"] - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
-                        clock, masks, space.judge_cost, states=[] if keep_states else None)
+                        masks, space.judge_cost, states=[] if keep_states else None)
         stop_reason = self._stop_reason(run.seq, decode, stop_event)
         while stop_reason is None:
             remaining = decode.max_new_tokens - len(run.seq.output)
@@ -250,20 +246,20 @@ class Engine:
     # ------------------------------------------------------------ one round
 
     def _round(self, run: _RunState, limit: int) -> RoundTrace:
-        clock = run.clock
-        t_start = clock.now()
+        timer = PhaseTimer(self.device)  # the round's phases, read once at its end
+        timer.mark("start")
         # 1. Draft: at most `limit` tokens, from the run's drafter (prompt lookup or the draft model).
         draft = run.drafter.propose(run.seq.tokens, limit)
-        t_drafted = clock.now()
+        timer.mark("drafted")
         # 2. Verify: one target call over [last emitted token] + drafts, then the clean head rows.
         committed = len(run.seq.tokens)
         context = self._ids(run.seq.pending(self.target.cached_length(run.target_cache)))
         hidden = self.target.hidden(torch.cat([context, draft.tokens]), run.target_cache)  # [g + 1, H]
-        t_verified = clock.now()
+        timer.mark("verified")
         clean_logits = self.target.logits(hidden)  # [g + 1, V], fp32: lossless decisions read these
-        t_head = clock.now()
+        timer.mark("head")
         # 3. Judge: the lossless test, then the rule (Monte-Carlo paths only where it reads them).
-        verification = self._judge(run, draft, hidden, clean_logits)
+        verification = self._judge(run, draft, hidden, clean_logits, timer)
         # 4. Commit and crop: the accepted drafts and the extra token; caches keep what was accepted.
         verdict = verification.verdict
         drafted_ids = verification.host["draft_tokens"].tolist()
@@ -271,10 +267,12 @@ class Engine:
         keep = committed + verdict.num_accepted
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
         run.drafter.learn(draft, verdict.num_accepted, keep)
-        reached = verdict.reasons[: verdict.num_accepted + 1]
-        run.judge_cost.record(verification.t_mc, acceptance.judged_count(reached), len(reached))
         records = _records(verification.host, verdict.reasons)
-        t_end = clock.now()
+        timer.mark("end")
+        t = timer.read()
+        t_mc = timer.between("mc_start", "mc_end", t)
+        reached = verdict.reasons[: verdict.num_accepted + 1]
+        run.judge_cost.record(t_mc, acceptance.judged_count(reached), len(reached))
         if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
             run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, verification.host["exact"],
                                                        verification.host.get("coin")))
@@ -282,13 +280,13 @@ class Engine:
         return RoundTrace(
             index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
             emitted=tuple(emitted), extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
-            t_draft=t_drafted - t_start, t_forward=t_verified - t_drafted, t_head=t_head - t_verified,
-            t_mc=verification.t_mc, t_round=t_end - t_start, head_rows=hidden.shape[0] + verification.path_rows,
+            t_draft=t["drafted"], t_forward=t["verified"] - t["drafted"], t_head=t["head"] - t["verified"],
+            t_mc=t_mc, t_round=t["end"], head_rows=hidden.shape[0] + verification.path_rows,
             **_emitted_view(clean_logits[: len(emitted)], emitted), gamma=draft.requested, draft_source=draft.source,
         )
 
     def _judge(self, run: _RunState, draft: drafting.Draft, hidden: torch.Tensor,
-               clean_logits: torch.Tensor) -> _Verification:
+               clean_logits: torch.Tensor, timer: PhaseTimer) -> _Verification:
         """The lossless test at every drafted position, then the one verify step (a batch of one:
         the rule's paths where it reads them, the scan, the extra token), then one device -> host
         copy of everything the records read."""
@@ -300,9 +298,9 @@ class Engine:
                                         test.exact, decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x,
                                         q_sample=draft.q_sample, p_sample=p_sample)
         verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=True, judge=self.judge,
-                                     generator=run.generator, clock=run.clock.now)
+                                     generator=run.generator, timer=timer)
         host = _to_host({**vars(verified.signals), **_tops(draft.q_signal, verified.p_signal, verified.path_probs, gamma)})
-        return _Verification(verified.verdict, host, verified.path_rows, verified.t_mc)
+        return _Verification(verified.verdict, host, verified.path_rows)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""
@@ -332,7 +330,6 @@ class Engine:
         """The best of `repeats` timings, after a context of `context` tokens: one draft step (one
         token in, its logits), and a target call over 1 and AUTO_GAMMA_CAP + 1 positions (with the
         clean logits of every position, as a round computes them)."""
-        clock = _Clock(self.device)
         ids = self._ids([(7 * i + 11) % self.target.vocab_size for i in range(context + AUTO_GAMMA_CAP + 1)])
 
         def best(model: CausalLM, positions: int, rows: int) -> float:
@@ -340,9 +337,11 @@ class Engine:
             model.hidden(ids[:context], cache)
             times = []
             for _ in range(repeats):
-                start = clock.now()
+                timer = PhaseTimer(self.device)
+                timer.mark("start")
                 model.logits(model.hidden(ids[context : context + positions], cache)[-rows:])
-                times.append(clock.now() - start)
+                timer.mark("end")
+                times.append(timer.between("start", "end"))
                 model.crop(cache, context)
             return min(times)
 

