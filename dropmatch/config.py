@@ -22,7 +22,6 @@ MAX_GAMMA = 16
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
 DRAFT_SOURCES = ("model", "ngram", "hybrid")  # the draft model; prompt lookup; lookup where it matches, else the model
 MAX_PATHS = 64
-MIN_PATH_SUPPORT, MAX_PATH_SUPPORT = 8, 65_536
 
 
 class ConfigError(ValueError):
@@ -56,7 +55,6 @@ class Settings:
     run_autoregressive: bool = True
     target_id: str = ""  # the custom pair's hub ids
     draft_id: str = ""
-    draft_confidence: float = 0.0
     centroid: str = "probs"
     majority_fraction: float = 0.8
     draft_source: str = "hybrid"
@@ -67,7 +65,6 @@ class Settings:
     fixed_js_threshold: float = 0.1
     typical_eps: float = 0.3
     rescue_argmax: bool = False  # sampling: paths may rescue a top-token draft the lossless coin rejected
-    path_support: int = 0  # 0: the paths score every token; k: only k likely tokens (an approximation)
     judge_threshold: str = "auto"  # the trained judge's: "auto" is the one chosen on its validation split
     fly_entropy_threshold: float = 0.3  # FLy's gate (RuleConfig's)
     ensemble_weight: float = 0.5  # the static ensemble's weight on the target (RuleConfig's)
@@ -90,7 +87,7 @@ class Settings:
             raise ConfigError("the prompt is empty; type a question or pick an example")
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
                               temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              draft_confidence=self.draft_confidence, draft_source=self.draft_source,
+                              draft_source=self.draft_source,
                               gamma_tuned_for_rule=self.gamma_tuned_for_rule)
         rule = RuleConfig.from_mapping({key: getattr(self, key) for key in SETTINGS_RULE_KEYS})
         return decode, rule
@@ -111,7 +108,7 @@ class Settings:
 DEFAULTS = Settings()
 # The Settings fields that are a rule's (RuleConfig.from_mapping's names): the rest are the decode's and the pair's.
 SETTINGS_RULE_KEYS = ("rule", "k", "p", "centroid", "majority_fraction", "fixed_js_threshold", "typical_eps",
-                      "rescue_argmax", "path_support", "judge_threshold", "fly_entropy_threshold", "ensemble_weight",
+                      "rescue_argmax", "judge_threshold", "fly_entropy_threshold", "ensemble_weight",
                       "margin_ratio")
 # The method's own operating point (arXiv 2603.03333): DropMatch with K 5 paths at p 0.3, the mean of
 # the path distributions as centroid, and "nearly all paths" (4 of 5) for the majority test.
@@ -161,7 +158,6 @@ class DecodeConfig:
     # (0: always draft gamma). The target still verifies every drafted token and each one is a
     # plain draw from the draft, so lossless output keeps the target's distribution (greedy: the
     # same text); what changes is how many unlikely drafts are paid for.
-    draft_confidence: float = DEFAULTS.draft_confidence
     gamma_auto: bool = False
     draft_source: str = "model"
     gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's verify step too (Settings says why)
@@ -187,10 +183,6 @@ class DecodeConfig:
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "seed", _integer("seed", self.seed, 0, 2**63 - 1))
-        confidence = _number("draft confidence", self.draft_confidence)
-        if not 0.0 <= confidence < 1.0:
-            raise ConfigError(f"draft confidence must be in [0, 1), got {confidence:g}")
-        object.__setattr__(self, "draft_confidence", confidence)
         if self.draft_source not in DRAFT_SOURCES:
             raise ConfigError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
         object.__setattr__(self, "gamma_auto", bool(self.gamma_auto))
@@ -226,10 +218,6 @@ class RuleConfig:
     # draft equal to the clean target's top token, so p = 0 equals lossless SD. True: the path rules
     # judge it too when the coin rejected it ("paths may rescue the argmax").
     rescue_argmax: bool = DEFAULTS.rescue_argmax
-    # 0: each path's distribution covers the whole vocabulary (the method). k > 0, a labelled
-    # approximation: the paths score only the drafted token and the k - 1 tokens likeliest under the
-    # clean target or the draft, the rest in one bucket with the clean row's mass (mc_head.path_support).
-    path_support: int = DEFAULTS.path_support
     # The trained judge's rules: accept a mismatch the judge scores below this. None: the judge's own,
     # chosen on its validation split (trained_judge.py); the engine fills it in.
     judge_threshold: float | None = None
@@ -275,10 +263,6 @@ class RuleConfig:
             raise ConfigError(f"auto agreement must be in (0, 1], got {agreement:g}")
         object.__setattr__(self, "auto_agreement", agreement)
         object.__setattr__(self, "rescue_argmax", bool(self.rescue_argmax))
-        support = _integer("path support", self.path_support, 0, MAX_PATH_SUPPORT)
-        if 0 < support < MIN_PATH_SUPPORT:
-            raise ConfigError(f"path support must be 0 (every token) or at least {MIN_PATH_SUPPORT}, got {support}")
-        object.__setattr__(self, "path_support", support)
         if self.judge_threshold is not None:
             threshold = _number("judge threshold", self.judge_threshold)
             if not 0.0 <= threshold <= 1.0:

@@ -245,14 +245,8 @@ class ModelDrafter(_Learning):
         self.model.hidden(self.space.ids(prompt_ids), self.cache)
 
     def propose(self, tokens: list[int], limit: int) -> Draft:
-        """Up to length(limit) tokens. They stay on the device (no host sync per token) unless
-        decode.draft_confidence asks to stop early: then drafting stops before a slot whose draft
-        distribution's top probability is below it (at least one token is always drafted).
-
-        The stop is decided from the distribution before its token is drawn, never from the token
-        drawn: each drafted token is then a plain draw from q, which lossless sampling divides by.
-        (Stopping on the drawn token's own probability would draft from q restricted to q(x) >= c
-        while the test divides by the full q: no longer the target's distribution.)"""
+        """Up to length(limit) tokens; they stay on the device (no host sync per token). Each drafted
+        token is a plain draw from q (argmax when greedy), which lossless sampling divides by."""
         decode, gamma = self.space.decode, self.length(limit)
         drafted, q_sample, q_signal, states = [], [], [], []
         feed = self.space.ids(tokens[self.model.cached_length(self.cache):])  # committed since last time
@@ -261,8 +255,6 @@ class ModelDrafter(_Learning):
             logits = self.model.logits(state)
             probs = sampling_probs(logits, decode.temperature, decode.top_p)
             signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
-            if drafted and decode.draft_confidence > 0 and float(signal.max()) < decode.draft_confidence:
-                break
             feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, self.space.generator).view(1)
             drafted.append(feed)
             q_sample.append(probs)

@@ -418,23 +418,17 @@ def _emitted_view(logits: torch.Tensor, tokens: list[int]) -> dict[str, tuple]:
 
 def _tops(q_signal, p_signal, path_probs, gamma: int) -> dict[str, torch.Tensor]:
     """Top TOP_SHOWN (prob, id) of the draft, the clean target and each path, per drafted position;
-    path_probs: [(positions [m], probs [K, m, V], support)] where paths were read (ids -1 elsewhere);
-    on a support [m, S] the probs are [K, m, S + 1] and the last column (the other tokens) is not a token."""
+    path_probs: [(positions [m], probs [K, m, V])] where paths were read (ids -1 elsewhere)."""
     tops = {}
     for name, probs in {"draft": q_signal, "target": p_signal}.items():
         if probs.shape[-1] >= TOP_SHOWN:
             tops[f"{name}_top_p"], tops[f"{name}_top_id"] = probs.topk(TOP_SHOWN, dim=-1)
-    if path_probs and path_probs[0][1].shape[-1] >= TOP_SHOWN + (path_probs[0][2] is not None):
+    if path_probs and path_probs[0][1].shape[-1] >= TOP_SHOWN:
         num_paths = path_probs[0][1].shape[0]
         top_p = q_signal.new_zeros((num_paths, gamma, TOP_SHOWN))
         top_id = torch.full((num_paths, gamma, TOP_SHOWN), -1, dtype=torch.long, device=q_signal.device)
-        for positions, probs, support in path_probs:
-            if support is None:
-                top_p[:, positions], top_id[:, positions] = probs.topk(TOP_SHOWN, dim=-1)
-                continue
-            values, columns = probs[..., :-1].topk(TOP_SHOWN, dim=-1)
-            top_p[:, positions] = values
-            top_id[:, positions] = support.unsqueeze(0).expand(num_paths, -1, -1).gather(-1, columns)
+        for positions, probs in path_probs:
+            top_p[:, positions], top_id[:, positions] = probs.topk(TOP_SHOWN, dim=-1)
         tops["path_top_p"], tops["path_top_id"] = top_p, top_id
     return tops
 

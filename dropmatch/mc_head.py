@@ -136,10 +136,6 @@ class PathStats:
     probs [K, g, V] path distributions; tokens [K, g] each path's top token (its argmax, under
     greedy and sampling alike); centroid [g, V]; path_js [K, g] = JS(path || centroid);
     threshold [g] = max over paths of path_js.
-
-    On a reduced support (support [g, S] token ids, not None) V is S + 1: the support's tokens,
-    then one bucket for every other token (reduce_to_support turns a full distribution into the same
-    shape, so that divergences compare like with like).
     """
 
     probs: torch.Tensor
@@ -147,7 +143,6 @@ class PathStats:
     centroid: torch.Tensor
     path_js: torch.Tensor
     threshold: torch.Tensor
-    support: torch.Tensor | None = None
 
     @classmethod
     def of_clean_row(cls, clean_logits: torch.Tensor, clean_probs: torch.Tensor, num_paths: int) -> "PathStats":
@@ -166,21 +161,15 @@ class PathStats:
                          path_js=self.path_js.expand(num_paths, *self.path_js.shape[1:]), threshold=self.threshold)
 
 
-def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "probs",
-               support: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> PathStats:
+def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "probs") -> PathStats:
     """path_logits [K, g, V] -> PathStats. temperature 0 (greedy) reads the logits at 1.
 
     centroid "probs": the mean of the K path distributions (the method's centroid); "logits": the
-    softmax of the mean logits (sharper; a labelled option). On a reduced support, path_logits are
-    [K, g, S] for the token ids support [g, S], and tail [g] is the log of the mass (at the scaled
-    temperature) of every other token, taken from the clean row: it becomes the last column."""
+    softmax of the mean logits (sharper; a labelled option)."""
     if centroid not in CENTROIDS:
         raise ValueError(f"centroid must be one of {CENTROIDS}, got {centroid!r}")
     scaled = scaled_logits(path_logits, temperature)
     tokens = top_token(path_logits)
-    if support is not None:
-        tokens = support.unsqueeze(0).expand(path_logits.shape[0], -1, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        scaled = torch.cat([scaled, tail.view(1, -1, 1).expand(scaled.shape[0], -1, 1)], -1)
     probs = scaled.softmax(-1)
     if probs.shape[0] == 1:
         # One path (p = 0 repeats the clean row) is its own centroid, either way: JS exactly 0, no vocabulary pass.
@@ -188,33 +177,7 @@ def path_stats(path_logits: torch.Tensor, temperature: float, centroid: str = "p
     else:
         mean = probs.mean(0) if centroid == "probs" else scaled.mean(0).softmax(-1)
         path_js = js_divergence(probs, mean.unsqueeze(0))
-    return PathStats(probs=probs, tokens=tokens, centroid=mean, path_js=path_js, threshold=path_js.max(0).values,
-                     support=support)
-
-
-def reduce_to_support(probs: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
-    """probs [g, V] -> [g, S + 1]: the mass of each support token [g, S], then the rest in one bucket."""
-    kept = probs.gather(-1, support)
-    return torch.cat([kept, (1.0 - kept.sum(-1, keepdim=True)).clamp_min(0.0)], -1)
-
-
-def path_support(clean_logits: torch.Tensor, q_signal: torch.Tensor, draft_tokens: torch.Tensor,
-                 size: int) -> torch.Tensor:
-    """[n, S] token ids the reduced paths score: the drafted token, then the tokens likeliest under the
-    clean target or the draft (by the larger of their two log-probabilities), S = min(size, V)."""
-    score = torch.maximum(clean_logits.float().log_softmax(-1), q_signal.clamp_min(1e-30).log())
-    score.scatter_(-1, draft_tokens.view(-1, 1), float("inf"))
-    return score.topk(min(size, score.shape[-1]), dim=-1).indices
-
-
-def tail_log_mass(clean_logits: torch.Tensor, support: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[n] the log of the clean target's probability mass outside the support (at the scaled
-    temperature), as a logit on the same scale as the support's: log-sum-exp of the other tokens."""
-    scaled = scaled_logits(clean_logits, temperature)
-    everything = scaled.logsumexp(-1)
-    inside = scaled.gather(-1, support).logsumexp(-1)
-    share_outside = (-torch.expm1(inside - everything)).clamp_min(torch.finfo(torch.float32).tiny)
-    return everything + share_outside.log()
+    return PathStats(probs=probs, tokens=tokens, centroid=mean, path_js=path_js, threshold=path_js.max(0).values)
 
 
 P_GRID = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)

@@ -25,11 +25,13 @@ from .assets import RECORDED_DIR
 from .config import ConfigError, one_line
 from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
-from .trace import GenerationTrace, upgraded_dict
+from .trace import GenerationTrace, RemovedOptionError, upgraded_dict
 
 # 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole.
-RUN_FORMAT, RUN_VERSION = "dropmatch-run", 4
-READ_VERSIONS = (3, 4)  # a version 3 file's loose settings are read into whole ones (trace.upgraded_dict)
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 5
+# A version 3 file's loose settings are read into whole ones; versions 3 and 4 kept two options version 5
+# removed (path_support, draft_confidence): read where they were off (trace.upgraded_dict).
+READ_VERSIONS = (3, 4, 5)
 KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
 MAX_RUN_FILE_BYTES = 20_000_000  # a 96-token run with its states is about 2 MB
 
@@ -81,6 +83,8 @@ class RunRecord:
                              GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
                              None if ar is None else GenerationTrace.from_dict(ar),
                              {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
+        except RemovedOptionError:
+            raise
         except (SchemaError, KeyError, TypeError, ValueError) as error:
             raise ConfigError(f"this run file is damaged ({one_line(error)})") from None
 

@@ -11,7 +11,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 
-from .config import DecodeConfig, RuleConfig
+from .config import ConfigError, DecodeConfig, RuleConfig
 
 TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
 
@@ -173,7 +173,6 @@ class GenerationTrace:
     centroid = property(lambda self: self.rule_config.centroid)
     majority_fraction = property(lambda self: self.rule_config.majority_fraction)
     rescue_argmax = property(lambda self: self.rule_config.rescue_argmax)
-    path_support = property(lambda self: self.rule_config.path_support)
     mask_draw = property(lambda self: self.rule_config.mask_draw)
     gamma = property(lambda self: self.decode_config.gamma)  # the cap under gamma = auto (RoundTrace.gamma: a round's)
     gamma_auto = property(lambda self: self.decode_config.gamma_auto)
@@ -230,12 +229,43 @@ _LOOSE_RULE = {"num_paths": "num_paths", "centroid": "centroid", "majority_fract
                "mask_draw": "mask_draw"}
 
 
+# Options removed from the engine (run file version 5) and the value that meant "off": an older trace that
+# kept them off reads as it was; one that used them was decided by an engine this one is not.
+REMOVED_OPTIONS = {"decode_config": {"draft_confidence": 0.0}, "rule_config": {"path_support": 0}}
+
+
+class RemovedOptionError(ConfigError):
+    """A run made with an option this version removed (REMOVED_OPTIONS): one line, not "damaged"."""
+
+
 def upgraded_dict(data: dict) -> dict:
     """A trace's JSON with its settings whole: one written with loose settings gets a decode_config and a
     rule_config from them (knobs it did not keep, such as typical's eps, take their defaults: such a run
-    cannot say what they were). A trace already whole is returned as is."""
-    if not isinstance(data, dict) or "rule_config" in data:
+    cannot say what they were); removed options (REMOVED_OPTIONS) are dropped where they were off, and a
+    trace that used one is refused in one line (RemovedOptionError). A trace already whole is returned as is."""
+    if not isinstance(data, dict):
         return data
+    if "rule_config" not in data:
+        data = _whole(data)
+    return _without_removed(data)
+
+
+def _without_removed(data: dict) -> dict:
+    found = {**data}
+    for block, options in REMOVED_OPTIONS.items():
+        settings = found.get(block)
+        if not isinstance(settings, dict) or not any(name in settings for name in options):
+            continue
+        for name, off in options.items():
+            if settings.get(name, off) not in (off, None):
+                raise RemovedOptionError(f"this run used {name.replace('_', ' ')} {settings[name]!r:.20}, an option this "
+                                  "version removed; record it again")
+        found[block] = {name: value for name, value in settings.items() if name not in options}
+    return found
+
+
+def _whole(data: dict) -> dict:
+    """A trace JSON with loose settings (run file version 3) with a decode_config and a rule_config."""
     fields = dict(data)
     decode = {name: fields.pop(name) for name in _LOOSE_DECODE if name in fields}
     if fields.get("mode") != "sd":

@@ -32,9 +32,6 @@ class Head(Protocol):
     def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float,
                     clean_logits: torch.Tensor) -> torch.Tensor: ...
 
-    def support_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor,
-                            support: torch.Tensor) -> torch.Tensor: ...
-
 
 @dataclass(frozen=True)
 class VerifyInputs:
@@ -74,8 +71,7 @@ class Verified:
     extra token and its kind; next_token -1 under sampling where the caller gave no q_sample / p_sample);
     emitted: the accepted drafts then the extra token (the row a server writes); signals [g] on the
     device, path fields filled where the paths were computed; p_signal [g, V] the clean target's smooth
-    distributions; path_rows: the head rows the paths cost; path_probs [(slots [m], probs [K, m, V],
-    support [m, S] or None)] (on a support, V is S + 1, the last column the other tokens' mass)."""
+    distributions; path_rows: the head rows the paths cost; path_probs [(slots [m], probs [K, m, V])]."""
 
     verdict: Verdict
     emitted: list[int]
@@ -145,12 +141,9 @@ def votes(path_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> dict[str, to
 def path_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, paths: mc_head.PathStats,
                  draft_entropy: torch.Tensor | None = None,
                  js_draft_centroid: torch.Tensor | None = None, settle_on_host: bool = True) -> dict[str, torch.Tensor]:
-    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V]
-    (on a reduced support the draft's distribution is reduced the same way before the divergence).
+    """The path fields of Signals for m positions: draft_tokens [m], q_draft [m, V], paths over [K, m, V].
     What the caller computed already over the full vocabulary: draft_entropy [m] H(q_draft), and
     js_draft_centroid [m] (the centroid being a distribution it compared q_draft with)."""
-    if paths.support is not None:
-        q_draft, draft_entropy = mc_head.reduce_to_support(q_draft, paths.support), None
     if js_draft_centroid is None:
         js_draft_centroid = js_divergence(q_draft, paths.centroid, draft_entropy)
     js_draft_centroid, threshold = settle_close_calls(q_draft, paths, js_draft_centroid, settle_on_host)
@@ -277,7 +270,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
 @dataclass
 class _PathWork:
     """The paths a verify step computed: parts [(stacked positions [m], path fields)] where read, and
-    per request its head rows and [(its positions [m], probs [K, m, V], support [m, S] or None)]."""
+    per request its head rows and [(its positions [m], probs [K, m, V])]."""
 
     parts: list
     rows: list[int]
@@ -390,8 +383,7 @@ def _keep(work: _PathWork, request: int, inputs: VerifyInputs, start: int, posit
     picked = slice(at, at + read)
     work.parts.append((where, {name: value[:, picked] if name == "path_tokens" else value[picked]
                                for name, value in part.items()}))
-    support = None if stats.support is None else stats.support[picked]
-    work.probs[request].append((where - start, stats.probs[:, picked], support))
+    work.probs[request].append((where - start, stats.probs[:, picked]))
 
 
 def _stage(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float, flat: list[int],
@@ -400,7 +392,7 @@ def _stage(head: Head, batch, spans, signals: Signals, rule, p: float, temperatu
     accepts each (one host read)."""
     every = _slot_keys(batch)
     key = ("paths", tuple(every[position] for position in flat), rule.num_paths, p,
-           rule.centroid, rule.mask_draw, rule.path_support)
+           rule.centroid, rule.mask_draw)
     if memo is not None and key in memo:
         stats, part = memo[key]
     else:
@@ -432,10 +424,7 @@ def _paths_at(head: Head, batch, spans, signals: Signals, rule, p: float, temper
         hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
     every = _slot_keys(batch)
     keys = [key[:2] for key in every] if flat is None else [every[position][:2] for position in flat]
-    support = None
-    if rule.path_support and p != 0.0:  # a labelled approximation: the paths score a few tokens, not V
-        support = mc_head.path_support(clean_logits, q_signal, draft_tokens, rule.path_support)
-    stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys, support)
+    stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys)
     return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
 
 
@@ -500,18 +489,12 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
-                  temperature: float, keys: list[tuple[int, int]], support: torch.Tensor | None = None,
-                  clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+                  temperature: float, keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
-    (mask_seed, sequence position) key their dropout masks); over [K, n, S + 1] when support [n, S]
-    names the tokens the paths score (mc_head.path_support). clean_probs [n, V]: signal_probs of
+    (mask_seed, sequence position) key their dropout masks). clean_probs [n, V]: signal_probs of
     clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
     if p == 0.0:  # every path is the clean row
         clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
         return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)
     keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype, rule.mask_draw)
-    if support is None:
-        return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)
-    path_logits = target.support_path_logits(hidden, keep, p, clean_logits, support)
-    tail = mc_head.tail_log_mass(clean_logits, support, temperature)
-    return mc_head.path_stats(path_logits, temperature, rule.centroid, support=support, tail=tail)
+    return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)

@@ -13,11 +13,6 @@ for gamma in 2 3 4 5; do
   $PY -m dropmatch.bench --prompts runs/distill/dev.jsonl --limit "$n" --max-new-tokens 96 --gamma "$gamma" \
     --rules lossless --no-identity-check --json "runs/tune/gamma_$gamma.json" | tail -3
 done
-for confidence in 0.3 0.5; do
-  $PY -m dropmatch.bench --prompts runs/distill/dev.jsonl --limit "$n" --max-new-tokens 96 --gamma 4 \
-    --draft-confidence "$confidence" --rules lossless --no-identity-check \
-    --json "runs/tune/confidence_$confidence.json" | tail -3
-done
 for agreement in 0.6 0.7 0.8 0.9; do
   $PY -m dropmatch.bench --prompts runs/distill/dev.jsonl --limit "$n" --max-new-tokens 96 --gamma 3 \
     --rules lossless,dropmatch --auto-agreement "$agreement" --no-identity-check \

@@ -81,7 +81,6 @@ def test_compare_endpoint_takes_every_setting(running_app):
     (dict(prompt=PROMPT, temperature="hot"), "temperature"),
     (dict(prompt=PROMPT, max_new_tokens=10**9), "max new tokens"),
     (dict(prompt=PROMPT, rule="telepathy"), "unknown rule"),
-    (dict(prompt=PROMPT, draft_confidence=1.5), "draft confidence"),
     (dict(prompt=PROMPT, pair="Custom hub ids", target_id="", draft_id="x"), "model id is empty"),
 ])
 def test_bad_input_gets_one_clear_message(running_app, bad, message):

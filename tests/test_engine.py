@@ -344,20 +344,6 @@ def test_two_loads_of_a_pair_take_the_same_path_precision_and_decide_every_slot_
     assert sum(d.reason in ("js", "majority") for r in first.rounds for d in r.drafted) > 0
 
 
-def test_draft_confidence_ends_rounds_early_and_keeps_greedy_lossless_output(tiny_engine):
-    """Drafting stops before a token the draft gives less than draft_confidence (the first token of
-    a round is always drafted); the target still verifies everything, so the output is unchanged."""
-    ids = tiny_engine.encode(PROMPTS[1])
-    reference = greedy_reference(tiny_engine.target, ids, 40, tiny_engine.stop_ids)
-    trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=5, max_new_tokens=40, draft_confidence=0.9),
-                                               RuleConfig("lossless")))
-    assert list(trace.output_ids) == reference
-    assert all(d.draft_prob >= 0.9 for r in trace.rounds for d in r.drafted[1:])
-    assert any(r.num_drafted < 5 for r in trace.rounds[:-2])  # it did end rounds early
-    with pytest.raises(ConfigError, match="draft confidence"):
-        DecodeConfig(draft_confidence=1.0)
-
-
 @pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
 @pytest.mark.parametrize("shape", [(0, 24), (1, 24), (2, 24), (5, 24), (1, 3, 24), (17, 24), (1, 40, 24)])
 def test_row_linear_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, dtype, packed):
@@ -538,50 +524,6 @@ def test_counter_masks_keep_each_unit_at_one_minus_p_and_paths_independent(p):
     assert abs(float((masks[0] == masks[1]).float().mean()) - independent) < 0.005
     assert abs(float((masks[:, 1:] == masks[:, :-1]).float().mean()) - independent) < 0.005
     assert abs(float((masks[:, :, 1:] == masks[:, :, :-1]).float().mean()) - independent) < 0.005
-
-
-def test_path_support_over_the_whole_vocabulary_equals_the_full_paths(tiny_dirs, monkeypatch):
-    """The reduced support is an approximation only through what it leaves out: over every token it
-    gives the path logits of h * m / (1 - p) through the head, the same path tokens and decisions
-    (float32 paths on both sides, so that no bf16 rounding differs between them)."""
-    from dropmatch import mc_head
-
-    monkeypatch.setenv("DROPMATCH_FAST_DTYPE", "float32")
-    target_dir, draft_dir = tiny_dirs
-    engine = Engine(load_hub_pair(PairSpec(str(target_dir), str(draft_dir)), torch.device("cpu")))
-    target = engine.target
-    ids = engine.encode(PROMPTS[1])
-    hidden = target.hidden(torch.tensor(ids), target.new_cache())[-3:]
-    clean = target.logits(hidden)
-    keep = mc_head.keyed_masks([(7, 10), (7, 11), (7, 12)], 5, 0.3, hidden.shape[-1])
-    support = mc_head.path_support(clean, clean.softmax(-1), clean.argmax(-1), target.vocab_size)
-    reduced = target.support_path_logits(hidden, keep, 0.3, clean, support)
-    direct = (hidden.unsqueeze(0) * keep / 0.7) @ target.head_weight.float().T  # [K, n, V]
-    assert torch.allclose(reduced, direct.gather(-1, support.unsqueeze(0).expand(5, -1, -1)), atol=1e-3)
-    stats = mc_head.path_stats(reduced, 1.0, support=support, tail=mc_head.tail_log_mass(clean, support, 1.0))
-    assert torch.equal(stats.tokens, direct.argmax(-1)), "path tokens differ on the whole-vocabulary support"
-    decode = DecodeConfig(gamma=4, max_new_tokens=30)
-    for rule in ("dropmatch", "naive"):
-        exact = run_to_end(engine.speculative(ids, decode, RuleConfig(rule, p=0.3)))
-        whole = run_to_end(engine.speculative(ids, decode, RuleConfig(rule, p=0.3, path_support=target.vocab_size)))
-        assert whole.output_ids == exact.output_ids, f"{rule}: the whole-vocabulary support changed the text"
-        assert [d.reason for r in whole.rounds for d in r.drafted] == [d.reason for r in exact.rounds for d in r.drafted]
-
-
-def test_a_small_path_support_keeps_the_drafted_token_and_the_likely_ones():
-    """The support holds the drafted token first, then the tokens likeliest under the target or the draft;
-    the draft's mass outside it and the target's go to one bucket."""
-    from dropmatch import mc_head
-
-    clean = torch.log(torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]]))
-    q = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.1, 0.9]])
-    support = mc_head.path_support(clean, q, torch.tensor([3]), 3)
-    assert support[0, 0] == 3 and set(support[0].tolist()) == {3, 5, 0}
-    reduced = mc_head.reduce_to_support(clean.softmax(-1), support)
-    assert torch.allclose(reduced.sum(-1), torch.ones(1)) and reduced[0, -1] == pytest.approx(0.2 + 0.1 + 0.05)
-    assert mc_head.tail_log_mass(clean, support, 1.0).exp().item() == pytest.approx(0.35, rel=1e-5)
-    with pytest.raises(ConfigError, match="path support"):
-        RuleConfig(path_support=3)
 
 
 def test_a_greedy_mismatch_names_its_first_divergence_and_the_targets_margin_there(tiny_engine):

@@ -103,8 +103,7 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
     args = build_parser().parse_args(["--prompts", "x.jsonl"])
     for flag, name in (("max_new_tokens", "max_new_tokens"), ("gamma", "gamma"), ("draft_source", "draft_source"),
                        ("k", "k"), ("p", "p"), ("centroid", "centroid"), ("majority_fraction", "majority_fraction"),
-                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
-                       ("draft_confidence", "draft_confidence")):
+                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
         assert getattr(args, flag) == getattr(DEFAULTS, name), f"bench --{flag} defaults to {getattr(args, flag)!r}"
     assert args.auto_agreement == AUTO_AGREEMENT
 

@@ -241,7 +241,7 @@ def test_a_trace_written_with_loose_settings_reads_into_whole_ones(far_engine):
     rule, decode = data.pop("rule_config"), data.pop("decode_config")
     data.update(num_paths=rule["num_paths"], centroid=rule["centroid"], majority_fraction=rule["majority_fraction"],
                 gamma=decode["gamma"], temperature=decode["temperature"], top_p=decode["top_p"], seed=decode["seed"],
-                gamma_auto=False, draft_source="model", rescue_argmax=False, path_support=0, judge_threshold=None,
+                gamma_auto=False, draft_source="model", rescue_argmax=False, judge_threshold=None,
                 mask_draw="per_position")
     old = GenerationTrace.from_dict(data)
     assert old.rule_config == RuleConfig("majority", p=0.2, num_paths=7, majority_fraction=0.6)

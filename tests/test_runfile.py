@@ -137,3 +137,20 @@ def test_randomly_mutated_run_files_never_let_an_exception_escape(tmp_path, muta
     assert "status" in shown and "\n" not in shown["status"], shown.get("status")
     # the reader's checks caught it, not the last-resort net around the views
     assert "could not be shown" not in shown["status"], shown["status"]
+
+
+@pytest.mark.parametrize("block, name, on", [("rule_config", "path_support", 8), ("decode_config", "draft_confidence", 0.3)])
+def test_a_version_4_file_reads_with_a_removed_option_off_and_is_refused_in_one_line_where_it_was_on(
+        tmp_path, block, name, on):
+    """Version 5 removed path_support and draft_confidence: a version 4 file that kept them off (every file of
+    that time unless a user turned one on) reads as it was; one whose run used one is refused in one line."""
+    old = json.loads(json.dumps(VALID))
+    old["version"] = 4
+    off = {"path_support": 0, "draft_confidence": 0.0}[name]
+    for trace in ("lossless", "lossy", "autoregressive"):
+        old[trace][block][name] = off
+    read = read_recorded_run(_write(tmp_path, json.dumps(old)))
+    assert read.lossy.rule_config == read_recorded_run(_write(tmp_path, json.dumps(VALID), "new.json")).lossy.rule_config
+    old["lossy"][block][name] = on
+    _assert_one_line(tmp_path, json.dumps(old), f"this run used {name.replace('_', ' ')} {on!r}, an option this "
+                                                "version removed; record it again")

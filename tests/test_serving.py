@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dropmatch import acceptance, mc_head, verifying
+from dropmatch import acceptance, verifying
 from dropmatch.config import ConfigError, RuleConfig
 from dropmatch.mc_head import mask_seed
 from dropmatch.sampling import signal_probs
@@ -44,11 +44,8 @@ def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
     p_signal = signal_probs(inputs.clean_logits[:g], 0.0)
     paths = None
     if rule.uses_paths:
-        support = None
-        if rule.path_support and rule.p != 0.0:
-            support = mc_head.path_support(inputs.clean_logits[:g], inputs.q_signal, inputs.draft_tokens, rule.path_support)
         keys = [(inputs.mask_seed, inputs.first_position + i) for i in range(g)]
-        paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 0.0, keys, support)
+        paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 0.0, keys)
     signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths)
     if rule.uses_judge:
         signals = verifying.with_judge_scores(signals, inputs.hidden[1:g + 1], judge)
@@ -59,7 +56,6 @@ def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
 RULES_SERVED = [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
                 RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
                 RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
-                RuleConfig("dropmatch", p=0.3, path_support=8),
                 RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)]
 
 

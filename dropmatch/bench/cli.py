@@ -76,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gamma", default=DEFAULTS.gamma, help="draft length, or 'auto' (per round, from measured costs)")
     parser.add_argument("--draft-source", default=DEFAULTS.draft_source, choices=DRAFT_SOURCES,
                         help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the model")
-    parser.add_argument("--draft-confidence", default=DEFAULTS.draft_confidence,
-                        help="stop drafting a round once the draft's probability of its token is below this (0: off)")
     parser.add_argument("--rules", default="lossless,dropmatch")
     parser.add_argument("--target", default="embedded")
     parser.add_argument("--draft", default="embedded")
@@ -92,13 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="method: the method's own K 5, p 0.3, mean centroid, 4-of-5 majority (over --k, --p, ...)")
     parser.add_argument("--judge-threshold", default=DEFAULTS.judge_threshold,
                         help="the judge rules' threshold, or 'auto' (the judge's validation-chosen one)")
-    parser.add_argument("--path-support", default=DEFAULTS.path_support,
-                        help="0: the MC paths score every token; k: only k likely tokens (an approximation)")
     parser.add_argument("--mask-draw", default=RuleConfig.mask_draw, choices=MASK_DRAWS,
                         help="how the drafted positions' masks are drawn: per_position (every recorded run's) or "
                              "counter (one batched draw per step, the same on every device; other masks)")
-    parser.add_argument("--support-sweep", default=None,
-                        help="extra DropMatch runs at these path supports, e.g. 0,64,256 (same prompts, same process)")
     parser.add_argument("--reference-samples", default=3,
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
@@ -143,8 +137,7 @@ def check_sandbox() -> None:
 
 
 # The flags that are a rule's settings (RuleConfig.from_mapping's names); --rules says which rules run.
-RULE_FLAGS = ("k", "p", "auto_agreement", "centroid", "majority_fraction", "path_support", "mask_draw",
-              "judge_threshold")
+RULE_FLAGS = ("k", "p", "auto_agreement", "centroid", "majority_fraction", "mask_draw", "judge_threshold")
 
 
 def apply_preset(args) -> None:
@@ -162,22 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                              draft_confidence=args.draft_confidence, draft_source=args.draft_source)
+                              draft_source=args.draft_source)
         template = RuleConfig.from_mapping({key: getattr(args, key) for key in RULE_FLAGS})
         rules = parse_rules(args.rules)
         if args.frontier and "lossless" not in rules:
             rules.insert(0, "lossless")  # the frontier's origin
         auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
-        support_sweep = tuple(RuleConfig(path_support=k).path_support for k in (args.support_sweep or "").split(",")
-                              if k.strip())
         mode = "greedy" if decode.greedy else "sampling"
         for name in rules:
             if mode not in RULES[name].modes:
                 raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only "
                                  f"({RULES[name].why_mode}); this run is {mode}")
         swept = tuple(parse_rules(args.frontier_rules)) if args.frontier_rules else None
-        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, support_sweep, mode,
-                        swept)
+        runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, mode, swept)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)

@@ -39,17 +39,14 @@ class Variant:
 
 
 def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
-             auto_sweep: tuple[float, ...] = (), support_sweep: tuple[int, ...] = (),
-             mode: str = "greedy", swept: tuple[str, ...] | None = None) -> list[Variant]:
+             auto_sweep: tuple[float, ...] = (), mode: str = "greedy", swept: tuple[str, ...] | None = None) -> list[Variant]:
     """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
-    the auto sweep, DropMatch at each path support of the support sweep, then the frontier's points
+    the auto sweep, then the frontier's points
     (of the rules defined under `mode`, "greedy" or "sampling"; of the `swept` rules only, if given)."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
     runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
     runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
                      "auto_agreement", a) for a in auto_sweep]
-    runs += [Variant(f"dropmatch@path_support={k}", replace(template, rule="dropmatch", path_support=k),
-                     "path_support", k) for k in support_sweep]
     if frontier:
         runs += [run for run in frontier_variants(template, mode) if swept is None or run.rule.rule in swept]
     labels = [run.label for run in runs]

@@ -166,21 +166,6 @@ class CausalLM:
         if self._sparse_possible() and self._head_columns is None:
             self._head_columns = self._head_weight.detach().T.contiguous()  # [H, V]
 
-    @torch.inference_mode()
-    def support_path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor,
-                            support: torch.Tensor) -> torch.Tensor:
-        """Logits [K, n, S] of the Monte-Carlo paths at the token ids support [n, S] only: the head
-        rows of the support are gathered once ([n, S, H]) and each path costs S columns instead of
-        V. With a plain head they come from the clean logits minus the dropped entries' share (as
-        path_logits); otherwise from the full path logits, gathered."""
-        if self._head_weight is None or self._softcap or self._logit_scale or self._logits_scaling:
-            full = self.path_logits(hidden, keep, p, clean_logits)
-            return full.gather(-1, support.unsqueeze(0).expand(full.shape[0], -1, -1))
-        rows = self._head_weight.detach()[support].float()  # [n, S, H]
-        dropped = hidden.float().unsqueeze(0) * (1.0 - keep.float())  # [K, n, H]
-        removed = torch.einsum("knh,nsh->kns", dropped, rows)
-        return (clean_logits.float().gather(-1, support).unsqueeze(0) - removed) / (1.0 - p)
-
     def _sparse_path_logits(self, dropped: torch.Tensor, clean_logits: torch.Tensor, p: float) -> torch.Tensor:
         """(W h - W dropped) / (1 - p) for dropped [K, n, H] (the entries dropout removed), clean_logits [n, V]."""
         if self._head_columns is None:

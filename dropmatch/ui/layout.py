@@ -16,9 +16,8 @@ from . import views
 
 # The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
 SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
-                    "max_new_tokens", "seed", "run_autoregressive", "draft_confidence", "centroid",
-                    "majority_fraction", "draft_source", "rescue_argmax", "path_support", "judge_threshold",
-                    "gamma_tuned_for_rule")
+                    "max_new_tokens", "seed", "run_autoregressive", "centroid", "majority_fraction", "draft_source",
+                    "rescue_argmax", "judge_threshold", "gamma_tuned_for_rule")
 SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
 # Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it).
@@ -114,11 +113,9 @@ class Ui:
     max_new_tokens: gr.Slider
     seed: gr.Number
     run_autoregressive: gr.Checkbox
-    draft_confidence: gr.Slider
     centroid: gr.Radio
     majority_fraction: gr.Slider
     rescue_argmax: gr.Checkbox
-    path_support: gr.Number
     judge_threshold: gr.Textbox
     gamma_tuned_for_rule: gr.Checkbox
     method_button: gr.Button
@@ -252,8 +249,6 @@ def _settings(parts: dict) -> None:
             parts["seed"] = gr.Number(value=DEFAULTS.seed, precision=0, label="seed")
             parts["run_autoregressive"] = gr.Checkbox(value=DEFAULTS.run_autoregressive,
                                                       label="measure autoregressive baseline")
-            parts["draft_confidence"] = gr.Slider(0.0, 0.95, value=DEFAULTS.draft_confidence, step=0.05,
-                                                  label="draft confidence: end a round's draft below it (0 = off)")
             parts["gamma_tuned_for_rule"] = gr.Checkbox(
                 value=DEFAULTS.gamma_tuned_for_rule, label="draft length tuned for this rule's cost",
                 info="off: both columns choose γ = auto by lossless SD's costs, so tau differs only by the rule; "
@@ -269,9 +264,6 @@ def _settings(parts: dict) -> None:
                                                  label="sampling: paths may rescue the target's top token",
                                                  info="off: the lossless coin alone decides a draft equal to the "
                                                       "target's top token (p = 0 equals lossless SD)")
-            parts["path_support"] = gr.Number(value=DEFAULTS.path_support, precision=0, label="MC path support",
-                                              info="0: each path scores every token (the method); k: only k likely "
-                                                   "tokens, the rest in one bucket (faster, approximate)")
             parts["judge_threshold"] = gr.Textbox(value=DEFAULTS.judge_threshold, label="trained judge threshold (or auto)",
                                                   info="judge rules: accept a mismatch the judge scores below it; auto: "
                                                        "the one chosen on the judge's validation split")

@@ -18,7 +18,7 @@ from functools import lru_cache
 from ...config import ConfigError, RuleConfig
 
 # The rule's settings a request may give (RuleConfig.from_mapping's names): greedy serving has no use for
-# rescue_argmax (sampling only), path_support (an approximation) or auto_agreement (p = auto is not run).
+# rescue_argmax (sampling only) or auto_agreement (p = auto is not run).
 KEYS = ("rule", "p", "k", "majority_fraction", "centroid", "typical_eps", "typical_delta", "fixed_js_threshold",
         "judge_threshold", "mask_draw", "margin_ratio")
 OTHER_KEYS = ("seed", "judge")
