@@ -35,6 +35,15 @@ def pytest_collection_finish(session):
 
     if test_vllm.VLLM_PYTHON.exists():
         session.config.dropmatch_vllm_suite = test_vllm.start_suite()
+        # While its engines hold a core, this process computes on one thread: two torch threads sharing the other
+        # core would wait on each other at every op (measured: a 10 s test took 97 s). Two again once it ends.
+        torch.set_num_threads(1)
+
+
+def pytest_runtest_setup(item):
+    started = getattr(item.config, "dropmatch_vllm_suite", None)
+    if started is not None and started[0].poll() is not None and torch.get_num_threads() == 1:
+        torch.set_num_threads(2)
 
 
 def pytest_sessionfinish(session):
