@@ -27,23 +27,14 @@ torch.set_num_threads(2)
 
 
 def pytest_collection_finish(session):
-    """Where the vLLM suite's test is to run, its suite starts now, beside the rest of the session (its
-    engines mostly wait on one core each); the test waits for it (tests/test_vllm.py)."""
+    """Where the vLLM suite's test is to run, its suite starts now, at a lower priority, beside the rest of the
+    session: it runs in the time this session leaves a core idle; the test waits for it (tests/test_vllm.py)."""
     if session.config.option.collectonly or not any(item.path.name == "test_vllm.py" for item in session.items):
         return
     import test_vllm
 
     if test_vllm.VLLM_PYTHON.exists():
         session.config.dropmatch_vllm_suite = test_vllm.start_suite()
-        # While its engines hold a core, this process computes on one thread: two torch threads sharing the other
-        # core would wait on each other at every op (measured: a 10 s test took 97 s). Two again once it ends.
-        torch.set_num_threads(1)
-
-
-def pytest_runtest_setup(item):
-    started = getattr(item.config, "dropmatch_vllm_suite", None)
-    if started is not None and started[0].poll() is not None and torch.get_num_threads() == 1:
-        torch.set_num_threads(2)
 
 
 def pytest_sessionfinish(session):

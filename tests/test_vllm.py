@@ -2,12 +2,13 @@
 CPU build, in-process engines and `vllm serve`), run under .venv-vllm, which scripts/setup.sh
 --test makes: vLLM pins another transformers than the app's, so it cannot share .venv.
 
-Its engines are processes of their own that mostly wait on one core each, so the suite starts as soon
-as pytest has collected this test (conftest.pytest_collection_finish) and runs beside the rest of the
-session; this test waits for it and reads its result."""
+The suite starts as soon as pytest has collected this test (conftest.pytest_collection_finish), at a lower
+priority, and runs beside the rest of the session in the time it leaves a core idle (much of it: browser
+waits, subprocesses, single-threaded Python); this test waits for it and reads its result."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,12 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
+NICENESS = 10  # the suite's processes yield a core to the session's own tests (two torch threads sharing one
+# core with an engine wait on each other at every op: measured, a 10 s test took 97 s at equal priority)
+
+
 def start_suite() -> tuple[subprocess.Popen, Path]:
-    """The vLLM suite in its own process, its output in a file: (the process, the file)."""
+    """The vLLM suite in its own process (and its engines' processes) at a lower priority, its output in a
+    file: (the process, the file)."""
     log = Path(tempfile.mkstemp(prefix="dropmatch-vllm-suite-", suffix=".log")[1])
     with open(log, "w") as out:
         process = subprocess.Popen([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/vllm_plugin"],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(NICENESS))
     return process, log
 
 
