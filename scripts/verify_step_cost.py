@@ -5,7 +5,7 @@ of the embedded target's shape (V 49152, H 576), one thread as vLLM's CPU worker
 drafts gamma tokens, the first 0, 1 or 2 of them the target's own choice; the draft's logits are
 random rows.
 
-    .venv/bin/python scripts/verify_step_cost.py [--requests 16] [--p 0,0.15] [--steps 10]
+    .venv/bin/python scripts/verify_step_cost.py [--requests 16] [--p 0,0.15] [--steps 10] [--device cuda]
 
 Prints the milliseconds a step (the median of --steps) at each p, staged (the paths only where the rule
 reads them) and in one pass (the paths at every drafted position), with the head rows each computed. glibc's allocator returns large
@@ -41,16 +41,17 @@ class RandomLM:
 
 
 def rounds_of(model: RandomLM, requests: int, gamma: int, generator: torch.Generator) -> list[Round]:
-    """Rounds as a server hands them over: views of the step's rows."""
+    """Rounds as a server hands them over: views of the step's rows, on the head's device."""
     vocab, hidden_size = model.weight.shape
+    device = model.weight.device
     made = []
     for i in range(requests):
-        hidden = torch.randn(gamma + 1, hidden_size, generator=generator)
+        hidden = torch.randn(gamma + 1, hidden_size, generator=generator).to(device, model.weight.dtype)
         logits = model.compute_logits(hidden)
         target = logits.argmax(-1)
-        drafts = torch.randint(0, vocab, (gamma,), generator=generator)
+        drafts = torch.randint(0, vocab, (gamma,), generator=generator).to(device)
         drafts[: i % 3] = target[: i % 3]
-        draft_logits = tuple(torch.randn(gamma, vocab, generator=generator))
+        draft_logits = tuple(torch.randn(gamma, vocab, generator=generator).to(device))
         made.append(Round(100 + i, drafts, draft_logits, hidden, logits, 1234 + i))
     return made
 
@@ -64,10 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p", default="0,0.15", help="dropout rates, comma-separated")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the head in bf16 there, as vLLM serves it)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    model = RandomLM(torch.randn(args.vocab, args.hidden, generator=generator) * 0.05)
+    weight = torch.randn(args.vocab, args.hidden, generator=generator) * 0.05
+    device = torch.device(args.device)
+    model = RandomLM(weight.to(device, torch.bfloat16 if device.type == "cuda" else torch.float32))
     head = VllmHead(model)  # the plugin's own head: path rows through compute_logits, as in vLLM
     rounds = rounds_of(model, args.requests, args.gamma, generator)
     for p in (float(text) for text in args.p.split(",")):
@@ -78,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.steps):
                 start = time.perf_counter()
                 verify_rounds(head, rule, rounds, one_pass)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()  # the step's last kernels are in its time
                 times.append(1000 * (time.perf_counter() - start))
             print(f"p {p:g} {'one pass' if one_pass else 'staged  '}: {statistics.median(times):.1f} ms a step of "
                   f"{args.requests} requests ({min(times):.1f}-{max(times):.1f}), {rows} path rows")

@@ -111,3 +111,17 @@ def test_a_rounds_timer_syncs_once_when_read_on_the_gpu(cuda_engine, monkeypatch
     for r in trace.rounds:
         assert 0 <= r.t_draft and 0 <= r.t_forward and 0 <= r.t_head and 0 <= r.t_mc
         assert r.t_draft + r.t_forward + r.t_head + r.t_mc <= r.t_round + 1e-6
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_the_verify_step_on_the_gpu_decides_what_the_definition_decides(cuda_engine, one_pass):
+    """verifying.verify on CUDA tensors (bf16), staged as the engine runs it and in one pass as the vLLM plugin
+    runs it off a CPU: each request's verdict is the definition's, for every served rule."""
+    from dropmatch.serving.verify import verify_rounds
+    from test_serving import RULES_SERVED, by_definition, rounds_of
+
+    rounds = rounds_of(cuda_engine.target, num_requests=8)
+    assert rounds[0].hidden.device.type == "cuda"
+    for rule in RULES_SERVED:
+        for round_, found in zip(rounds, verify_rounds(cuda_engine.target, rule, rounds, one_pass)):
+            assert found.verdict == by_definition(cuda_engine.target, rule, round_), rule

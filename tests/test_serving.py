@@ -26,12 +26,13 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
     generator = torch.Generator().manual_seed(seed)
     made = []
     for i in range(num_requests):
-        prompt = torch.randint(3, 60, (1, 5 + 3 * i), generator=generator)
+        prompt = torch.randint(3, 60, (1, 5 + 3 * i), generator=generator).to(target.device)
         hidden = target.hidden(prompt[0], target.new_cache())[-(gamma + 1):]  # [gamma + 1, H]
         logits = target.logits(hidden)
         top2 = logits.topk(2, dim=-1).indices
-        draft = torch.where(torch.arange(gamma) % 2 == 1, top2[:gamma, 1], top2[:gamma, 0])
-        draft_logits = logits[:gamma] + torch.randn(logits[:gamma].shape, generator=generator)
+        second = (torch.arange(gamma) % 2 == 1).to(target.device)
+        draft = torch.where(second, top2[:gamma, 1], top2[:gamma, 0])
+        draft_logits = logits[:gamma] + torch.randn(logits[:gamma].shape, generator=generator).to(target.device)
         made.append(Round(int(prompt.shape[1]) - gamma, draft, draft_logits, hidden, logits,
                           mask_seed(seed, prompt[0].tolist())))
     return made
