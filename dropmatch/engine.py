@@ -75,9 +75,11 @@ class _RunState:
 
 @dataclass
 class _Verification:
-    """A round's verdict, the host copies of what it read (for the records), and its path rows."""
+    """A round's verdict, the tokens it emits (accepted drafts, then the extra token), the host copies of
+    what it read (for the records), and its path rows."""
 
     verdict: acceptance.Verdict
+    emitted: list[int]
     host: dict
     path_rows: int
 
@@ -262,8 +264,7 @@ class Engine:
         verification = self._judge(run, draft, hidden, clean_logits, timer)
         # 4. Commit and crop: the accepted drafts and the extra token; caches keep what was accepted.
         verdict = verification.verdict
-        drafted_ids = verification.host["draft_tokens"].tolist()
-        emitted = self._commit(run.seq, drafted_ids[: verdict.num_accepted] + [verdict.next_token], run.decode)
+        emitted = self._commit(run.seq, verification.emitted, run.decode)
         keep = committed + verdict.num_accepted
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
         run.drafter.learn(draft, verdict.num_accepted, keep)
@@ -300,7 +301,7 @@ class Engine:
         verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=True, judge=self.judge,
                                      generator=run.generator, timer=timer)
         host = _to_host({**vars(verified.signals), **_tops(draft.q_signal, verified.p_signal, verified.path_probs, gamma)})
-        return _Verification(verified.verdict, host, verified.path_rows)
+        return _Verification(verified.verdict, verified.emitted, host, verified.path_rows)
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""

@@ -249,16 +249,16 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     _check_shapes(batch)
     temperature = _one_temperature(batch)
     spans = _spans(batch)
-    p_signal, signals = _stacked_signals(batch, temperature, memo)
+    rows, p_signal, signals = _stacked(batch, temperature, memo)
     if timer is not None:
         timer.mark("mc_start")
     if rule.uses_judge:
-        signals = with_judge_scores(signals, torch.cat([inputs.hidden[1: inputs.num_drafted + 1] for inputs in batch]),
+        signals = with_judge_scores(signals, _cat([inputs.hidden[1: inputs.num_drafted + 1] for inputs in batch]),
                                     judge)
     paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
     if rule.uses_paths and spans[-1][1] > 0:
         find = _staged_paths if staged else _paths_everywhere
-        paths = find(head, batch, spans, signals, rule, p, temperature, memo)
+        paths = find(head, rows, spans, signals, rule, p, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")
@@ -313,16 +313,39 @@ def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: Train
     return Signals(**{**vars(signals), "judge_scores": judge.scores(hidden_after)})
 
 
-def _stacked_signals(batch: list[VerifyInputs], temperature: float, memo: dict | None) -> tuple[torch.Tensor, Signals]:
-    """(p_signal [n, V], the signals every rule reads [n]) over the batch's drafted positions, memoised."""
+@dataclass(frozen=True)
+class _Rows:
+    """The batch's n drafted slots, stacked once per verify step: hidden [n, H] and clean_logits [n, V]
+    (the target's rows before each drafted token), q_signal [n, V], and per slot its key (mask_seed,
+    sequence position, the round's first position): the first two key its masks; a sequence position
+    recurs in the next round (after a rejection), hence the third in a memo key."""
+
+    hidden: torch.Tensor
+    clean_logits: torch.Tensor
+    q_signal: torch.Tensor
+    keys: list[tuple[int, int, int]]
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, without the copy for a batch of one (the engine's every round)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _stacked(batch: list[VerifyInputs], temperature: float, memo: dict | None) -> tuple[_Rows, torch.Tensor, Signals]:
+    """(the stacked rows, p_signal [n, V], the signals every rule reads [n]) over the batch's drafted
+    positions, memoised (the rule lab verifies one batch under many rules)."""
     key = ("signals", tuple((inputs.first_position, inputs.num_drafted, inputs.mask_seed) for inputs in batch))
     if memo is not None and key in memo:
         return memo[key]
-    p_signal = signal_probs(torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch]), temperature)
-    signals = position_signals(torch.cat([inputs.draft_tokens for inputs in batch]),
-                               torch.cat([inputs.q_signal for inputs in batch]), p_signal)
+    rows = _Rows(_cat([inputs.hidden[: inputs.num_drafted] for inputs in batch]),
+                 _cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch]),
+                 _cat([inputs.q_signal for inputs in batch]),
+                 [(inputs.mask_seed, inputs.first_position + i, inputs.first_position)
+                  for inputs in batch for i in range(inputs.num_drafted)])
+    p_signal = signal_probs(rows.clean_logits, temperature)
+    signals = position_signals(_cat([inputs.draft_tokens for inputs in batch]), rows.q_signal, p_signal)
     lossless = {name: _cat_or_none(batch, name) for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
-    found = p_signal, Signals(**{**vars(signals), **lossless})
+    found = rows, p_signal, Signals(**{**vars(signals), **lossless})
     if memo is not None:
         memo[key] = found
     return found
@@ -334,10 +357,10 @@ def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
     parts = [getattr(inputs, name) for inputs in batch if inputs.num_drafted]
     if not parts:
         return getattr(batch[0], name)
-    return None if any(part is None for part in parts) else torch.cat(parts)
+    return None if any(part is None for part in parts) else _cat(parts)
 
 
-def _staged_paths(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float,
+def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
                   memo: dict | None) -> _PathWork:
     """The paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
     the exact test rejected them and, by default, they are not the clean target's top token) that can
@@ -349,18 +372,18 @@ def _staged_paths(head: Head, batch, spans, signals: Signals, rule, p: float, te
     judged = acceptance.judged_by_paths(signals, rule)
     exact_host, judged_host = signals.exact.tolist(), judged.tolist()
     reach = [[a + i for i in reachable_judged(exact_host[a:b], judged_host[a:b])] for a, b in spans]
-    work = _PathWork([], [0] * len(batch), [[] for _ in batch])
+    work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     stage = [positions[:1] for positions in reach]
     for later in (True, False):
         flat = [position for positions in stage for position in positions]
         if not flat:
             break
-        stats, part, accepted = _stage(head, batch, spans, signals, rule, p, temperature, flat, memo)
+        stats, part, accepted = _stage(head, rows, signals, rule, p, temperature, flat, memo)
         at, going_on = 0, []
         for request, positions in enumerate(stage):
             ruled = accepted[at: at + len(positions)]
             read = _read_until_rejection(ruled)
-            _keep(work, request, batch[request], spans[request][0], positions, len(positions), read,
+            _keep(work, request, spans[request][0], positions, len(positions), read,
                   stats, part, at, rule.num_paths if p != 0.0 else 0)
             going_on.append(reach[request][1:] if later and ruled and all(ruled) else [])
             at += len(positions)
@@ -373,68 +396,56 @@ def _read_until_rejection(accepted: list[bool]) -> int:
     return next((i + 1 for i, ok in enumerate(accepted) if not ok), len(accepted))
 
 
-def _keep(work: _PathWork, request: int, inputs: VerifyInputs, start: int, positions: list[int], computed: int,
+def _keep(work: _PathWork, request: int, start: int, positions: list[int], computed: int,
           read: int, stats: mc_head.PathStats, part: dict, at: int, rows_per_slot: int) -> None:
     """Record one request's share of a stage: its first `read` slots' path fields and probabilities."""
     work.rows[request] += rows_per_slot * computed
     if not read:
         return
-    where = torch.tensor(positions[:read], dtype=torch.long, device=inputs.draft_tokens.device)
+    where = torch.tensor(positions[:read], dtype=torch.long, device=stats.probs.device)
     picked = slice(at, at + read)
     work.parts.append((where, {name: value[:, picked] if name == "path_tokens" else value[picked]
                                for name, value in part.items()}))
     work.probs[request].append((where - start, stats.probs[:, picked]))
 
 
-def _stage(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float, flat: list[int],
+def _stage(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int],
            memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor], list[bool]]:
     """The paths at the stacked slots `flat` (one head pass), their path fields, and whether the rule
     accepts each (one host read)."""
-    every = _slot_keys(batch)
-    key = ("paths", tuple(every[position] for position in flat), rule.num_paths, p,
+    key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, p,
            rule.centroid, rule.mask_draw)
+    where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
     if memo is not None and key in memo:
         stats, part = memo[key]
     else:
-        stats, part = _paths_at(head, batch, spans, signals, rule, p, temperature, flat, settle_on_host=True)
+        stats, part = _paths_at(head, rows, signals, rule, p, temperature, flat, where, settle_on_host=True)
         if memo is not None:
             memo[key] = stats, part
-    where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
     checked = Signals(**{**vars(at_positions(signals, where)), **part})
     return stats, part, acceptance.rule_accepts(rule, checked).tolist()
 
 
-def _slot_keys(batch: list[VerifyInputs]) -> list[tuple[int, int, int]]:
-    """Per stacked slot, (mask_seed, sequence position, the round's first position): the first two key its
-    masks; a sequence position recurs in the next round (after a rejection), hence the third in a memo key."""
-    return [(inputs.mask_seed, inputs.first_position + i, inputs.first_position)
-            for inputs in batch for i in range(inputs.num_drafted)]
-
-
-def _paths_at(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float, flat: list[int] | None,
-              settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
-    """PathStats and path fields at the stacked slots `flat` (None: every slot), each slot with its own
-    request's masks."""
-    hidden = torch.cat([inputs.hidden[: inputs.num_drafted] for inputs in batch])
-    clean_logits = torch.cat([inputs.clean_logits[: inputs.num_drafted] for inputs in batch])
-    q_signal = torch.cat([inputs.q_signal for inputs in batch])
-    draft_tokens = signals.draft_tokens
+def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int] | None,
+              where: torch.Tensor | None, settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
+    """PathStats and path fields at the stacked slots `flat` (where: the same as a tensor; None: every
+    slot), each slot with its own request's masks."""
+    hidden, clean_logits, q_signal, draft_tokens = rows.hidden, rows.clean_logits, rows.q_signal, signals.draft_tokens
+    keys = [key[:2] for key in rows.keys]
     if flat is not None:
-        where = torch.tensor(flat, dtype=torch.long, device=hidden.device)
         hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
-    every = _slot_keys(batch)
-    keys = [key[:2] for key in every] if flat is None else [every[position][:2] for position in flat]
+        keys = [keys[position] for position in flat]
     stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys)
     return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
 
 
-def _paths_everywhere(head: Head, batch, spans, signals: Signals, rule, p: float, temperature: float,
+def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
                       memo: dict | None) -> _PathWork:
     """The paths at every drafted slot in one head pass, no host read (settle_close_calls on the device)."""
-    stats, part = _paths_at(head, batch, spans, signals, rule, p, temperature, None, settle_on_host=False)
-    work = _PathWork([], [0] * len(batch), [[] for _ in batch])
+    stats, part = _paths_at(head, rows, signals, rule, p, temperature, None, None, settle_on_host=False)
+    work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     for request, (a, b) in enumerate(spans):
-        _keep(work, request, batch[request], a, list(range(a, b)), b - a, b - a, stats, part, a,
+        _keep(work, request, a, list(range(a, b)), b - a, b - a, stats, part, a,
               rule.num_paths if p != 0.0 else 0)
     return work
 
