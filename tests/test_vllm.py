@@ -2,47 +2,52 @@
 CPU build, in-process engines and `vllm serve`), run under .venv-vllm, which scripts/setup.sh
 --test makes: vLLM pins another transformers than the app's, so it cannot share .venv.
 
-The suite starts as soon as pytest has collected this test (conftest.pytest_collection_finish), at a lower
-priority, and runs beside the rest of the session in the time it leaves a core idle (much of it: browser
-waits, subprocesses, single-threaded Python); this test waits for it and reads its result."""
+The suite starts as soon as pytest has collected this test (conftest: in the session's main process, also
+when pytest-xdist's workers run the tests) and runs beside the rest of the session;
+this test, in whichever worker runs it, waits for the suite's exit status file and reads its output."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+SUITE_ENV = "DROPMATCH_VLLM_SUITE_DIR"  # set by the session's main process; its workers inherit it
+
+def start_suite(folder: Path) -> subprocess.Popen:
+    """The vLLM suite in its own process group (with its engines' processes): its output goes to folder/log,
+    its exit status to folder/rc when it ends."""
+    # its own options: pytest.ini's (pytest-xdist's among them) are this venv's, and .venv-vllm has no xdist
+    script = '"$0" -m pytest -q -p no:cacheprovider -o addopts=-ra tests/vllm_plugin > "$1" 2>&1; echo $? > "$2"'
+    return subprocess.Popen(["/bin/sh", "-c", script, str(VLLM_PYTHON), str(folder / "log"), str(folder / "rc")],
+                            cwd=ROOT, start_new_session=True)
 
 
-NICENESS = 10  # the suite's processes yield a core to the session's own tests (two torch threads sharing one
-# core with an engine wait on each other at every op: measured, a 10 s test took 97 s at equal priority)
-
-
-def start_suite() -> tuple[subprocess.Popen, Path]:
-    """The vLLM suite in its own process (and its engines' processes) at a lower priority, its output in a
-    file: (the process, the file)."""
-    log = Path(tempfile.mkstemp(prefix="dropmatch-vllm-suite-", suffix=".log")[1])
-    with open(log, "w") as out:
-        process = subprocess.Popen([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/vllm_plugin"],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(NICENESS))
-    return process, log
+def wait_for_suite(folder: Path, guard_s: float = 3600) -> tuple[int, str]:
+    """(exit status, output) of the suite started into `folder`, waited for up to guard_s (a guard against a
+    suite that never ends, not a time budget)."""
+    rc_file, deadline = folder / "rc", time.monotonic() + guard_s
+    while not rc_file.exists() or not rc_file.read_text().strip():
+        assert time.monotonic() < deadline, f"the vLLM suite did not end within {guard_s:.0f} s"
+        time.sleep(1)
+    return int(rc_file.read_text()), (folder / "log").read_text(errors="replace")
 
 
 @pytest.mark.slow
-def test_the_vllm_integration_suite_passes_under_its_own_venv(request):
+def test_the_vllm_integration_suite_passes_under_its_own_venv():
     assert VLLM_PYTHON.exists(), "no .venv-vllm: run bash scripts/setup.sh --test (or --vllm)"
-    started = getattr(request.config, "dropmatch_vllm_suite", None) or start_suite()
-    process, log = started
-    try:
-        returncode = process.wait(timeout=3600)  # a guard against a suite that never ends
-    finally:
-        if process.poll() is None:
-            process.kill()
-    output = log.read_text(errors="replace")
+    given = os.environ.get(SUITE_ENV)
+    if given and (Path(given) / "started").exists():
+        folder = Path(given)
+    else:  # run outside a session that started it
+        folder = Path(tempfile.mkdtemp(prefix="dropmatch-vllm-suite-"))
+        start_suite(folder)
+    returncode, output = wait_for_suite(folder)
     print(output[-6000:])
     assert returncode == 0, output[-13000:]
