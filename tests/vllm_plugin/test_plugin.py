@@ -163,13 +163,15 @@ def engine_specs() -> dict[str, tuple]:
 
 @pytest.fixture(scope="module")
 def engines():
-    """Every engine of this module (and the API server) started up front, two processes at a time:
-    each runs one torch thread (vLLM's CPU worker sets it), so two share a 2-core machine without
-    waiting on each other. name -> a future of its result."""
+    """Every engine of this module (and the API server) started up front, two processes at a time when the
+    suite runs alone (each runs one torch thread: two share a 2-core machine), one at a time beside the main
+    session's two workers (DROPMATCH_VLLM_ENGINES_AT_ONCE=1, tests/test_vllm.py: fewer processes on two cores
+    cost less CPU in all). name -> a future of its result."""
+    import os
     from concurrent.futures import ThreadPoolExecutor
 
     draft_dir(), prompts(), story_prompt(), tiny_tp_model()  # made once, here, before the threads read them
-    pool = ThreadPoolExecutor(max_workers=2)
+    pool = ThreadPoolExecutor(max_workers=int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2")))
     futures = {name: pool.submit(run_engine, *spec) for name, spec in engine_specs().items()}
     futures["server"] = pool.submit(start_server)
     futures["starts"] = pool.submit(start_engines, STARTS)
