@@ -57,9 +57,8 @@ def _start_vllm_suite(config, node_ids) -> None:
 
     if test_vllm.VLLM_PYTHON.exists():
         folder = Path(os.environ[test_vllm.SUITE_ENV])
-        folder.mkdir()
+        folder.mkdir()  # the test's sign that the suite was started into it
         config.dropmatch_vllm_suite = test_vllm.start_suite(folder)
-        (folder / "started").touch()
 
 
 def pytest_collection_finish(session):

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SUITE_ENV = "DROPMATCH_VLLM_SUITE_DIR"  # set by the session's main process; its workers inherit it
 
+
 def start_suite(folder: Path) -> subprocess.Popen:
     """The vLLM suite in its own process group (with its engines' processes): its output goes to folder/log,
     its exit status to folder/rc when it ends."""
@@ -45,7 +46,7 @@ def wait_for_suite(folder: Path, guard_s: float = 3600) -> tuple[int, str]:
 def test_the_vllm_integration_suite_passes_under_its_own_venv():
     assert VLLM_PYTHON.exists(), "no .venv-vllm: run bash scripts/setup.sh --test (or --vllm)"
     given = os.environ.get(SUITE_ENV)
-    if given and (Path(given) / "started").exists():
+    if given and Path(given).is_dir():  # made when the session started the suite
         folder = Path(given)
     else:  # run outside a session that started it
         folder = Path(tempfile.mkdtemp(prefix="dropmatch-vllm-suite-"))
