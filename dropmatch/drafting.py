@@ -129,20 +129,20 @@ def expected_reached(acceptance: SlotAcceptance, gamma: int) -> float:
 
 
 def choose_gamma(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None,
-                 judge_per_slot: float = 0.0) -> int:
+                 verify_per_slot: float = 0.0) -> int:
     """The draft length in 1..cap with the most expected tokens per second (draft_step overrides
     the measured one: 0 for n-gram proposals, which cost no model call)."""
-    return best_length(acceptance, costs, cap, draft_step, judge_per_slot)[0]
+    return best_length(acceptance, costs, cap, draft_step, verify_per_slot)[0]
 
 
 def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_step: float | None = None,
-                judge_per_slot: float = 0.0) -> tuple[int, float]:
+                verify_per_slot: float = 0.0) -> tuple[int, float]:
     """(length in 1..cap, its expected tokens per second); the shorter one on a tie. A round of g
     costs g draft steps, one verify call over g + 1 positions, and the verify step at the slots it
-    reaches (judge_per_slot: VerifyCost.per_reached_slot, measured by the run so far)."""
+    reaches (verify_per_slot: VerifyCost.per_reached_slot, measured by the run so far)."""
     step = costs.draft_step if draft_step is None else draft_step
     rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)
-                                                  + judge_per_slot * expected_reached(acceptance, g))
+                                                  + verify_per_slot * expected_reached(acceptance, g))
              for g in range(1, cap + 1)}
     gamma = max(rates, key=lambda g: (rates[g], -g))
     return gamma, rates[gamma]
@@ -195,7 +195,7 @@ class DraftSpace:
     vocab_size: int
     device: torch.device
     hidden_size: int
-    judge_cost: VerifyCost = field(default_factory=VerifyCost)  # the engine records each round's
+    verify_cost: VerifyCost = field(default_factory=VerifyCost)  # the engine records each round's
 
     def ids(self, tokens: list[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -228,7 +228,7 @@ class _Learning:
         """The verify step's seconds per reached slot that gamma = auto weighs: none by default (every rule
         drafts by lossless SD's costs: one policy for both columns), the run's measured one when the
         draft length is tuned for the rule's cost (DecodeConfig.gamma_tuned_for_rule)."""
-        return self.space.judge_cost.per_reached_slot() if self.space.decode.gamma_tuned_for_rule else 0.0
+        return self.space.verify_cost.per_reached_slot() if self.space.decode.gamma_tuned_for_rule else 0.0
 
 
 class ModelDrafter(_Learning):

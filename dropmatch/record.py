@@ -169,8 +169,8 @@ def record_of(state, engine) -> RunRecord:
     """The RunRecord of a finished Comparison (compare.py): the engine names the tokens and gives
     the rule lab's matrix at the run's own settings."""
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
-    tokens = {token: engine.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
-    matrix = engine.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
+    tokens = {token: engine.services.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
+    matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
     return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix,
                      state.peer)
 

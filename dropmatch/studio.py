@@ -184,14 +184,14 @@ class Studio:
             self.status = LoadStatus("loading", spec.label, time.monotonic())
             try:
                 self._engine = self._engine_factory(self._loader(spec))
-                measure = getattr(self._engine, "step_costs", None)
+                measure = getattr(self._engine.services, "step_costs", None)  # a stand-in may not measure
                 if measure is not None and not self.inline:  # gamma = auto's costs, timed at load rather than in the first run
                     measure()
             except Exception as error:
                 self.status = LoadStatus("failed", spec.label, error=str(error))
                 raise
             self._spec = spec
-            self.status = LoadStatus("ready", getattr(self._engine, "source_label", None) or spec.label)
+            self.status = LoadStatus("ready", self._engine.services.source_label or spec.label)
         return self._engine
 
     def _release(self) -> None:

@@ -61,7 +61,7 @@ def main() -> int:
         for prompt in prompts:
             decode, rule = Settings(prompt, max_new_tokens=args.tokens, **spec.settings).parse()
             trace = run_to_end(engine.speculative(engine.encode(prompt), decode, rule))
-            tokens = {t: engine.token_text(t) for t in sorted(mentioned_tokens(trace))}
+            tokens = {t: engine.services.token_text(t) for t in sorted(mentioned_tokens(trace))}
             runs.append((prompt, trace, tokens))
             slots = candidate_slots(runs)
             lacking = missing(spec, trace.rule, slots, each=1)

@@ -1,7 +1,8 @@
 """An engine with no weights: deterministic rounds made from the prompt's own words.
 
 It speaks the Engine interface the app uses (encode, check_fits, speculative, autoregressive,
-token_text, stop_ids), so the UI can be tested in seconds and its texts checked exactly.
+stop_ids, and services: token_text, measured_costs), so the UI can be tested in seconds and its texts
+checked exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ from dropmatch.trace import DraftedToken, GenerationTrace, RoundTrace
 EOS = 0
 
 
+class FakeServices:
+    """The fake pair's services: its words as token texts; no step costs measured (a test may set them)."""
+
+    source_label = None
+
+    def __init__(self, engine: "FakeEngine"):
+        self.token_text = engine.token_text
+        self.measured_costs = None
+
+
 class FakeEngine:
     def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None):
         self.reason_for = reason_for or {}  # the reason a lossy rule gives (default "js")
@@ -23,6 +34,7 @@ class FakeEngine:
         self.delay_s = delay_s
         self.rounds_made = 0  # every round of every run, counted as it is made
         self.runs_active = 0  # speculative runs started and not yet ended (returned, stopped or closed)
+        self.services = FakeServices(self)
 
     def _id(self, word: str) -> int:
         if word not in self.ids:

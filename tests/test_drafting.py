@@ -76,8 +76,8 @@ def test_lossless_greedy_stays_identical_to_generate_with_every_draft_source_and
 
 
 def test_step_costs_are_measured_once_per_pair_and_are_positive(tiny_engine):
-    costs = tiny_engine.step_costs()
-    assert costs is tiny_engine.step_costs()
+    costs = tiny_engine.services.step_costs()
+    assert costs is tiny_engine.services.step_costs()
     assert costs.draft_step > 0 and costs.verify_base > 0 and costs.verify_per_position >= 0
 
 
@@ -87,7 +87,7 @@ def test_gamma_auto_shortens_rounds_for_a_poor_draft(far_engine, tiny_engine, mo
     rounds than the close one."""
     costs = drafting.StepCosts(draft_step=0.004, verify_base=0.040, verify_per_position=0.003)
     for engine in (far_engine, tiny_engine):
-        monkeypatch.setattr(engine, "_costs", costs)
+        monkeypatch.setattr(engine.services, "_costs", costs)
     decode = DecodeConfig(gamma=8, gamma_auto=True, max_new_tokens=60)
     far = run_to_end(far_engine.speculative(far_engine.encode(PROMPTS[0]), decode, RuleConfig("lossless")))
     close = run_to_end(tiny_engine.speculative(tiny_engine.encode(PROMPTS[0]), decode, RuleConfig("lossless")))
@@ -136,7 +136,7 @@ def test_gamma_auto_counts_the_judge_steps_measured_cost_at_the_slots_a_round_re
         acceptance.record(6, 3)  # slots 0-2 accepted, slot 3 rejected, 4-5 never reached
     costs = drafting.StepCosts(draft_step=0.002, verify_base=0.02, verify_per_position=0.001)
     free = drafting.choose_gamma(acceptance, costs, 8)
-    dear = drafting.choose_gamma(acceptance, costs, 8, judge_per_slot=0.02)
+    dear = drafting.choose_gamma(acceptance, costs, 8, verify_per_slot=0.02)
     assert dear < free
     assert drafting.expected_reached(acceptance, 1) == 1.0
     assert drafting.expected_reached(acceptance, 3) == pytest.approx(1 + acceptance.rate(0) * (1 + acceptance.rate(1)))

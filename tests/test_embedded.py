@@ -199,14 +199,14 @@ def test_the_rule_lab_reproduces_the_embedded_runs_and_rejudges_a_96_token_run_u
     for p in (0.3, None):
         trace = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("dropmatch", p=p),
                                               keep_states=True))
-        matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
+        matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(trace), engine.services.token_text, rules=("dropmatch",))
         got = [cell["reason"] for row in matrix["rows"] for cell in row["cells"]]
         assert got == [d.reason for r in trace.rounds for d in r.drafted]
         assert any(reason in ("js", "majority") for reason in got)
     trace = run_to_end(engine.speculative(engine.encode(PROMPTS[1]), DecodeConfig(gamma=4, max_new_tokens=96),
                                           RuleConfig("lossless"), keep_states=True))
     start = time.perf_counter()
-    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(None, p=0.2), engine.token_text)
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(None, p=0.2), engine.services.token_text)
     seconds = time.perf_counter() - start
     print(f"rule lab: {len(matrix['rows'])} drafted tokens x {len(matrix['rules'])} rules re-judged in {seconds:.2f} s")
     drafted = sum(len(r.drafted) for r in trace.rounds)

@@ -334,7 +334,7 @@ def test_two_loads_of_a_pair_take_the_same_path_precision_and_decide_every_slot_
     p where paths decide, the same reasons, tokens and JS values round by round."""
     again = Engine(load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu")))
     assert again.target._path_dtype == tiny_engine.target._path_dtype
-    assert again.computed_by() == tiny_engine.computed_by()
+    assert again.services.computed_by() == tiny_engine.services.computed_by()
     ids = tiny_engine.encode(PROMPTS[0])
     decode, rule = DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("dropmatch", p=0.2)
     first, second = (run_to_end(engine.speculative(ids, decode, rule)) for engine in (tiny_engine, again))

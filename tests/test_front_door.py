@@ -203,10 +203,9 @@ def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
     assert "1,500 tokens" in prompt_note(long_prompt, FakeEngine())
     assert "counted by characters" in prompt_note(long_prompt, None)
 
-    class Measured(FakeEngine):
-        measured_costs = StepCosts(draft_step=0.001, verify_base=0.02, verify_per_position=0.002)
-
-    note = prompt_note(long_prompt, Measured())
+    measured = FakeEngine()
+    measured.services.measured_costs = StepCosts(draft_step=0.001, verify_base=0.02, verify_per_position=0.002)
+    note = prompt_note(long_prompt, measured)
     assert "≈ 3.0 s" in note  # 0.02 + 0.002 * 1499, said as this machine's
 
 

@@ -33,7 +33,7 @@ def test_lossless_greedy_matches_generate_on_the_gpu(cuda_engine):
     trace = run_to_end(cuda_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=32), RuleConfig("lossless")))
     reference = greedy_reference(cuda_engine.target, ids, 32, cuda_engine.stop_ids)
     found = first_divergence(cuda_engine.target, ids, reference, list(trace.output_ids))
-    assert list(trace.output_ids) == reference, found.describe(cuda_engine.token_text) if found else "lengths differ"
+    assert list(trace.output_ids) == reference, found.describe(cuda_engine.services.token_text) if found else "lengths differ"
 
 
 def test_sampling_on_the_gpu_is_reproducible_with_a_cuda_generator(cuda_engine):

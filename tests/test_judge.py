@@ -68,7 +68,7 @@ def test_the_judge_rule_accepts_exactly_the_mismatches_scored_below_its_threshol
     """Every judged mismatch: reason judge iff its score < threshold; exact tokens stay exact."""
     ids = judged_engine.encode(PROMPTS[0])
     trace = run_to_end(judged_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("judge")))
-    assert trace.judge_threshold == judged_engine.judge.threshold
+    assert trace.judge_threshold == judged_engine.services.judge.threshold
     reasons = {"judge": 0, "rejected": 0}
     for r in trace.rounds:
         for d in r.drafted:
@@ -113,7 +113,7 @@ def test_the_rule_lab_scores_a_stored_run_as_the_engine_did(judged_engine):
     ids = judged_engine.encode(PROMPTS[2])
     rule = RuleConfig("judge")
     trace = run_to_end(judged_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=30), rule, keep_states=True))
-    matrix = judged_engine.rule_lab(trace, dataclasses.replace(RuleConfig(), p=0.2))
+    matrix = judged_engine.services.rule_lab(trace, dataclasses.replace(RuleConfig(), p=0.2))
     column = [rule["name"] for rule in matrix["rules"]].index("judge")
     engine_cells = [(d.reason, round(d.judge_score, 3)) for r in trace.rounds for d in r.drafted if d.reason != "unchecked"]
     lab_cells = [(row["cells"][column]["reason"], row["cells"][column]["info"]) for row in matrix["rows"]
@@ -126,7 +126,7 @@ def test_the_rule_lab_scores_a_stored_run_as_the_engine_did(judged_engine):
 
 def test_without_a_judge_the_judge_rules_refuse_in_one_line(tiny_engine):
     """A pair with no trained judge: the rule asks for one, in one line, before any round."""
-    assert tiny_engine.judge is None
+    assert tiny_engine.services.judge is None
     ids = tiny_engine.encode(PROMPTS[0])
     with pytest.raises(ConfigError, match="needs a trained judge for this target"):
         run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=8), RuleConfig("judge")))

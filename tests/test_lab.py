@@ -45,7 +45,7 @@ def test_rejudging_a_run_with_its_own_settings_reproduces_its_decisions(far_engi
     assert lab.has_states(trace) and any(r.num_accepted < r.num_drafted for r in trace.rounds)
     prepared = lab.prepare(trace, engine.target, engine.draft)
     settings = lab.lab_settings(trace, **{k: v for k, v in rule.items() if k != "rule"})
-    matrix = lab.rejudge(prepared, engine.target, settings, engine.token_text,
+    matrix = lab.rejudge(prepared, engine.target, settings, engine.services.token_text,
                          rules=("lossless", rule_config.rule))
     assert matrix_reasons(matrix, 1) == reasons_of(trace)
     assert [row["token"] for row in matrix["rows"]] == [d.token for r in trace.rounds for d in r.drafted]
@@ -65,7 +65,7 @@ def test_a_run_with_counter_masks_is_rejudged_with_its_own_masks(far_engine):
         [d.path_tokens for r in runs["per_position"].rounds for d in r.drafted], "the two draws gave the same paths"
     settings = lab.lab_settings(trace)
     assert settings.mask_draw == "counter"
-    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings, engine.token_text,
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings, engine.services.token_text,
                          rules=("dropmatch",))
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
     assert GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict()))).mask_draw == "counter"
@@ -87,7 +87,7 @@ def test_the_lab_column_of_lossless_equals_the_lossless_run_and_a_lossy_rule_acc
     trace = run_to_end(engine.speculative(engine.encode(PROMPTS[1]), DecodeConfig(gamma=4, max_new_tokens=40),
                                           RuleConfig("lossless"), keep_states=True))
     prepared = lab.prepare(trace, engine.target, engine.draft)
-    matrix = lab.rejudge(prepared, engine.target, lab.lab_settings(None, p=0.4), engine.token_text)
+    matrix = lab.rejudge(prepared, engine.target, lab.lab_settings(None, p=0.4), engine.services.token_text)
     names = [rule["name"] for rule in matrix["rules"]]
     assert names[0] == "lossless" and {"naive", "js", "majority", "dropmatch", "typical", "fixed_js"} <= set(names)
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
@@ -109,8 +109,8 @@ def test_states_survive_the_trace_json_round_trip_and_a_run_without_them_is_refu
     assert again == trace
     settings = lab.lab_settings(None, p=0.2)
     first = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings,
-                        engine.token_text)
-    second = lab.rejudge(lab.prepare(again, engine.target, engine.draft), engine.target, settings, engine.token_text)
+                        engine.services.token_text)
+    second = lab.rejudge(lab.prepare(again, engine.target, engine.draft), engine.target, settings, engine.services.token_text)
     assert first["rows"] == second["rows"]
     plain = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=24), RuleConfig("lossless")))
     assert plain.states == ()
@@ -131,7 +131,7 @@ def test_the_lab_reproduces_runs_drafted_by_prompt_lookup(far_engine, source):
         if any(r.draft_source == "ngram" and r.drafted for r in trace.rounds):
             break
     assert any(r.draft_source == "ngram" and r.drafted for r in trace.rounds), "no prompt drafted by lookup"
-    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(trace), engine.token_text, rules=("dropmatch",))
+    matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, lab.lab_settings(trace), engine.services.token_text, rules=("dropmatch",))
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
 
 
@@ -180,13 +180,13 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     ids = engine.encode(PROMPTS[0])
     lossless = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=16), RuleConfig("lossless"),
                                              keep_states=True))
-    assert lossless.weights == engine.weights and (lossless.device, lossless.dtype) == ("cpu", "float32")
-    assert Engine(load_hub_pair(PairSpec(str(target), str(draft)))).weights == engine.weights  # a reload agrees
+    assert lossless.weights == engine.services.weights and (lossless.device, lossless.dtype) == ("cpu", "float32")
+    assert Engine(load_hub_pair(PairSpec(str(target), str(draft)))).services.weights == engine.services.weights  # a reload agrees
     record = RunRecord(PROMPTS[0], "dropmatch", False, lossless, lossless, None,
-                       {t: engine.token_text(t) for t in mentioned_tokens(lossless)})
+                       {t: engine.services.token_text(t) for t in mentioned_tokens(lossless)})
     knobs = (5, 0.2, 0.8, "probs", 0.1, 0.3)
     assert "Re-judged" in reverify_view(studio, record, *knobs)["lab_status"]
-    for changed in ({"dtype": "bfloat16"}, {"weights": "0" * 16 + "+" + engine.weights.split("+")[1]}):
+    for changed in ({"dtype": "bfloat16"}, {"weights": "0" * 16 + "+" + engine.services.weights.split("+")[1]}):
         other = dataclasses.replace(record, lossless=dataclasses.replace(lossless, **changed))
         status = reverify_view(studio, other, *knobs)["lab_status"]
         assert "other weights or another dtype" in status and "\n" not in status, status
@@ -194,7 +194,7 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     altered = load_hub_pair(PairSpec(str(target), str(draft)))
     with torch.no_grad():
         next(altered.target.model.parameters()).view(-1)[0] += 1.0
-    assert Engine(altered).weights != engine.weights
+    assert Engine(altered).services.weights != engine.services.weights
 
 
 @pytest.mark.parametrize("pair, rule, default_rule", [
@@ -208,11 +208,11 @@ def test_the_lab_rejudges_a_run_at_its_own_knobs_without_being_told_them(request
     trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), decode, RuleConfig(**rule), keep_states=True))
     trace = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))  # as a run file keeps it
     prepared = lab.prepare(trace, engine.target, engine.draft)
-    own = lab.rejudge(prepared, engine.target, lab.lab_settings(trace), engine.token_text, rules=(rule["rule"],))
+    own = lab.rejudge(prepared, engine.target, lab.lab_settings(trace), engine.services.token_text, rules=(rule["rule"],))
     assert matrix_reasons(own, 0) == reasons_of(trace)
     defaults = lab.rejudge(prepared, engine.target, lab.lab_settings(None, **{k: v for k, v in default_rule.items()
                                                                                if k != "rule"}),
-                           engine.token_text, rules=(rule["rule"],))
+                           engine.services.token_text, rules=(rule["rule"],))
     assert matrix_reasons(defaults, 0) != reasons_of(trace), "the knob changes no decision on this run"
 
 

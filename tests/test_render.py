@@ -23,7 +23,7 @@ def traces(rule: str = "dropmatch"):
 
 def test_every_emitted_token_gets_a_colour_and_the_text_reads_back():
     engine, lossless, lossy = traces()
-    spans = token_spans(lossy.first_token, list(lossy.rounds), engine.token_text, engine.stop_ids)
+    spans = token_spans(lossy.first_token, list(lossy.rounds), engine.services.token_text, engine.stop_ids)
     assert "".join(text for text, _, _ in spans).strip() == PROMPT
     kinds = {kind for _, kind, _ in spans}
     assert {"first", "exact", "js", "correction"} <= kinds
@@ -35,8 +35,8 @@ def test_every_accepted_drafted_tokens_popover_ends_with_the_rules_sentence():
     from dropmatch.render import explainer
 
     engine, _, lossy = traces()
-    why = explainer(engine.token_text, lossy.decode_config, lossy.rule_config)
-    spans = token_spans(lossy.first_token, list(lossy.rounds), engine.token_text, engine.stop_ids, why)
+    why = explainer(engine.services.token_text, lossy.decode_config, lossy.rule_config)
+    spans = token_spans(lossy.first_token, list(lossy.rounds), engine.services.token_text, engine.stop_ids, why)
     drafted = [tip for _, kind, tip in spans if kind in ("exact", "js")]
     assert drafted and all("\nwhy: " in tip for tip in drafted)
     assert any("JS 0.0100 ≤ threshold 0.0200" in tip for tip in drafted)
@@ -49,14 +49,14 @@ def test_a_js_acceptance_of_a_token_the_target_all_but_rules_out_says_why_js_may
     engine, _, lossy = traces()
     accepted = next(d for r in lossy.rounds for d in r.drafted if d.reason == "js")
     unlikely = dataclasses.replace(accepted, target_prob=0.0004)
-    assert "whole distribution" in explain(unlikely, engine.token_text)
-    assert "whole distribution" not in explain(dataclasses.replace(accepted, target_prob=0.3), engine.token_text)
+    assert "whole distribution" in explain(unlikely, engine.services.token_text)
+    assert "whole distribution" not in explain(dataclasses.replace(accepted, target_prob=0.3), engine.services.token_text)
 
 
 def test_each_decision_has_a_sentence_with_its_numbers():
     engine, lossless, lossy = traces()
     drafted = [d for trace in (lossy, lossless) for r in trace.rounds for d in r.drafted]
-    by_reason = {d.reason: explain(d, engine.token_text) for d in reversed(drafted)}  # lossy's win
+    by_reason = {d.reason: explain(d, engine.services.token_text) for d in reversed(drafted)}  # lossy's win
     assert "JS 0.0100 ≤ threshold 0.0200" in by_reason["js"]
     assert "rejected" in by_reason["rejected"] and "paths chose it" in by_reason["rejected"]
     assert "earlier token" in by_reason["unchecked"]
@@ -64,16 +64,16 @@ def test_each_decision_has_a_sentence_with_its_numbers():
 
 def test_step_view_lists_every_path_and_the_decision():
     engine, _, lossy = traces()
-    page = step_html(lossy.rounds[0], engine.token_text)
+    page = step_html(lossy.rounds[0], engine.services.token_text)
     assert page.count("<th>path") == 5 and "JS / threshold" in page and "decision" in page
 
 
 def test_figures_have_data_and_say_so_when_a_rule_has_no_paths():
     engine, lossless, lossy = traces()
-    figures = all_figures(lossless, lossy, None, engine.token_text)
+    figures = all_figures(lossless, lossy, None, engine.services.token_text)
     assert all(fig.data for fig in figures.values())
     typical = traces("typical")[2]
-    heatmap = all_figures(lossless, typical, None, engine.token_text)["agreement"]
+    heatmap = all_figures(lossless, typical, None, engine.services.token_text)["agreement"]
     assert not heatmap.data and "no Monte-Carlo paths" in heatmap.layout.annotations[0].text.replace("<br>", " ")
 
 

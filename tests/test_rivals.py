@@ -152,7 +152,7 @@ def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_e
                                                  RuleConfig("ensemble")))
     accepted = [d for r in ensemble.rounds for d in r.drafted if d.reason == "ensemble"]
     assert accepted and all(d.coin is not None for d in accepted)
-    sentence = render.explain(accepted[0], far_engine.token_text, greedy=False, rule="ensemble",
+    sentence = render.explain(accepted[0], far_engine.services.token_text, greedy=False, rule="ensemble",
                               knobs=ensemble.rule_config)
     assert "static ensemble verifies against v = 0.5 p" in sentence
 

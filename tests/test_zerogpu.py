@@ -63,7 +63,7 @@ print(json.dumps({
     "main_pid": os.getpid(), "loaded_in": loaded_in, "calls": spaces.calls, "status": views[-1]["status"],
     "again": again[-1]["status"], "lab_status": lab_status, "api_text": api[-1]["lossless"]["text"],
     "lossless_text": record.lossless.text, "here_text": here.text, "refused": refused,
-    "costs_measured": engine._costs is not None,
+    "costs_measured": engine.services.measured_costs is not None,
 }))
 """
 

@@ -239,12 +239,12 @@ def runnable(engine, runs: list) -> list:
     """The runs this pair can make: the frontier's points of the judge rules need a trained judge (a
     named --rules judge without one is refused by the engine, in one line), and sweep its threshold
     over the judge's own values."""
-    dropped = [run for run in runs if run.knob and run.rule.uses_judge and engine.judge is None]
+    dropped = [run for run in runs if run.knob and run.rule.uses_judge and engine.services.judge is None]
     if dropped:
         print(f"note: no trained judge for this target: the frontier leaves out {len(dropped)} judge-rule points",
               file=sys.stderr)
         return [run for run in runs if run not in dropped]
-    return with_judge_knob(runs, engine.judge) if engine.judge is not None else runs
+    return with_judge_knob(runs, engine.services.judge) if engine.services.judge is not None else runs
 
 
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):

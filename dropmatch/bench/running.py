@@ -172,7 +172,7 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
             identical = list(traces["lossless"].output_ids) == reference
             if not identical:
                 found = first_divergence(engine.target, ids, reference, list(traces["lossless"].output_ids))
-                why = found.describe(engine.token_text) if found else "one output is a prefix of the other"
+                why = found.describe(engine.services.token_text) if found else "one output is a prefix of the other"
                 result.divergences.append(f"prompt {len(result.items)}: {why}")
         lossless = traces.get("lossless")
         result.items.append(item)

@@ -137,16 +137,16 @@ def reverify_view(studio: Studio, record: RunRecord | None, k, p, fraction, cent
         return {"lab_status": f"⚠️ {error}"}
     engine = studio.loaded_engine()
     names = (record.lossless.target_name, record.lossless.draft_name)
-    if engine is None or engine.names != names:
+    if engine is None or engine.services.names != names:
         return {"lab_status": f"Re-verifying reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
                               f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
                               "Run that pair once (or wait for it to load), then move a control again."}
-    refusal = lab.weights_mismatch(record.lossless, engine.computed_by)
+    refusal = lab.weights_mismatch(record.lossless, engine.services.computed_by)
     if refusal:
         return {"lab_status": f"⚠️ {refusal}"}
     start = time.perf_counter()
     if zerogpu.serves(studio):
         matrix = zerogpu.rule_lab_on_gpu(studio.loaded_spec(), record.lossless, settings)
     else:
-        matrix = studio.call(engine.rule_lab, record.lossless, settings)
+        matrix = studio.call(engine.services.rule_lab, record.lossless, settings)
     return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)

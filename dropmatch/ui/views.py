@@ -41,8 +41,8 @@ def lossy_title(rule: str) -> str:
 def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
     """A column of a running comparison (compare.Column), with a cursor until it is done; each token's
     popover ends with the rule's sentence for it (decode, rule: the column's settings)."""
-    why = explainer(engine.token_text, decode, rule)
-    spans = token_spans(column.first_token, column.rounds, engine.token_text, engine.stop_ids, why)
+    why = explainer(engine.services.token_text, decode, rule)
+    spans = token_spans(column.first_token, column.rounds, engine.services.token_text, engine.stop_ids, why)
     return text_html(spans, cursor=not column.done)
 
 
@@ -258,7 +258,7 @@ def prompt_note(prompt: str, engine) -> str:
     tokens = len(engine.encode(prompt))
     if tokens < LONG_PROMPT_TOKENS:
         return ""
-    costs = getattr(engine, "measured_costs", None)  # an engine may not measure (a stand-in)
+    costs = engine.services.measured_costs
     cost = "" if costs is None else (f" Reading it once takes ≈ {costs.verify(tokens):.1f} s on this machine (from the "
                                      "target's measured cost per position; attention over a long context costs more).")
     return (f"⏱ A long prompt: **{tokens:,} tokens**.{cost} Each of the three runs (lossless SD, the rule, the "

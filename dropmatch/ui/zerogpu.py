@@ -102,5 +102,5 @@ def compare_on_gpu(settings: Settings):
 
 @_gpu(lab_duration)
 def rule_lab_on_gpu(spec: PairSpec, trace, settings) -> dict:
-    """The rule lab's re-judge of a run's drafts through the heads of its pair (Engine.rule_lab)."""
-    return _engine(spec).rule_lab(trace, settings)
+    """The rule lab's re-judge of a run's drafts through the heads of its pair (PairServices.rule_lab)."""
+    return _engine(spec).services.rule_lab(trace, settings)

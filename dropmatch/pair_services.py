@@ -1,0 +1,115 @@
+"""What a loaded pair offers beside decoding: its token texts, what computed a run (weights
+fingerprints, device, dtype), its trained judge, gamma = auto's step costs on this machine, and the
+rule lab over a run's kept states. The engine runs rounds; this serves it and everything that shows
+or re-judges its runs.
+
+    services = PairServices(pair)
+    services.token_text(42)          # " the"
+    services.step_costs()            # measured once, on first use
+    services.rule_lab(trace, RuleConfig("dropmatch", p=0.2))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import drafting, lab
+from .config import AUTO_GAMMA_CAP, ConfigError, RuleConfig
+from .models import CausalLM, LoadedPair
+from .timing import PhaseTimer
+from .trace import GenerationTrace
+from .trained_judge import TrainedJudge, judge_for
+
+
+class PairServices:
+    """One loaded pair's services: token text (cached), fingerprints, the trained judge, step costs, the rule lab."""
+
+    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None):
+        """judge: the trained judge for the judge rules; by default the shipped one where it was
+        trained on this target (the embedded pair), else none (those rules then refuse in one line)."""
+        self.target: CausalLM = pair.target
+        self.draft: CausalLM = pair.draft
+        self.tokenizer = pair.tokenizer
+        self.source_label = pair.source or pair.spec.label
+        self.weights = f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
+        self.judge = judge or judge_for(self.target.name, self.target.hidden_size)
+        self._token_texts: dict[int, str] = {}
+        self._costs: drafting.StepCosts | None = None
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """(target name, draft name): what a trace records as its pair."""
+        return self.target.name, self.draft.name
+
+    def computed_by(self) -> tuple[str, str, str]:
+        """(weights fingerprint "target+draft", device type, the target's dtype): what a trace records
+        so that the rule lab re-judges a run only with what made it."""
+        return self.weights, self.target.device.type, str(self.target.compute_dtype).removeprefix("torch.")
+
+    # ------------------------------------------------------------ token text
+
+    def token_text(self, token: int) -> str:
+        """The text of one token id, as the UI shows it (a pair without a tokenizer: "<id>")."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token]) if self.tokenizer else f"<{token}>"
+        return text
+
+    def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
+        return tuple(self.token_text(i) for i in ids)
+
+    # ------------------------------------------------------------ the trained judge and the rule lab
+
+    def with_judge(self, rule: RuleConfig) -> RuleConfig:
+        """The rule with the judge's validation-chosen threshold filled in where it reads the judge and
+        sets none; ConfigError (one line) when it reads the judge and this pair has none."""
+        if not rule.uses_judge:
+            return rule
+        if self.judge is None:
+            raise ConfigError(f"the rule {rule.rule!r} needs a trained judge for this target; "
+                              "only the embedded pair ships one (assets/judge)")
+        return self.judge.filled(rule)
+
+    def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
+        """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads."""
+        prepared = lab.prepare(trace, self.target, self.draft)
+        return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
+
+    # ------------------------------------------------------------ step costs (gamma = auto)
+
+    @property
+    def measured_costs(self) -> drafting.StepCosts | None:
+        """step_costs if they were measured already, else None (never measures)."""
+        return self._costs
+
+    def step_costs(self) -> drafting.StepCosts:
+        """gamma = auto's cost model for this pair on this machine, measured on first use."""
+        if self._costs is None:
+            self._costs = measure_step_costs(self.target, self.draft)
+        return self._costs
+
+
+@torch.inference_mode()
+def measure_step_costs(target: CausalLM, draft: CausalLM, context: int = 32, repeats: int = 3) -> drafting.StepCosts:
+    """The best of `repeats` timings, after a context of `context` tokens: one draft step (one token
+    in, its logits), and a target call over 1 and AUTO_GAMMA_CAP + 1 positions (with the clean logits
+    of every position, as a round computes them). Measured, never assumed: machines differ."""
+    wide = AUTO_GAMMA_CAP + 1
+    ids = torch.tensor([(7 * i + 11) % target.vocab_size for i in range(context + wide)], device=target.device)
+
+    def best(model: CausalLM, positions: int) -> float:
+        cache = model.new_cache()
+        model.hidden(ids[:context], cache)
+        times = []
+        for _ in range(repeats):
+            timer = PhaseTimer(model.device)
+            timer.mark("start")
+            model.logits(model.hidden(ids[context : context + positions], cache))
+            timer.mark("end")
+            times.append(timer.between("start", "end"))
+            model.crop(cache, context)
+        return min(times)
+
+    one, many = best(target, 1), best(target, wide)
+    return drafting.StepCosts(draft_step=best(draft, 1), verify_base=one,
+                              verify_per_position=max(many - one, 0.0) / (wide - 1))
