@@ -11,6 +11,10 @@ from pathlib import Path
 # vLLM suite on a 2-core machine, and a second OpenMP thread on the tiny models spins more than it computes
 # (measured: 500 seeded runs of the bigram pair, 1.1 s of CPU with one thread, 2.8 s with two, and slower).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# vLLM's prompt-lookup drafter starts numba's thread pool (one thread per core) in libgomp, which then runs
+# every OpenMP region of the engine on two threads that spin while the machine is shared (measured: the
+# lookup engine's process 120 core-s with it, 60 with one thread; the vLLM suite alone 207 s -> 169 s).
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

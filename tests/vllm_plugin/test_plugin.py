@@ -74,14 +74,12 @@ SAMPLES = 400  # seeded samples of one prompt for the distribution test
 
 @lru_cache(maxsize=None)
 def story_prompt() -> tuple:
-    """A story the answer has begun: its likely next words (" was", ",") occur earlier in it, so
-    prompt lookup drafts after them and the token after is verified by vLLM's rejection sampler."""
+    """A story begun as plain text (no chat template: each of the SAMPLES requests prefills it, so it is kept
+    short): its likely next words (" was", ".") occur earlier in it, so prompt lookup drafts after them and
+    the token after is verified by vLLM's rejection sampler."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(target_dir())
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Write a story."}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
-    return tuple(chat) + tuple(tokenizer.encode("Once upon a time there was a cat. The cat"))
+    return tuple(AutoTokenizer.from_pretrained(target_dir()).encode("Once upon a time there was a cat. The cat"))
 
 
 def sampled() -> dict:
