@@ -1,6 +1,8 @@
 """Start vLLM engines on the embedded target as a user would (the plugin loaded by vLLM itself), one
 after another in this process, and say whether each started: prints
-`RESULT {name: {"started": bool, "error": str | null, "text": [ids]}}`.
+`RESULT {"register": {...}, name: {"started": bool, "error": str | null, "text": [ids]}}`.
+First, before any engine starts, what `register()` called twice did to this fresh process ("register":
+the runner modules it imported, whether every hook is installed, whether one wraps another).
 
     python start_engine.py SPEC_JSON
 
@@ -50,10 +52,34 @@ def use_a_stand_in_runner() -> None:
     cpu_worker.CPUWorker.init_device = init_device
 
 
+def register_twice() -> dict:
+    """register() twice in this fresh process, as vLLM and a user's code might: which model-runner modules it
+    imported (none: the plugin defers them to the worker), whether both hooks are installed, and whether
+    one wraps the other (a second install would wrap the first one's wrapper)."""
+    import dropmatch.serving.vllm as plugin
+
+    plugin.register()
+    plugin.register()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    runners = ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner",
+               "dropmatch.serving.vllm.runner")
+    hooked = [EngineArgs.create_engine_config, WorkerWrapperBase.init_device]
+
+    def wraps_a_hook(function) -> bool:
+        return any(getattr(cell.cell_contents, "dropmatch_hook", False) for cell in function.__closure__ or ())
+
+    return {"imported": sorted(m for m in runners if m in sys.modules),
+            "installed": all(getattr(f, "dropmatch_hook", False) for f in hooked),
+            "wrapped": any(wraps_a_hook(f) for f in hooked)}
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    print("RESULT " + json.dumps({attempt["name"]: start(spec["target"], attempt) for attempt in spec["attempts"]}),
-          flush=True)
+    result = {"register": register_twice()}
+    result.update({attempt["name"]: start(spec["target"], attempt) for attempt in spec["attempts"]})
+    print("RESULT " + json.dumps(result), flush=True)
     return 0
 
 
