@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fake_engine import FakeEngine
-from local_server import serve_locally
+from local_server import api_client, serve_locally
 
 from dropmatch.config import PairSpec
 from dropmatch.studio import DEFAULT_PRESET, Policy, Studio, pair_from_choice
@@ -18,14 +18,13 @@ def fake_studio(**engine_kwargs) -> Studio:
 
 @pytest.fixture(scope="module")
 def running_app():
-    from gradio_client import Client
 
     import app
 
     demo = app.create_demo(fake_studio())
     serve_locally(demo)
     try:
-        yield Client(demo.local_url, verbose=False)
+        yield api_client(demo.local_url)
     finally:
         demo.close()
 

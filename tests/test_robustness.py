@@ -8,7 +8,7 @@ import gc
 import psutil
 import pytest
 from fake_engine import FakeEngine
-from local_server import serve_locally, wait_for
+from local_server import api_client, serve_locally, wait_for
 
 from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.models import ModelLoadError
@@ -25,14 +25,13 @@ def launch(studio: Studio):
 @pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_twenty_concurrent_users_each_get_their_own_answer():
     """20 simultaneous /compare calls on loopback: all complete, none lost, none mixed up."""
-    from gradio_client import Client
 
     demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(delay_s=0.002)))
     try:
         prompts = [f"user{i} asks about topic{i} with word{i * 7}" for i in range(20)]
 
         def ask(prompt: str) -> dict:
-            client = Client(demo.local_url, verbose=False)
+            client = api_client(demo.local_url)
             return client.predict(prompt=prompt, max_new_tokens=64, run_autoregressive=False, api_name="/compare")
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
@@ -50,12 +49,11 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
     """A long /compare run (400 tokens, 50 ms a round: over 20 s) is cancelled once it has made a
     round: its run ends (the engine's generator returns or is closed, so it can make no further
     round) and the next request is served. The waits are hang guards (60 s each), not timings."""
-    from gradio_client import Client
 
     engine = FakeEngine(delay_s=0.05)
     demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
     try:
-        client = Client(demo.local_url, verbose=False)
+        client = api_client(demo.local_url)
         long_prompt = " ".join(f"w{i}" for i in range(400))
         job = client.submit(prompt=long_prompt, max_new_tokens=400, api_name="/compare")
         assert wait_for(lambda: engine.rounds_made > 0, timeout_s=60, poll_s=0.05), "the long run never started"
@@ -75,7 +73,6 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
 
 @pytest.mark.slow  # a server: the full suite's, not the fast tier's
 def test_a_model_that_fails_to_load_leaves_the_app_up_with_a_message():
-    from gradio_client import Client
     from gradio_client.exceptions import AppError
 
     def loader(spec: PairSpec):
@@ -85,7 +82,7 @@ def test_a_model_that_fails_to_load_leaves_the_app_up_with_a_message():
 
     demo = launch(Studio(loader=loader, engine_factory=lambda pair: FakeEngine()))
     try:
-        client = Client(demo.local_url, verbose=False)
+        client = api_client(demo.local_url)
         with pytest.raises(AppError, match="could not load 'broken/model'"):
             client.predict(prompt="hi there", pair="Custom hub ids", target_id="broken/model",
                            draft_id="broken/model", api_name="/compare")
@@ -143,7 +140,6 @@ def test_the_app_opens_no_file_a_user_named(tmp_path):
     process is recorded by an audit hook while the requests run); the ids are refused in one line."""
     import sys
 
-    from gradio_client import Client
     from gradio_client.exceptions import AppError
 
     folder = tmp_path / "user-named"
@@ -161,7 +157,7 @@ def test_the_app_opens_no_file_a_user_named(tmp_path):
     sys.addaudithook(audit)  # hooks cannot be removed: this one records only while `recording`
     demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
     try:
-        client = Client(demo.local_url, verbose=False)
+        client = api_client(demo.local_url)
         recording[0] = True
         answer = client.predict(prompt=str(secret), run_autoregressive=False, api_name="/compare")
         assert answer["lossless"]["text"] == str(secret)  # the path is text to the app, nothing more

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 import pytest
 from fake_engine import FakeEngine
-from local_server import serve_locally, wait_for
+from local_server import api_client, serve_locally, wait_for
 
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
@@ -51,12 +51,11 @@ def test_closed_tabs_leave_no_session_behind(server):
 @pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
 def test_api_clients_leave_no_session_behind(server):
     """Ten clients, one /compare each: their sessions go once idle, swept by the next call."""
-    from gradio_client import Client
 
     for i in range(10):
-        Client(server.local_url, verbose=False).predict(prompt=f"alpha beta {i}", api_name="/compare")
+        api_client(server.local_url).predict(prompt=f"alpha beta {i}", api_name="/compare")
     time.sleep(0.3)
-    Client(server.local_url, verbose=False).predict(prompt="alpha beta last", api_name="/compare")
+    api_client(server.local_url).predict(prompt="alpha beta last", api_name="/compare")
     assert len(server.state_holder.session_data) <= 2, len(server.state_holder.session_data)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from local_server import api_client
 from space_helpers import fake_hub_cache, free_port, listening_addresses, offline_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +135,6 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(h
     no flags (the model cache the hub start converted into): it listens on every interface at that
     port and /compare answers there. (A fresh venv from requirements.txt alone, as a Space builds it:
     scripts/space_venv_check.py, its result in docs/results.md.)"""
-    from gradio_client import Client
 
     hide = tmp_path / "hide"
     hide.mkdir()
@@ -147,7 +147,7 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(h
     try:
         listening = listening_addresses(server, port, tmp_path / "app.log")
         assert listening and listening[0].ip in ("0.0.0.0", "::"), listening
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = api_client(f"http://127.0.0.1:{port}/")
         result = client.predict(prompt="What is 2 + 3?", max_new_tokens=8, run_autoregressive=False,
                                 api_name="/compare")
         assert result["lossless"]["text"] and result["lossless"]["metrics"]["new_tokens"] == 8

@@ -25,7 +25,8 @@ class ApiVisitor:
     def __init__(self, url: str, one_client: bool):
         from gradio_client import Client
 
-        self.make = lambda: Client(url, verbose=False)
+        # a generous wait per request (httpx's default, 5 s, is less than a busy machine may take under many visitors)
+        self.make = lambda: Client(url, verbose=False, httpx_kwargs={"timeout": 300})
         self.client = self.make() if one_client else None
 
     def visit(self, i: int) -> None:
