@@ -114,11 +114,12 @@ def tiny_tp_model() -> str:
 
 
 def tp_engine(size: int) -> dict:
-    """tp_engine.py at tensor-parallel `size`, one core per rank, its counters in a folder of its own."""
+    """tp_engine.py at tensor-parallel `size`, one OpenMP thread per rank (unpinned: the machine is shared with
+    the suite's other engines), its counters in a folder of its own."""
     import os
     import tempfile
 
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1" if size == 2 else "0",
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
            "DROPMATCH_VLLM_STATS_DIR": tempfile.mkdtemp(prefix=f"dropmatch-tp{size}-")}
     if size == 1:  # the engine core in this process (TP 2's ranks are processes of their own either way)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -168,9 +169,12 @@ def engines():
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    draft_dir(), prompts(), story_prompt(), tiny_tp_model()  # made once, here, before the threads read them
+    prompts(), story_prompt()  # made once, here, before the threads read them
     pool = ThreadPoolExecutor(max_workers=int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2")))
-    futures = {name: pool.submit(run_engine, *spec) for name, spec in engine_specs().items()}
+    specs = engine_specs()
+    futures = {name: pool.submit(run_engine, *specs.pop(name)) for name in ("plain", "dropmatch_ngram")}
+    draft_dir(), tiny_tp_model()  # the later engines' models, made while the first two start
+    futures.update({name: pool.submit(run_engine, *spec) for name, spec in specs.items()})
     futures["server"] = pool.submit(start_server)
     futures["starts"] = pool.submit(start_engines, STARTS)
     futures.update({f"tp{size}": pool.submit(tp_engine, size) for size in (1, 2)})
@@ -307,8 +311,10 @@ def start_server() -> tuple:
                "--per-request-spec-decode-metrics", "summary"]
     log_path = ROOT / "runs" / "vllm" / "serve.log"
     log = open(log_path, "w")
+    # nobind: vLLM would pin the server's worker to one core; unpinned, it runs on whichever core is free
+    # while the other engines of this suite (and the session's workers) share the machine
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     healthy = False
@@ -530,7 +536,7 @@ def test_a_bad_setting_reaches_the_openai_client_as_a_400_with_the_one_line(serv
 
 
 def test_tensor_parallel_2_gives_the_tokens_and_counters_of_tensor_parallel_1(engines):
-    """DropMatch at p 0.3, greedy, a batch of 8 dev prompts: at TP 2 (one core per rank, the LM head's
+    """DropMatch at p 0.3, greedy, a batch of 8 dev prompts: at TP 2 (one OpenMP thread per rank, the LM head's
     vocabulary split over the ranks and gathered by compute_logits) every token and every DropMatch
     counter equals TP 1's; the ranks draw the same masks (keyed by seed, prompt and position) and one
     rank counts."""

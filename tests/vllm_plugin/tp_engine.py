@@ -2,7 +2,7 @@
 tiny Llama the caller saved (4 attention heads: the embedded target's 9 do not divide by 2), greedy,
 the first 8 written dev prompts in one batch. Prints `RESULT {"tokens": [[ids]], "counts": {reason: n}}`.
 
-    VLLM_CPU_OMP_THREADS_BIND="0|1" python tp_engine.py MODEL_DIR TP_SIZE
+    VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 python tp_engine.py MODEL_DIR TP_SIZE
 
 Run by tests/vllm_plugin/test_plugin.py (TP 2 = TP 1); its output is what docs/serving.md keeps.
 """
