@@ -74,13 +74,3 @@ def assert_contrast(found: list[dict], minimum: float = 4.5) -> None:
     """Every element TEXT_CONTRAST_JS found meets `minimum` (WCAG AA for text: 4.5)."""
     worst = min(found, key=lambda item: item["ratio"])
     assert worst["ratio"] >= minimum, worst
-
-CLIENT_HANG_GUARD_S = 300  # httpx's default is 5 s, which a busy 2-core machine can exceed under 20 clients
-
-
-def api_client(url: str):
-    """A gradio_client Client whose requests wait up to CLIENT_HANG_GUARD_S (a hang guard, not a timing):
-    a verdict must not depend on how busy the machine is."""
-    from gradio_client import Client
-
-    return Client(url, verbose=False, httpx_kwargs={"timeout": CLIENT_HANG_GUARD_S})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from fake_engine import FakeEngine
-from local_server import api_client, serve_locally
+from local_server import serve_locally
 
 from dropmatch.config import PairSpec
 from dropmatch.studio import DEFAULT_PRESET, Policy, Studio, pair_from_choice
+from dropmatch.ui.visitors import api_client
 
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 

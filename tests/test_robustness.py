@@ -8,11 +8,12 @@ import gc
 import psutil
 import pytest
 from fake_engine import FakeEngine
-from local_server import api_client, serve_locally, wait_for
+from local_server import serve_locally, wait_for
 
 from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.models import ModelLoadError
 from dropmatch.studio import Studio
+from dropmatch.ui.visitors import api_client
 
 
 def launch(studio: Studio):

@@ -8,12 +8,12 @@ import time
 import gradio as gr
 import pytest
 from fake_engine import FakeEngine
-from local_server import api_client, serve_locally, wait_for
+from local_server import serve_locally, wait_for
 
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
 from dropmatch.ui.sessions import SessionJanitor
-from dropmatch.ui.visitors import BrowserVisitor  # what a browser tab sends, shared with the soak
+from dropmatch.ui.visitors import BrowserVisitor, api_client  # what a tab and a client send, as in the soak
 
 
 @pytest.fixture

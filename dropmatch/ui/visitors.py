@@ -15,6 +15,17 @@ import httpx
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
+REQUEST_WAIT_S = 300  # httpx's default, 5 s, is less than a busy 2-core machine may take under many clients
+
+
+def api_client(url: str):
+    """A gradio_client Client whose every request waits up to REQUEST_WAIT_S: a hang guard, not a timing, so
+    that what a visit or a test finds does not depend on how busy the machine is."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, httpx_kwargs={"timeout": REQUEST_WAIT_S})
+
+
 def visit_prompt(i: int) -> str:
     return f"Tell me about {' '.join(WORDS[: 1 + i % len(WORDS)])}, number {i}."
 
@@ -23,10 +34,7 @@ class ApiVisitor:
     """/compare through a gradio_client Client: a new one per visit unless one_client."""
 
     def __init__(self, url: str, one_client: bool):
-        from gradio_client import Client
-
-        # a generous wait per request (httpx's default, 5 s, is less than a busy machine may take under many visitors)
-        self.make = lambda: Client(url, verbose=False, httpx_kwargs={"timeout": 300})
+        self.make = lambda: api_client(url)
         self.client = self.make() if one_client else None
 
     def visit(self, i: int) -> None:

@@ -22,6 +22,10 @@ QUESTIONS = [
 MAX_TOKENS = 48
 LOSSY = {"rule": "dropmatch", "p": 0.3}
 SHIPPED_JUDGE = ROOT / "assets" / "judge" / "judge.json"
+# For the engines vLLM starts in processes of its own (the API server's worker, tensor parallel's ranks): one
+# OpenMP thread, not pinned (vLLM would pin each to a core; unpinned, it runs on whichever core is free while
+# the suite's other engines, and the session's workers, share the machine).
+ONE_UNPINNED_THREAD = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
 @lru_cache(maxsize=None)
@@ -114,12 +118,12 @@ def tiny_tp_model() -> str:
 
 
 def tp_engine(size: int) -> dict:
-    """tp_engine.py at tensor-parallel `size`, one OpenMP thread per rank (unpinned: the machine is shared with
-    the suite's other engines), its counters in a folder of its own."""
+    """tp_engine.py at tensor-parallel `size`, one unpinned OpenMP thread per rank, its counters in a folder of
+    its own."""
     import os
     import tempfile
 
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **ONE_UNPINNED_THREAD,
            "DROPMATCH_VLLM_STATS_DIR": tempfile.mkdtemp(prefix=f"dropmatch-tp{size}-")}
     if size == 1:  # the engine core in this process (TP 2's ranks are processes of their own either way)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -311,10 +315,8 @@ def start_server() -> tuple:
                "--per-request-spec-decode-metrics", "summary"]
     log_path = ROOT / "runs" / "vllm" / "serve.log"
     log = open(log_path, "w")
-    # nobind: vLLM would pin the server's worker to one core; unpinned, it runs on whichever core is free
-    # while the other engines of this suite (and the session's workers) share the machine
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **ONE_UNPINNED_THREAD})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     healthy = False
