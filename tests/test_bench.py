@@ -15,13 +15,23 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "assets" / "prompts"
 
 
-def bench(*args: str, timeout: float = 600, env_path: str | None = None) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess; env_path replaces PATH (to hide a tool such as bwrap)."""
-    import os
-
-    env = None if env_path is None else {**os.environ, "PATH": env_path}
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "dropmatch.bench", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env=env)
+                          cwd=ROOT, timeout=timeout)
+
+
+def refused(capsys, *args: str) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI's main in this process, for a command it refuses before any model
+    work (an exception escaping main fails the test, as its traceback would in a terminal)."""
+    from dropmatch.bench import main
+
+    capsys.readouterr()
+    try:
+        status = main(list(args))
+    except SystemExit as exit_:  # argparse's own refusals
+        status = exit_.code
+    return status, capsys.readouterr().err
 
 
 @pytest.fixture()
@@ -41,22 +51,26 @@ def one_prompt(tmp_path) -> Path:
     (["--limit", "0"], "--limit"),
     (["--max-new-tokens", "nan"], "max new tokens"),
 ])
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message):
-    out = bench("--prompts", str(one_prompt), *extra)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], out.stderr
+def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message, capsys):
+    status, stderr = refused(capsys, "--prompts", str(one_prompt), *extra)
+    assert status == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], stderr
+
+
+@pytest.mark.slow  # a subprocess: the command as a user types it
+def test_the_command_refuses_a_bad_argument_in_one_line_without_a_traceback(one_prompt):
+    out = bench("--prompts", str(one_prompt), "--gamma", "0")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "gamma" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path):
+def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     for path, message in ((empty, "holds no prompts"), (tmp_path / "nope.jsonl", "not found")):
-        out = bench("--prompts", str(path))
-        assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and message in out.stderr
+        status, stderr = refused(capsys, "--prompts", str(path))
+        assert status == 2 and stderr.strip().count("\n") == 0 and message in stderr, stderr
 
 
 @pytest.mark.slow  # a subprocess
@@ -233,15 +247,13 @@ def test_humaneval_sandbox_keeps_a_canary_outside_its_folder_and_the_network_out
     assert quality.humaneval_passes(problem, correct)
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_without_bubblewrap_humaneval_scoring_is_refused_with_a_message(monkeypatch, tmp_path):
+def test_without_bubblewrap_humaneval_scoring_is_refused_with_a_message(monkeypatch, tmp_path, capsys):
     """No bwrap on the PATH: scoring raises, and the benchmark refuses HumanEval in one line naming the package."""
-    monkeypatch.setattr(quality.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(quality.SandboxUnavailable, match="bubblewrap"):
         quality.sandbox_command(tmp_path)
-    out = bench("--prompts", str(PROMPTS / "humaneval_40.jsonl"), "--limit", "1",
-                env_path=str(tmp_path))
-    assert out.returncode == 2 and "bubblewrap" in out.stderr and out.stderr.count("\n") == 1
+    status, stderr = refused(capsys, "--prompts", str(PROMPTS / "humaneval_40.jsonl"), "--limit", "1")
+    assert status == 2 and "bubblewrap" in stderr and stderr.count("\n") == 1, stderr
 
 
 def test_ifeval_checks_follow_the_instructions():
@@ -259,14 +271,13 @@ def test_distinct2_and_overlap_see_repetition_and_difference():
     assert quality.token_overlap([1, 2, 3], [4, 5, 6]) == 0.0
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_a_count_after_the_file_limits_that_file(one_prompt):
+def test_a_count_after_the_file_limits_that_file(one_prompt, capsys):
     from dropmatch.bench import parse_file
 
     assert parse_file(f"{one_prompt}:3", None) == (str(one_prompt), 3)
     assert parse_file(str(one_prompt), 7) == (str(one_prompt), 7)
-    out = bench("--prompts", f"{one_prompt}:0")
-    assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
+    status, stderr = refused(capsys, "--prompts", f"{one_prompt}:0")
+    assert status == 2 and "must be at least 1" in stderr, stderr
 
 
 def test_a_limit_spreads_over_the_categories_of_a_file(tmp_path):

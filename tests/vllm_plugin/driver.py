@@ -104,40 +104,56 @@ def drafted_tokens(llm) -> float:
     return sum(float(m.value) for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_draft_tokens")
 
 
-def main() -> int:
+def run(spec: dict) -> dict:
+    """The engine `spec` describes, built in this process, its runs made: what the tests compare."""
     from vllm import LLM
 
-    spec = json.loads(sys.argv[1])
+    broken = None
     if spec.get("break_runner_import"):
         from start_engine import BrokenImport
 
-        sys.meta_path.insert(0, BrokenImport())
-    if spec.get("dropmatch") is not None:
-        record_steps()
-    extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
-    llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0, disable_log_stats=False,
-              speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
-    result = {"outputs": {}, "steps": {}, "drafted": {}}
-    for run in spec["runs"]:
-        STEPS.clear()
-        ROWS_CHANGED.clear()
-        before = drafted_tokens(llm)
-        outputs = generate(llm, run)
-        result["outputs"][run["name"]] = [list(map(int, out.outputs[0].token_ids)) for out in outputs]
-        result["drafted"][run["name"]] = drafted_tokens(llm) - before
-        result.setdefault("steps_with_rows", {})[run["name"]] = [len(ROWS_CHANGED), sum(ROWS_CHANGED)]
-        if spec.get("recheck"):
-            counts, positions = recheck()
-            result["steps"][run["name"]] = counts
-            # the engine core's request id is the output's id plus "-" and a random suffix
-            by_output = {}
-            for req_id, found in positions.items():
-                by_output.setdefault(req_id.rsplit("-", 1)[0], []).extend(found)
-            result.setdefault("lossy_positions", {})[run["name"]] = [sorted(by_output.get(out.request_id, []))
-                                                                     for out in outputs]
-    result["one_pass"] = sorted(ONE_PASS)
-    result["runner_imported"] = "dropmatch.serving.vllm.runner" in sys.modules
-    print("RESULT " + json.dumps(result), flush=True)
+        broken = BrokenImport()
+        sys.meta_path.insert(0, broken)
+    try:
+        if spec.get("dropmatch") is not None:
+            record_steps()
+        extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
+        llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
+                  disable_log_stats=False,
+                  speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
+        result = {"outputs": {}, "steps": {}, "drafted": {}}
+        for run_ in spec["runs"]:
+            generate_run(llm, run_, spec.get("recheck", False), result)
+        result["one_pass"] = sorted(ONE_PASS)
+        result["runner_imported"] = "dropmatch.serving.vllm.runner" in sys.modules
+        return result
+    finally:
+        if broken is not None:
+            sys.meta_path.remove(broken)
+
+
+def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
+    """One run of the spec on `llm`, its outputs, counts and (with_recheck) rechecked steps added to result."""
+    STEPS.clear()
+    ROWS_CHANGED.clear()
+    before = drafted_tokens(llm)
+    outputs = generate(llm, run_)
+    result["outputs"][run_["name"]] = [list(map(int, out.outputs[0].token_ids)) for out in outputs]
+    result["drafted"][run_["name"]] = drafted_tokens(llm) - before
+    result.setdefault("steps_with_rows", {})[run_["name"]] = [len(ROWS_CHANGED), sum(ROWS_CHANGED)]
+    if with_recheck:
+        counts, positions = recheck()
+        result["steps"][run_["name"]] = counts
+        # the engine core's request id is the output's id plus "-" and a random suffix
+        by_output = {}
+        for req_id, found in positions.items():
+            by_output.setdefault(req_id.rsplit("-", 1)[0], []).extend(found)
+        result.setdefault("lossy_positions", {})[run_["name"]] = [sorted(by_output.get(out.request_id, []))
+                                                                  for out in outputs]
+
+
+def main() -> int:
+    print("RESULT " + json.dumps(run(json.loads(sys.argv[1]))), flush=True)
     return 0
 
 

@@ -1,12 +1,14 @@
 """Start vLLM engines on the embedded target as a user would (the plugin loaded by vLLM itself), one
 after another in this process, and say whether each started: prints
-`RESULT {"register": {...}, name: {"started": bool, "error": str | null, "text": [ids]}}`.
+`RESULT {"register": {...}, "msgpack": {...}, name: {"started": bool, "error": str | null, "text": [ids]}}`.
 First, before any engine starts, what `register()` called twice did to this fresh process ("register":
-the runner modules it imported, whether every hook is installed, whether one wraps another).
+the runner modules it imported, whether every hook is installed, whether one wraps another), then
+DropMatch's counts through vLLM's msgpack encoding ("msgpack", counts_through_msgpack). An attempt
+with an "engine" (a driver.py spec) runs that engine to the end instead (its result is driver.run's).
 
     python start_engine.py SPEC_JSON
 
-spec: {"target": dir, "attempts": [{"name": str, "dropmatch": null | {...}, "speculative": bool,
+spec: {"target": dir, "attempts": [{"name": str, "engine": driver spec} | {"name": str, "dropmatch": null | {...}, "speculative": bool,
        "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
        "stand_in": bool (the CPU worker builds a runner class the plugin never saw; from then on, for every
        later attempt of the process: put it last)}]}
@@ -75,10 +77,33 @@ def register_twice() -> dict:
             "wrapped": any(wraps_a_hook(f) for f in hooked)}
 
 
+def counts_through_msgpack() -> dict:
+    """DropMatch's per-request counts (request_counts) over two steps, sent through vLLM's own engine-core ->
+    API-server encoding: "received", the summary to_dict gives on the far side; "fresh", a new metrics
+    object's to_dict (no DropMatch key where DropMatch counted nothing)."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from dropmatch.serving.vllm import request_counts
+
+    metrics = RequestSpecDecodeMetrics.new(4)
+    requests = {"a": type("Request", (), {"spec_decode_metrics": metrics})(), "b": object()}
+    for step in ({"a": {"exact": 2, "js": 1, "rejected": 1}, "b": {"exact": 4}},
+                 {"a": {"exact": 1, "majority": 1, "unchecked": 2}}):
+        request_counts.add_step(requests, step)
+    sent = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="a", new_token_ids=[1], spec_decode_metrics=metrics)])
+    received = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(sent)).outputs[0].spec_decode_metrics
+    return {"received": received.to_dict().get("dropmatch"), "fresh": RequestSpecDecodeMetrics.new(4).to_dict()}
+
+
 def main() -> int:
+    from driver import run
+
     spec = json.loads(sys.argv[1])
-    result = {"register": register_twice()}
-    result.update({attempt["name"]: start(spec["target"], attempt) for attempt in spec["attempts"]})
+    result = {"register": register_twice(), "msgpack": counts_through_msgpack()}
+    for attempt in spec["attempts"]:  # an attempt with an "engine" spec runs it (driver.run), in this process
+        result[attempt["name"]] = run(attempt["engine"]) if "engine" in attempt else start(spec["target"], attempt)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

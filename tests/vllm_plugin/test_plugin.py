@@ -53,14 +53,20 @@ def draft_dir() -> str:
     return str(out)
 
 
+def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False,
+                break_runner_import: bool = False) -> dict:
+    """driver.py's spec of one engine (see its docstring)."""
+    return {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
+            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None,
+            "break_runner_import": break_runner_import}
+
+
 def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False,
-               env: dict | None = None, break_runner_import: bool = False) -> dict:
+               env: dict | None = None) -> dict:
     """One engine in its own process (driver.py), `env` over this one's: its JSON result."""
     import os
 
-    spec = {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
-            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None,
-            "break_runner_import": break_runner_import}
+    spec = engine_spec(speculative, dropmatch, runs, recheck)
     done = subprocess.run([sys.executable, str(HERE / "driver.py"), json.dumps(spec)], capture_output=True, text=True,
                           timeout=900, env={**os.environ, **(env or {})})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -94,7 +100,8 @@ def sampled() -> dict:
 
 
 def start_engines(attempts: dict[str, dict]) -> dict:
-    """start_engine.py in one process, the attempts in order: name -> {"started", "error", "text"}."""
+    """start_engine.py in one process, the attempts in order: name -> {"started", "error", "text"} (an attempt
+    with an "engine": driver.run's result); also "register" and "msgpack" (see start_engine.py)."""
     spec = {"target": target_dir(), "attempts": [{"name": name, **attempt} for name, attempt in attempts.items()]}
     done = subprocess.run([sys.executable, str(HERE / "start_engine.py"), json.dumps(spec)],
                           capture_output=True, text=True, timeout=900)
@@ -134,20 +141,25 @@ def tp_engine(size: int) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-STARTS = {  # engines started as a user would, to see that each is refused in one line (one process, in
-    # this order: the broken runner import first, before anything imports the runner; the stand-in last)
-    "dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
+REFUSED = {  # engines refused in one line, after the engines of starts()
     "dropmatch_bad_setting": {"dropmatch": {"rule": "dropmatch", "p": 2}},
     "dropmatch_stand_in_runner": {"dropmatch": LOSSY, "stand_in": True},
 }
 
 
+def starts() -> dict[str, dict]:
+    """Engines started as a user would, in one process (start_engine.py), in this order: the broken runner
+    import first, before anything imports the runner; then vLLM without speculation and without DropMatch,
+    started with the runner still unimportable (as when vLLM changed under it: an engine that asks nothing
+    of DropMatch must still start), run to the end; then those refused in one line; the stand-in last."""
+    return {"dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
+            "plain": {"engine": engine_spec(None, None, [greedy("greedy")], break_runner_import=True)},
+            **REFUSED}
+
+
 def engine_specs() -> dict[str, tuple]:
     """name -> run_engine's arguments, for every engine of this module."""
     return {
-        # vLLM without speculation and without DropMatch, started with the plugin's runner unimportable
-        # (as when vLLM changed under it): an engine that asks nothing of DropMatch must still start
-        "plain": (None, None, [greedy("greedy")], False, None, True),
         # engine-wide DropMatch at p = 0; requests raise p for themselves, or ask for rule "lossless" (vLLM's
         # own speculative decoding: its rejection sampler, which the plugin leaves alone); sampled requests beside
         "dropmatch_ngram": ("ngram", {"rule": "dropmatch", "p": 0.0}, [
@@ -176,11 +188,11 @@ def engines():
     prompts(), story_prompt()  # made once, here, before the threads read them
     pool = ThreadPoolExecutor(max_workers=int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2")))
     specs = engine_specs()
-    futures = {name: pool.submit(run_engine, *specs.pop(name)) for name in ("plain", "dropmatch_ngram")}
+    futures = {"starts": pool.submit(start_engines, starts()),
+               "dropmatch_ngram": pool.submit(run_engine, *specs.pop("dropmatch_ngram"))}
     draft_dir(), tiny_tp_model()  # the later engines' models, made while the first two start
     futures.update({name: pool.submit(run_engine, *spec) for name, spec in specs.items()})
     futures["server"] = pool.submit(start_server)
-    futures["starts"] = pool.submit(start_engines, STARTS)
     futures.update({f"tp{size}": pool.submit(tp_engine, size) for size in (1, 2)})
     try:
         yield futures
@@ -192,7 +204,7 @@ def engines():
 
 @pytest.fixture(scope="module")
 def plain(engines):
-    return engines["plain"].result()
+    return engines["starts"].result()["plain"]
 
 
 @pytest.fixture(scope="module")
@@ -498,25 +510,14 @@ def test_a_requests_own_vllm_xargs_reach_dropmatch_through_the_openai_client(ser
     assert counts["dropmatch"]["accepted_lossy"] > 0, counts  # at p 0.5 the rule accepts beyond the exact test
 
 
-def test_dropmatchs_counts_cross_vllms_msgpack_and_reach_the_responses_dict():
+def test_dropmatchs_counts_cross_vllms_msgpack_and_reach_the_responses_dict(engines):
     """The field request_counts declares survives vLLM's own engine-core -> API-server encoding, and
-    to_dict (the response's source) carries the summary; a step's reasons add up per request."""
-    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
-
-    from dropmatch.serving.vllm import register, request_counts
-
-    register()
-    metrics = RequestSpecDecodeMetrics.new(4)
-    requests = {"a": type("Request", (), {"spec_decode_metrics": metrics})(), "b": object()}
-    for step in ({"a": {"exact": 2, "js": 1, "rejected": 1}, "b": {"exact": 4}}, {"a": {"exact": 1, "majority": 1, "unchecked": 2}}):
-        request_counts.add_step(requests, step)
-    sent = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="a", new_token_ids=[1], spec_decode_metrics=metrics)])
-    received = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(sent)).outputs[0].spec_decode_metrics
-    assert received.to_dict()["dropmatch"] == {"drafted": 8, "accepted_exactly": 3, "accepted_lossy": 2, "reasons": {
-        "exact": 3, "js": 1, "majority": 1, "rejected": 1, "unchecked": 2}}
-    assert "dropmatch" not in RequestSpecDecodeMetrics.new(4).to_dict()
+    to_dict (the response's source) carries the summary; a step's reasons add up per request
+    (start_engine.counts_through_msgpack, in that process after register())."""
+    sent = engines["starts"].result()["msgpack"]
+    assert sent["received"] == {"drafted": 8, "accepted_exactly": 3, "accepted_lossy": 2, "reasons": {
+        "exact": 3, "js": 1, "majority": 1, "rejected": 1, "unchecked": 2}}, sent
+    assert "dropmatch" not in sent["fresh"], sent
 
 
 def test_a_bad_setting_reaches_the_openai_client_as_a_400_with_the_one_line(server):
