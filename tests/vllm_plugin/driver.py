@@ -1,7 +1,6 @@
-"""One vLLM engine on the embedded target, in this process, for the integration's tests: builds it
-from a JSON spec, generates, and prints one JSON line with what the tests compare. Run by
-tests/vllm_plugin/test_plugin.py as `python driver.py SPEC_JSON`, one engine per process (vLLM keeps
-process-wide state), under .venv-vllm's python.
+"""One vLLM engine on the embedded target, built in this process from a spec, its runs generated: `run`
+returns what the tests compare. start_engine.py calls it for each engine of the suite, one after another
+in its one process (the engine core in-process: its steps can be recorded), under .venv-vllm's python.
 
 spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
        "runs": [{"name": str, "prompts": [[ids]], "max_tokens": int, "temperature": float, "seed": int|null,
@@ -11,26 +10,33 @@ spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...en
 
 from __future__ import annotations
 
-import json
-import os
+import importlib.abc
 import sys
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process: its steps can be recorded
-
-
-from dropmatch import verifying  # noqa: E402
+from dropmatch import verifying
 
 STEPS: list = []
 ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify
 ONE_PASS: set[bool] = set()  # how the steps were verified (runner.one_pass_on)
 
 
+class BrokenImport(importlib.abc.MetaPathFinder):
+    """Makes `import dropmatch.serving.vllm.runner` fail."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "dropmatch.serving.vllm.runner":
+            raise ImportError("simulated: this vLLM's runner API changed")
+        return None
+
+
 def record_steps() -> None:
-    """Keeps every re-verified step: the rule, each request's Round and what the plugin decided."""
+    """Keeps every re-verified step: the rule, each request's Round and what the plugin decided (installed
+    once per process: every later engine's verifier records through it)."""
     from dropmatch.serving.vllm import runner as dm_runner
 
     original = dm_runner._Verifier.rejudge
+    if getattr(original, "records_steps", False):
+        return
 
     def rejudge(self, output, work):
         before = output.sampled_token_ids.clone()
@@ -42,6 +48,7 @@ def record_steps() -> None:
         for row, req_id, settings, round_ in work:
             STEPS.append((req_id, settings.rule, round_, output.sampled_token_ids[row].tolist(), self.head, self.judge))
 
+    rejudge.records_steps = True
     dm_runner._Verifier.rejudge = rejudge
 
 
@@ -106,21 +113,26 @@ def drafted_tokens(llm) -> float:
 
 def run(spec: dict) -> dict:
     """The engine `spec` describes, built in this process, its runs made: what the tests compare."""
+    broken = BrokenImport() if spec.get("break_runner_import") else None
+    if broken is not None:
+        sys.meta_path.insert(0, broken)
+    ONE_PASS.clear()
+    try:
+        return _run(spec)
+    finally:
+        if broken is not None:
+            sys.meta_path.remove(broken)
+
+
+def _run(spec: dict) -> dict:
     from vllm import LLM
 
-    broken = None
-    if spec.get("break_runner_import"):
-        from start_engine import BrokenImport
-
-        broken = BrokenImport()
-        sys.meta_path.insert(0, broken)
+    if spec.get("dropmatch") is not None:
+        record_steps()
+    extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
+    llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0, disable_log_stats=False,
+              speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
     try:
-        if spec.get("dropmatch") is not None:
-            record_steps()
-        extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}
-        llm = LLM(spec["target"], dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
-                  disable_log_stats=False,
-                  speculative_config=speculative_config(spec.get("speculative"), spec.get("draft")), **extra)
         result = {"outputs": {}, "steps": {}, "drafted": {}}
         for run_ in spec["runs"]:
             generate_run(llm, run_, spec.get("recheck", False), result)
@@ -128,8 +140,14 @@ def run(spec: dict) -> dict:
         result["runner_imported"] = "dropmatch.serving.vllm.runner" in sys.modules
         return result
     finally:
-        if broken is not None:
-            sys.meta_path.remove(broken)
+        close(llm)
+
+
+def close(llm) -> None:
+    """The engine shut down now (its distributed groups destroyed, the garbage collector unfrozen), so that
+    the process's next engine starts clean: vLLM freezes the collector after a start, and a dropped engine
+    collected later, in the middle of the next one's start, would destroy that one's groups."""
+    llm.llm_engine.engine_core.shutdown()
 
 
 def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
@@ -150,12 +168,3 @@ def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
             by_output.setdefault(req_id.rsplit("-", 1)[0], []).extend(found)
         result.setdefault("lossy_positions", {})[run_["name"]] = [sorted(by_output.get(out.request_id, []))
                                                                   for out in outputs]
-
-
-def main() -> int:
-    print("RESULT " + json.dumps(run(json.loads(sys.argv[1]))), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

