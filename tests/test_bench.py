@@ -21,9 +21,10 @@ def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=timeout)
 
 
-def refused(capsys, *args: str) -> tuple[int, str]:
-    """(exit status, stderr) of the CLI's main in this process, for a command it refuses before any model
-    work (an exception escaping main fails the test, as its traceback would in a terminal)."""
+def in_process(capsys, *args: str) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI's main called in this process (the command as typed has its own test,
+    test_the_command_writes_the_promised_fields_per_rule): an exception escaping main fails the test, as its
+    traceback would in a terminal."""
     from dropmatch.bench import main
 
     capsys.readouterr()
@@ -52,7 +53,7 @@ def one_prompt(tmp_path) -> Path:
     (["--max-new-tokens", "nan"], "max new tokens"),
 ])
 def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message, capsys):
-    status, stderr = refused(capsys, "--prompts", str(one_prompt), *extra)
+    status, stderr = in_process(capsys, "--prompts", str(one_prompt), *extra)
     assert status == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], stderr
@@ -69,21 +70,22 @@ def test_empty_and_missing_prompt_files_are_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     for path, message in ((empty, "holds no prompts"), (tmp_path / "nope.jsonl", "not found")):
-        status, stderr = refused(capsys, "--prompts", str(path))
+        status, stderr = in_process(capsys, "--prompts", str(path))
         assert status == 2 and stderr.strip().count("\n") == 0 and message in stderr, stderr
 
 
-@pytest.mark.slow  # a subprocess
-def test_under_sampling_the_peer_is_transformers_static_ensemble_at_our_ensembles_weight(tiny_dirs, tmp_path):
+@pytest.mark.slow  # two models' runs and transformers' peer: the full suite's
+def test_under_sampling_the_peer_is_transformers_static_ensemble_at_our_ensembles_weight(tiny_dirs, tmp_path, capsys):
     """--peer with the ensemble rule under sampling runs transformers' assisted generation with
     assistant_ensemble_weight at the same weight, temperature and draft, held against our ensemble run,
     with its text's target NLL beside ours."""
     target, draft = tiny_dirs
     out_json = tmp_path / "out.json"
-    run = bench("--prompts", str(PROMPTS / "gsm8k_test_100.jsonl"), "--limit", "2", "--max-new-tokens", "12",
-                "--gamma", "3", "--temperature", "1.0", "--rules", "lossless,ensemble", "--peer", "--target", str(target),
-                "--draft", str(draft), "--json", str(out_json))
-    assert run.returncode == 0, run.stderr[-2000:]
+    status, stderr = in_process(capsys, "--prompts", str(PROMPTS / "gsm8k_test_100.jsonl"), "--limit", "2",
+                                "--max-new-tokens", "12", "--gamma", "3", "--temperature", "1.0", "--rules",
+                                "lossless,ensemble", "--peer", "--target", str(target), "--draft", str(draft),
+                                "--json", str(out_json))
+    assert status == 0, stderr[-2000:]
     peers = json.loads(out_json.read_text())["benchmarks"]["gsm8k_test_100"]["peers"]
     assert set(peers) == {"ensemble_assisted"}
     peer = peers["ensemble_assisted"]
@@ -103,9 +105,10 @@ def test_the_peers_target_nll_is_read_as_our_runs_is(tiny_engine):
     assert abs(sequence_nll(tiny_engine.target, ids, list(trace.output_ids)) - metrics.target_nll(trace)) < 1e-3
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
-    """JSON per rule: tau, acceptance_rate, tokens_per_s, speedup_vs_ar, mc_overhead, identity, quality."""
+@pytest.mark.slow  # a subprocess: the full suite's, not the fast tier's
+def test_the_command_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
+    """The command as typed: JSON per rule (tau, acceptance_rate, tokens_per_s, speedup_vs_ar, mc_overhead,
+    identity, quality), the HTML report beside a shared plotly.js."""
     target, draft = tiny_dirs
     out_json, out_html = tmp_path / "out.json", tmp_path / "report.html"
     run = bench("--prompts", f"{PROMPTS / 'gsm8k_test_100.jsonl'},{PROMPTS / 'mt_bench.jsonl'}", "--limit", "2",
@@ -141,18 +144,19 @@ def test_bench_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert (out_html.parent / plotlyjs_name()).stat().st_size > 1_000_000, "plotly.js was not written beside the report"
 
 
-@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
-def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path):
+@pytest.mark.slow  # every rule's sweep: the full suite's, not the fast tier's
+def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path, capsys):
     """--frontier: one point per (rule, centroid, knob value) with the promised fields, for all prompts
     and per benchmark; the reference band of the target's own samples; the HTML draws the frontier."""
     from dropmatch.bench import FRONTIER_KNOBS
 
     target, draft = tiny_dirs
     out_json, out_html = tmp_path / "frontier.json", tmp_path / "frontier.html"
-    run = bench("--prompts", f"{PROMPTS / 'gsm8k_test_100.jsonl'}:1,{PROMPTS / 'mt_bench.jsonl'}:1",
-                "--max-new-tokens", "8", "--gamma", "3", "--rules", "dropmatch", "--frontier", "--reference-samples", "2",
-                "--target", str(target), "--draft", str(draft), "--json", str(out_json), "--report", str(out_html))
-    assert run.returncode == 0, run.stderr[-2000:]
+    prompts = f"{PROMPTS / 'gsm8k_test_100.jsonl'}:1,{PROMPTS / 'mt_bench.jsonl'}:1"
+    status, stderr = in_process(capsys, "--prompts", prompts, "--max-new-tokens", "8", "--gamma", "3", "--rules",
+                                "dropmatch", "--frontier", "--reference-samples", "2", "--target", str(target),
+                                "--draft", str(draft), "--json", str(out_json), "--report", str(out_html))
+    assert status == 0, stderr[-2000:]
     document = json.loads(out_json.read_text())
     points = document["frontier"]
     assert isinstance(points, list)
@@ -252,7 +256,7 @@ def test_without_bubblewrap_humaneval_scoring_is_refused_with_a_message(monkeypa
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(quality.SandboxUnavailable, match="bubblewrap"):
         quality.sandbox_command(tmp_path)
-    status, stderr = refused(capsys, "--prompts", str(PROMPTS / "humaneval_40.jsonl"), "--limit", "1")
+    status, stderr = in_process(capsys, "--prompts", str(PROMPTS / "humaneval_40.jsonl"), "--limit", "1")
     assert status == 2 and "bubblewrap" in stderr and stderr.count("\n") == 1, stderr
 
 
@@ -276,7 +280,7 @@ def test_a_count_after_the_file_limits_that_file(one_prompt, capsys):
 
     assert parse_file(f"{one_prompt}:3", None) == (str(one_prompt), 3)
     assert parse_file(str(one_prompt), 7) == (str(one_prompt), 7)
-    status, stderr = refused(capsys, "--prompts", f"{one_prompt}:0")
+    status, stderr = in_process(capsys, "--prompts", f"{one_prompt}:0")
     assert status == 2 and "must be at least 1" in stderr, stderr
 
 

@@ -144,10 +144,15 @@ def _run(spec: dict) -> dict:
 
 
 def close(llm) -> None:
-    """The engine shut down now (its distributed groups destroyed, the garbage collector unfrozen), so that
-    the process's next engine starts clean: vLLM freezes the collector after a start, and a dropped engine
-    collected later, in the middle of the next one's start, would destroy that one's groups."""
-    llm.llm_engine.engine_core.shutdown()
+    """An engine whose core runs in this process shut down now (its distributed groups destroyed, the garbage
+    collector unfrozen), so that the process's next engine starts clean: vLLM freezes the collector after a
+    start, and a dropped engine collected later, in the middle of the next one's start, would destroy that
+    one's groups. An engine whose core and workers are processes of their own (tensor parallel 2) leaves
+    nothing here: they end with this process (vLLM's own shutdown of them can race with their exit)."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    if isinstance(llm.llm_engine.engine_core, InprocClient):
+        llm.llm_engine.engine_core.shutdown()
 
 
 def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
