@@ -5,7 +5,7 @@ the first 8 written dev prompts in one batch: `run_tp` returns {"tokens": [[ids]
 
     VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 python tp_engine.py MODEL_DIR TP_SIZE
 
-tests/vllm_plugin/test_plugin.py runs TP 2 so and TP 1 in start_engine.py's process (TP 2 = TP 1); the
+tests/vllm_plugin/test_plugin.py runs TP 2 as this command and TP 1 in start_engine.py's process (TP 2 = TP 1); the
 output is what docs/serving.md keeps.
 """
 
