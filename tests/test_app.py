@@ -19,7 +19,6 @@ def fake_studio(**engine_kwargs) -> Studio:
 
 @pytest.fixture(scope="module")
 def running_app():
-
     import app
 
     demo = app.create_demo(fake_studio())

@@ -5,12 +5,11 @@ in its one process (the engine core in-process: its steps can be recorded), unde
 spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
        "runs": [{"name": str, "prompts": [[ids]], "max_tokens": int, "temperature": float, "seed": int|null,
                  "dropmatch": null | {...per request...}, "alone": bool}],
-       "recheck": bool, "break_runner_import": bool (the plugin's runner cannot be imported: start_engine.py)}
+       "recheck": bool}
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 
 from dropmatch import verifying
@@ -18,15 +17,6 @@ from dropmatch import verifying
 STEPS: list = []
 ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify
 ONE_PASS: set[bool] = set()  # how the steps were verified (runner.one_pass_on)
-
-
-class BrokenImport(importlib.abc.MetaPathFinder):
-    """Makes `import dropmatch.serving.vllm.runner` fail."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "dropmatch.serving.vllm.runner":
-            raise ImportError("simulated: this vLLM's runner API changed")
-        return None
 
 
 def record_steps() -> None:
@@ -113,20 +103,9 @@ def drafted_tokens(llm) -> float:
 
 def run(spec: dict) -> dict:
     """The engine `spec` describes, built in this process, its runs made: what the tests compare."""
-    broken = BrokenImport() if spec.get("break_runner_import") else None
-    if broken is not None:
-        sys.meta_path.insert(0, broken)
-    ONE_PASS.clear()
-    try:
-        return _run(spec)
-    finally:
-        if broken is not None:
-            sys.meta_path.remove(broken)
-
-
-def _run(spec: dict) -> dict:
     from vllm import LLM
 
+    ONE_PASS.clear()
     if spec.get("dropmatch") is not None:
         record_steps()
     extra = {"additional_config": {"dropmatch": spec["dropmatch"]}} if spec.get("dropmatch") is not None else {}

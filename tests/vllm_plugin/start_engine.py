@@ -8,11 +8,12 @@ encoding ("msgpack"); then per attempt, {"started", "error", "text"} or the run'
 
     python start_engine.py SPEC_JSON
 
-spec: {"target": dir, "attempts": [   (each may add "env": {name: value}, set while it runs)
+spec: {"target": dir, "attempts": [   (each may add "env": {name: value}, set while it runs, and
+                                        "break_runner_import": bool, the plugin's runner module cannot be
+                                        imported while it runs, as when vLLM changed under it)
          {"name": str, "engine": driver.py's spec} |
          {"name": str, "tp": {"model": dir, "size": 1}} (tp_engine.run_tp) |
          {"name": str, "dropmatch": null | {...}, "speculative": bool,
-          "break_runner_import": bool (the plugin's runner module cannot be imported, as when vLLM changed under it),
           "stand_in": bool (the CPU worker builds a runner class the plugin never saw; from then on, for every
           later attempt of the process: put it last)}]}
 A broken runner import holds only for its own attempt, so it must come before any attempt that imports
@@ -22,17 +23,41 @@ the runner. Environment (e.g. VLLM_USE_V2_MODEL_RUNNER) comes from the caller.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import json
 import os
 import sys
+from unittest import mock
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # the engine core and worker in this process: a refusal is this process's error, and the plugin's steps
 # can be recorded (driver.record_steps)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-from driver import BrokenImport, close, run  # noqa: E402  (after the environment above)
+from driver import close, run  # noqa: E402  (after the environment above)
 from tp_engine import run_tp  # noqa: E402
+
+
+class BrokenImport(importlib.abc.MetaPathFinder):
+    """Makes `import dropmatch.serving.vllm.runner` fail."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "dropmatch.serving.vllm.runner":
+            raise ImportError("simulated: this vLLM's runner API changed")
+        return None
+
+
+@contextlib.contextmanager
+def runner_import_broken(broken: bool):
+    """While an attempt runs: the plugin's runner module cannot be imported (where `broken`)."""
+    finder = BrokenImport() if broken else None
+    if finder is not None:
+        sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder is not None:
+            sys.meta_path.remove(finder)
 
 
 def use_a_stand_in_runner() -> None:
@@ -120,7 +145,8 @@ def main() -> int:
     result = {"register": register_twice(), "msgpack": counts_through_msgpack()}
     bind_kernel_overrides_once()
     for attempt in spec["attempts"]:
-        with environment(attempt.get("env", {})):
+        with mock.patch.dict(os.environ, attempt.get("env", {})), \
+                runner_import_broken(attempt.get("break_runner_import", False)):
             result[attempt["name"]] = attempted(spec["target"], attempt)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
@@ -134,26 +160,8 @@ def attempted(target: str, attempt: dict) -> dict:
     return start(target, attempt)
 
 
-@contextlib.contextmanager
-def environment(env: dict):
-    """`env` over this process's environment while an attempt runs, as it was afterwards."""
-    before = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = value
-
-
 def start(target: str, attempt: dict) -> dict:
     """One engine start: {"started", "error", "text"} (4 greedy tokens where it started)."""
-    broken = BrokenImport() if attempt.get("break_runner_import") else None
-    if broken is not None:
-        sys.meta_path.insert(0, broken)
     if attempt.get("stand_in"):
         use_a_stand_in_runner()
     from vllm import LLM, SamplingParams
@@ -170,9 +178,6 @@ def start(target: str, attempt: dict) -> dict:
         close(llm)  # (an engine the tests expect refused: the next attempt still starts clean)
     except Exception as error:  # noqa: BLE001 - what the user would see is the result
         result["error"] = f"{type(error).__name__}: {error}"
-    finally:
-        if broken is not None:
-            sys.meta_path.remove(broken)
     return result
 
 

@@ -55,12 +55,10 @@ def draft_dir() -> str:
     return str(out)
 
 
-def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False,
-                break_runner_import: bool = False) -> dict:
+def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False) -> dict:
     """driver.py's spec of one engine (see its docstring)."""
     return {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
-            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None,
-            "break_runner_import": break_runner_import}
+            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None}
 
 
 def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dict:
@@ -145,7 +143,7 @@ def starts() -> dict[str, dict]:
     line, the stand-in last."""
     return {
         "dropmatch_runner_unimportable": {"dropmatch": LOSSY, "break_runner_import": True},
-        "plain": {"engine": engine_spec(None, None, [greedy("greedy")], break_runner_import=True)},
+        "plain": {"engine": engine_spec(None, None, [greedy("greedy")]), "break_runner_import": True},
         # engine-wide DropMatch at p = 0; requests raise p for themselves, or ask for rule "lossless" (vLLM's
         # own speculative decoding: its rejection sampler, which the plugin leaves alone); sampled requests beside
         "dropmatch_ngram": {"engine": engine_spec("ngram", {"rule": "dropmatch", "p": 0.0}, [
