@@ -1,13 +1,16 @@
-"""Acceptance rules as pure functions over tensors, and the one table of rules and reasons.
+"""Acceptance rules as pure functions over tensors, and the one table of rules, their knobs and reasons.
 
 One verification round has g drafted tokens. The verify step (verifying.py) computes, for every
 drafted position at once, what any rule may look at (`Signals`); a rule is a function from those
-signals to an ordered list of (reason, accepted-mask); `judge` / `decide` scan the positions left to
-right and stop at the first one that neither the exact (lossless) test nor the rule accepts.
+signals to an ordered list of (reason, accepted-mask); verifying.verify scans the positions left to
+right and stops at the first one that neither the exact (lossless) test nor the rule accepts.
 
-`RULES` and `REASONS` are the project's one vocabulary: config validation, metrics, plots, the
-HTML, the UI's choices and the legend all read them. A new rule is one `Rule` entry (with its
-check function) in `RULES`, plus a `Reason` for each new reason it gives (docs/architecture.md).
+`RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check,
+its knobs (`Knob`: name, type, default, range, label, help, the frontier's values, whether the rule lab
+offers it), the modes it is defined under, its reasons' sentences and numbers. Every consumer derives
+from the table: RuleConfig's fields and validation, the benchmark's flags, the vLLM plugin's keys,
+generate()'s `dropmatch_*` keywords, the app's controls, the rule lab, the frontier, the run file
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -15,32 +18,152 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
+from .mc_head import CENTROIDS, MASK_DRAWS
 from .sampling import draw
 
 
+class ConfigError(ValueError):
+    """A setting a user gave is out of range; the message is meant to be shown as is."""
+
+
 class RuleKnobs(Protocol):
-    """What the rules read of a run's settings (config.RuleConfig, which validates them). Named here
-    so that this module imports nothing of the package but sampling: config reads RULES from here."""
+    """What the rules read of a run's settings (config.RuleConfig: its rule and every knob of KNOBS by name)."""
 
     rule: str
-    num_paths: int
-    majority_fraction: float
-    typical_eps: float
-    typical_delta: float
-    fixed_js_threshold: float
-    rescue_argmax: bool
-    judge_threshold: float | None
-    fly_window: int
-    fly_entropy_threshold: float
-    ensemble_weight: float
-    margin_ratio: float
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
 CORRECTION, BONUS = "correction", "bonus"
+
+
+# ---------------------------------------------------------------- knobs
+
+
+def _number(label: str, value) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{label} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label} must be a number, got {value!r}") from None
+    if math.isnan(number) or math.isinf(number):
+        raise ConfigError(f"{label} must be a finite number, got {value!r}")
+    return number
+
+
+def is_auto(value) -> bool:
+    """"auto" (any case), empty or None: the value an auto knob's engine fills in."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto"))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A rule's setting, declared once. name: the RuleConfig attribute the rules read; key: what users type
+    (a CLI's --key, a vLLM request's key, generate()'s dropmatch_<key>; default: name). Its range is
+    [low, high], an end open where open_low / open_high; auto: "auto" (None) is a value, which the engine
+    fills in (studio_default: the app's default where it differs from the bare one). sweep: the values
+    the frontier sweeps; lab: the rule lab offers it as a control (slider: (low, high, step) of a control)."""
+
+    name: str
+    default: Any
+    label: str
+    help: str
+    kind: type = float
+    key: str = ""
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    choices: tuple[str, ...] = ()
+    auto: bool = False
+    studio_default: Any = "same"
+    sweep: tuple[float, ...] = ()
+    lab: bool = False
+    slider: tuple[float, float, float] | None = None
+    short: str = ""  # its name on a chart's axis (default: label)
+
+    @property
+    def user_key(self) -> str:
+        return self.key or self.name
+
+    @property
+    def app_default(self) -> Any:
+        """The Studio's default (a user's first value): "auto" for an auto knob whose default is auto there."""
+        value = self.default if self.studio_default == "same" else self.studio_default
+        return "auto" if self.auto and value is None else value
+
+    def check(self, value) -> Any:
+        """The value of this knob as the rules read it; ConfigError (one line) when out of range."""
+        if self.auto and is_auto(value):
+            return None
+        if self.kind is bool:
+            if not isinstance(value, (bool, int)) or value not in (0, 1):
+                raise ConfigError(f"{self.label} must be true or false, got {value!r}")
+            return bool(value)
+        if self.kind is str:
+            if value not in self.choices:
+                raise ConfigError(f"{self.label} must be one of {', '.join(self.choices)}, got {value!r}")
+            return value
+        number = _number(self.label, value)
+        if self.kind is int and number != int(number):
+            raise ConfigError(f"{self.label} must be a whole number, got {value!r}")
+        self._check_range(number)
+        return int(number) if self.kind is int else number
+
+    def _check_range(self, number: float) -> None:
+        below = self.low is not None and (number < self.low or (self.open_low and number == self.low))
+        above = self.high is not None and (number > self.high or (self.open_high and number == self.high))
+        if below or above:
+            raise ConfigError(f"{self.label} must be in {self.range_text()}, got {number:g}")
+
+    def range_text(self) -> str:
+        if self.choices:
+            return ", ".join(self.choices)
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"{'(' if self.open_low else '['}{low}, {high}{')' if self.open_high or self.high is None else ']'}"
+
+
+KNOBS: dict[str, Knob] = {}  # every knob of every rule, by name, in the order the rules declare them
+
+
+def knob_by_key(key: str) -> Knob | None:
+    """The knob a user's key names (its key, or its name)."""
+    return next((knob for knob in KNOBS.values() if key in (knob.user_key, knob.name)), None)
+
+
+MAX_PATHS, MAX_GAMMA = 64, 16
+FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results-archive-2026-12.md)
+NUM_PATHS = Knob("num_paths", 5, "K (paths)", "Monte-Carlo dropout paths on the LM head", kind=int, key="k",
+                 low=1, high=MAX_PATHS, lab=True, slider=(1, 16, 1))
+P = Knob("p", 0.3, "p (dropout rate)", "dropout rate on the LM-head input, or auto (calibrated per prompt)",
+         low=0.0, high=1.0, open_high=True, auto=True, studio_default=None, sweep=FRONTIER_P, lab=True,
+         slider=(0.0, 0.5, 0.01), short="p")
+CENTROID = Knob("centroid", "probs", "centroid of the paths",
+                "probs: mean of the path distributions (the method's); logits: softmax of the mean logits (an option)",
+                kind=str, choices=CENTROIDS, lab=True)
+MASK_DRAW = Knob("mask_draw", "per_position", "mask draw",
+                 "per_position (every recorded run's) or counter (a server's step in one batched draw; other masks)",
+                 kind=str, choices=MASK_DRAWS)
+AUTO_AGREEMENT_KNOB = Knob("auto_agreement", AUTO_AGREEMENT, "auto agreement",
+                           "p = auto: the largest p whose paths keep the clean argmax at this share of the prompt",
+                           low=0.0, high=1.0, open_low=True)
+RESCUE_ARGMAX = Knob("rescue_argmax", False, "paths may rescue the target's top token (sampling)",
+                     "sampling: the paths also judge a top-token draft the lossless coin rejected (p = 0 then is "
+                     "not lossless SD)", kind=bool, lab=True)
+MAJORITY_FRACTION = Knob("majority_fraction", 0.8, "majority: share of paths that must agree",
+                         "ceil(f * K) votes, never fewer than a strict majority: 0.8 = 4 of 5 (\"nearly all\")",
+                         low=0.5, high=1.0, lab=True, slider=(0.5, 1.0, 0.05))
+JUDGE_THRESHOLD = Knob("judge_threshold", None, "trained judge threshold",
+                       "accept a mismatch the judge scores below it, or auto (chosen on its validation split)",
+                       low=0.0, high=1.0, auto=True, sweep=(0.05, 0.1, 0.2, 0.3, 0.5), short="threshold")
+PATH_KNOBS = (NUM_PATHS, P, CENTROID, MASK_DRAW, AUTO_AGREEMENT_KNOB, RESCUE_ARGMAX)
 
 
 # ---------------------------------------------------------------- the vocabulary
@@ -59,19 +182,21 @@ class Reason:
     cue: str  # a second cue beside the colour: the CSS text-decoration of its tokens
     lossy: bool = False
     # The reason's own sentences (render.explain fills them from a drafted token's numbers: tok, target,
-    # p_target, p_x, q_x, js, js_cmp, threshold, votes, k, needed, js_target, judge_score, judge_threshold).
+    # p_target, p_x, q_x, js, js_cmp, threshold, votes, k, js_target, judge_score; every knob's value by its
+    # name; and its rule's own numbers, Rule.numbers).
     says: str = ""  # the whole sentence for a token this check accepted ({earlier}: the checks before it that failed)
     fails: str = ""  # the clause for a rejected token: why this check did not accept it
     before: str = ""  # the clause {earlier} gets when a later check of the rule accepted the token
-    reads: str = ""  # the numbers its sentences need: "paths", "judge", or "" (the draft and the clean target's)
+    # A lesson's sentence on a confusion with this reason: (slots as lessons.py writes them) -> text, or None.
+    confusion: Callable[[list[dict]], str | None] | None = None
+    reads: str = ""  # the DraftedToken field its sentences need (path_tokens, judge_score, ...); "": none beyond the token's
 
 
 @dataclass(frozen=True)
 class Rule:
     """An acceptance rule. check: Signals, RuleKnobs -> [(reason, accepted mask [g])].
-    uses_paths: reads the K Monte-Carlo dropout paths (and so the dropout rate p).
-    uses_judge: reads the trained judge's scores (trained_judge.py).
-    knob: the RuleConfig field the benchmark's frontier sweeps (None: not swept)."""
+    knobs: the settings it reads (Knob); knob: the one the frontier sweeps (None: not swept).
+    uses_paths: reads the K Monte-Carlo dropout paths; uses_judge: the trained judge's scores."""
 
     name: str
     label: str
@@ -79,6 +204,7 @@ class Rule:
     uses_paths: bool
     colour: str
     check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
+    knobs: tuple[Knob, ...] = ()
     knob: str | None = None
     uses_judge: bool = False
     checks: tuple[str, ...] = ()  # the reasons its check gives, in the order it tries them
@@ -88,11 +214,21 @@ class Rule:
     modes: tuple[str, ...] = ("greedy", "sampling")  # the decoding modes the rule is defined under
     why_mode: str = ""  # why it is defined under those only (the one-line refusal says it)
     reads_later: bool = False  # reads the exact test's result at later drafted positions of its round (a window)
+    reads_coin: bool = False  # under sampling it reads the lossless test's coin (a run must have kept them)
+    title: str = ""  # the column's title (default: label)
+    # The numbers its reasons' sentences read beyond the token's own and its knobs' values: (token, knobs) -> dict.
+    numbers: Callable[[Any, RuleKnobs], dict] | None = None
+    frontier_also: tuple[str, ...] = ()  # knobs whose every choice the frontier crosses with its sweep
+    peer: str = ""  # transformers' own implementation of the rule, timed beside it (models.references)
 
     @property
     def judges_mismatches(self) -> bool:
         """Judges only where the exact test cannot accept (judged_by_paths): the path and judge rules."""
         return self.uses_paths or self.uses_judge
+
+    @property
+    def column_title(self) -> str:
+        return self.title or self.label
 
 
 REASONS: dict[str, Reason] = {}
@@ -105,8 +241,26 @@ def register_reason(reason: Reason) -> Reason:
 
 
 def register_rule(rule: Rule) -> Rule:
+    """Adds a rule and its knobs to the table (a knob's name means one thing: the same Knob everywhere)."""
+    for knob in rule.knobs:
+        if KNOBS.setdefault(knob.name, knob) is not knob:
+            raise ValueError(f"knob {knob.name!r} is declared twice, differently")
+    if rule.knob is not None and rule.knob not in {knob.name for knob in rule.knobs}:
+        raise ValueError(f"rule {rule.name!r} sweeps {rule.knob!r}, which is not one of its knobs")
     RULES[rule.name] = rule
     return rule
+
+
+def unregister_rule(name: str) -> None:
+    """Removes a rule, and its knobs no other rule reads (a test's own rule)."""
+    rule = RULES.pop(name)
+    still = {knob.name for other in RULES.values() for knob in other.knobs}
+    for knob in rule.knobs:
+        if knob.name not in still:
+            KNOBS.pop(knob.name, None)
+
+
+BASELINE, METHOD = "lossless", "dropmatch"  # the lossless rule every other is measured against; the method
 
 
 def judged_count(reasons) -> int:
@@ -118,20 +272,38 @@ def lossy_reasons() -> tuple[str, ...]:
     return tuple(name for name, reason in REASONS.items() if reason.lossy)
 
 
+def _js_confusion(slots: list[dict]) -> str | None:
+    ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
+    if not ratios:
+        return None
+    low, high = min(ratios), max(ratios)
+    span = f"{low:.2g}x" if abs(high - low) < 0.05 else f"{low:.2g}-{high:.2g}x"
+    return f"their JS was {span} the threshold (JS accepts at 1x or less)"
+
+
+def _majority_confusion(slots: list[dict]) -> str | None:
+    if not all("votes" in s for s in slots):
+        return None
+    votes = sorted({s["votes"] for s in slots})
+    return f"the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
+
+
 for _reason in (
     Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
     Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True,
            says="{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
                 "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.{js_note}",
            fails="JS {js:.4f} {js_cmp} threshold {threshold:.4f}",
-           before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="paths"),
+           before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="path_tokens",
+           confusion=_js_confusion),
     Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
            lossy=True, says="{tok} {earlier}{votes} of {k} dropout paths chose it: at least the {needed} the majority "
                             "rule asks, and no other token has as many.",
-           fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="paths"),
+           fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="path_tokens",
+           confusion=_majority_confusion),
     Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", "#8a3c00",
            "underline dashed", lossy=True, says="{tok} is one of the K path tokens ({votes} of {k} paths chose it).",
-           fails="none of the {k} paths chose it", reads="paths"),
+           fails="none of the {k} paths chose it", reads="path_tokens"),
     Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#d7ccc8", "#4e342e",
            "underline dotted", lossy=True, says="{tok} has target probability {p_x:.3f}, above the typical-acceptance floor.",
            fails="its target probability {p_x:.3f} is below the typical-acceptance floor"),
@@ -142,29 +314,29 @@ for _reason in (
     Reason("judge", "judge", "accepted by the trained judge (scored unimportant)", "#ad1457", "#f8bbd0",
            "#880e4f", "overline", lossy=True,
            says="{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
-                "P(it changes the answer) = {judge_score:.3f} < threshold {judge_threshold}.",
-           fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_threshold})", reads="judge"),
+                "P(it changes the answer) = {judge_score:.3f} < threshold {judge_at}.",
+           fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_at})", reads="judge_score"),
     Reason("fly", "FLy", "accepted by FLy (an unsure target; the next drafts agree)", "#f9a825", "#fff59d", "#6d5200",
            "overline dashed", lossy=True,
            says="{tok} is not the target's choice {target}, but the target is unsure here (top-3 entropy "
-                "{fly_entropy:.3f} ≥ {fly_threshold}) and the next {fly_later} drafted tokens are the target's own "
+                "{fly_entropy:.3f} ≥ {fly_entropy_threshold:g}) and the next {fly_later} drafted tokens are the target's own "
                 "choices, so FLy lets the mismatch stand.",
            fails="FLy lets a mismatch stand only where the target is unsure (top-3 entropy {fly_entropy:.3f}, "
-                 "threshold {fly_threshold}) and the next {fly_later} drafted tokens of the round are the target's",
-           reads="fly"),
+                 "threshold {fly_entropy_threshold:g}) and the next {fly_later} drafted tokens of the round are the target's",
+           reads="target_top3_entropy"),
     Reason("ensemble", "ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
            "overline double", lossy=True,
-           says="The lossless coin rejected {tok}, but the static ensemble verifies against v = {w} p + (1 − {w}) q: "
+           says="The lossless coin rejected {tok}, but the static ensemble verifies against v = {ensemble_weight:g} p + (1 − {ensemble_weight:g}) q: "
                 "its odds min(1, 1 − w + w p / q) = {ensemble_odds:.2f}, and the same coin passes them.",
-           fails="against v = {w} p + (1 − {w}) q its odds {ensemble_odds:.2f} did not pass the coin either"),
+           fails="against v = {ensemble_weight:g} p + (1 − {ensemble_weight:g}) q its odds {ensemble_odds:.2f} did not pass the coin either"),
     Reason("margin", "margin", "accepted by the margin rule (the target's close runner-up)", "#5d4037", "#ffccbc",
            "#4e2a1e", "underline dashed", lossy=True,
            says="{tok} is not the target's choice {target}, but it is the target's runner-up and the target barely "
-                "prefers {target}: p({tok}) / p({target}) = {margin:.2f} > {margin_ratio}, so the margin rule "
+                "prefers {target}: p({tok}) / p({target}) = {margin:.2f} > {margin_ratio:g}, so the margin rule "
                 "accepts it.",
-           fails="the margin rule accepts only the target's runner-up where p(runner-up) / p(top) > {margin_ratio} "
+           fails="the margin rule accepts only the target's runner-up where p(runner-up) / p(top) > {margin_ratio:g} "
                  "({margin_says})",
-           reads="margin"),
+           reads="target_margin"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -241,6 +413,11 @@ def rule_accepts(cfg: RuleKnobs, signals: Signals) -> torch.Tensor:
 # ---------------------------------------------------------------- the rules
 
 Check = list[tuple[str, torch.Tensor]]
+
+
+def needed_votes(cfg: RuleKnobs, num_paths: int) -> int:
+    """The votes a run's majority test asks of num_paths paths (its rule's settings)."""
+    return votes_needed(num_paths, cfg.majority_fraction)
 
 
 def votes_needed(num_paths: int, fraction: float) -> int:
@@ -345,6 +522,10 @@ def _ensemble_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     return f"ensemble (w {cfg.ensemble_weight:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
 
 
+def judge_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    return f"judge: P(changes the answer) {float(s.judge_scores[i]):.3f} vs threshold {cfg.judge_threshold:.3f}"
+
+
 def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     floor = float(typical_floor(s.target_entropy[i], cfg))
     return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {floor:.3f}"
@@ -354,33 +535,95 @@ def _fixed_js_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     return f"JS(draft, target) {float(s.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}"
 
 
+# The numbers a rule's sentences read beyond the token's own and the knobs' values (token: trace.DraftedToken).
+def _path_numbers(d, cfg: RuleKnobs) -> dict:
+    k = len(d.path_tokens)
+    return {"needed": votes_needed(k, cfg.majority_fraction) if k else None}
+
+
+def _judge_numbers(d, cfg: RuleKnobs) -> dict:
+    at = "the judge's" if cfg.judge_threshold is None else f"{cfg.judge_threshold:.3f}"
+    return {**_path_numbers(d, cfg), "judge_at": at}
+
+
+def _fly_numbers(d, cfg: RuleKnobs) -> dict:
+    return {"fly_entropy": d.target_top3_entropy, "fly_later": cfg.fly_window - 1}
+
+
+def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
+    """The odds from the probabilities the decision read: the sampled (temperature, top-p) p(x) and q(x)."""
+    p_x = d.target_prob if d.sample_target_prob is None else d.sample_target_prob
+    q_x = d.draft_prob if d.sample_draft_prob is None else d.sample_draft_prob
+    return {"ensemble_odds": ensemble_odds(p_x, q_x, cfg.ensemble_weight)}
+
+
+def _margin_numbers(d, cfg: RuleKnobs) -> dict:
+    if d.target_margin is None:
+        says = ""
+    elif d.target_runner_up != d.token:
+        says = f"this token is not the runner-up; p2/p1 = {d.target_margin:.2f}"
+    else:
+        says = f"here p2/p1 = {d.target_margin:.2f}"
+    return {"margin": d.target_margin, "margin_says": says}
+
+
+TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", "typical acceptance's probability floor: min(ε, δ exp(-H))",
+                   low=0.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True, slider=(0.0, 0.5, 0.01), short="ε")
+TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", "typical acceptance's entropy factor: min(ε, δ exp(-H))",
+                     low=0.0)
+FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",
+                low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True, slider=(0.0, 0.69, 0.01), short="threshold")
+FLY_WINDOW = Knob("fly_window", 6, "FLy window", "FLy's deferred window, the position itself counted (AMD's win_len)",
+                  kind=int, low=2, high=MAX_GAMMA)
+FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold",
+                   "FLy's gate: the target's top-3 entropy at least this (a lower threshold tolerates more)",
+                   low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05), lab=True, slider=(0.0, 1.5, 0.05),
+                   short="entropy threshold")
+ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w",
+                       "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
+                       low=0.0, high=1.0, open_low=True, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True,
+                       slider=(0.05, 1.0, 0.05), short="weight w")
+MARGIN_RATIO = Knob("margin_ratio", 0.5, "margin ratio",
+                    "the margin rule accepts the runner-up where p2 / p1 is above it; 1 is lossless SD",
+                    low=0.0, high=1.0, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True, slider=(0.0, 1.0, 0.05),
+                    short="runner-up ratio")
+MAJORITY_KNOBS = (*PATH_KNOBS, MAJORITY_FRACTION)
+
 for _rule in (
     Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, colour="#455a64", check=lambda s, cfg: []),
     Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p",
-         checks=("naive",)),
+         knobs=PATH_KNOBS, checks=("naive",)),
     # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
     Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js, checks=("js",),
-         reads_draft=True),
+         knobs=PATH_KNOBS, reads_draft=True),
     Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p",
-         checks=("majority",)),
+         knobs=MAJORITY_KNOBS, checks=("majority",), numbers=_path_numbers),
     Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, colour="#0d47a1",
-         check=_dropmatch, knob="p", checks=("js", "majority"), reads_draft=True),
+         check=_dropmatch, knob="p", knobs=MAJORITY_KNOBS, checks=("js", "majority"), reads_draft=True,
+         title="DropMatch", numbers=_path_numbers, frontier_also=("centroid",)),
     Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, colour="#8d6e63", check=_typical,
-         knob="typical_eps", checks=("typical",), lab_line=_typical_line),
+         knob="typical_eps", knobs=(TYPICAL_EPS, TYPICAL_DELTA), checks=("typical",), lab_line=_typical_line),
     Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, colour="#00838f",
-         check=_fixed_js, knob="fixed_js_threshold", checks=("fixed_js",), reads_draft=True, lab_line=_fixed_js_line),
+         check=_fixed_js, knob="fixed_js_threshold", knobs=(FIXED_JS,), checks=("fixed_js",), reads_draft=True,
+         lab_line=_fixed_js_line),
     Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, colour="#ad1457", check=_judge,
-         knob="judge_threshold", uses_judge=True, checks=("judge",)),
+         knob="judge_threshold", knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",),
+         numbers=_judge_numbers),
     Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
-         check=_dropmatch_judge, knob="p", uses_judge=True, checks=("js", "majority", "judge"), reads_draft=True),
+         check=_dropmatch_judge, knob="p", knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True,
+         checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
     Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
-         knob="fly_entropy_threshold", checks=("fly",), lab_line=_fly_line, modes=("greedy",),
-         why_mode="its public code verifies greedy drafts (an argmax match and a window of them)", reads_later=True),
+         knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
+         modes=("greedy",), why_mode="its public code verifies greedy drafts (an argmax match and a window of them)",
+         reads_later=True, numbers=_fly_numbers),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
-         knob="ensemble_weight", checks=("ensemble",), reads_draft=True, lab_line=_ensemble_line,
-         modes=("sampling",), why_mode="it relaxes the lossless coin min(1, p / q), which greedy decoding has not"),
+         knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
+         lab_line=_ensemble_line, modes=("sampling",), reads_coin=True, numbers=_ensemble_numbers,
+         why_mode="it relaxes the lossless coin min(1, p / q), which greedy decoding has not",
+         peer="ensemble_assisted"),
     Rule("margin", "margin (MARS-style runner-up)", lossy=True, uses_paths=False, colour="#5d4037", check=_margin,
-         knob="margin_ratio", checks=("margin",), lab_line=_margin_line, modes=("greedy",),
+         knob="margin_ratio", knobs=(MARGIN_RATIO,), checks=("margin",), lab_line=_margin_line, modes=("greedy",),
+         numbers=_margin_numbers,
          why_mode="it relaxes greedy decoding's exact match (under sampling the lossless coin already accepts "
                   "a runner-up in proportion)"),
 ):

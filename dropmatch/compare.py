@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
+from .acceptance import RULES
 from .config import DecodeConfig, RuleConfig
 from .engine import run_to_end
 from .models import ensemble_assisted_generate, sequence_nll
@@ -81,12 +82,17 @@ def compare_stream(
         state.phase = "baseline"
         yield state
         state.ar = run_to_end(engine.autoregressive(ids, decode, stop_event))
-    if rule.rule == "ensemble" and hasattr(engine, "target") and not stopped():
+    if RULES[rule.rule].peer and hasattr(engine, "target") and not stopped():
         state.phase = "peer"
         yield state
         state.peer = static_ensemble_peer(engine, ids, decode, rule)
     state.phase = "stopped" if stopped() else "done"
     yield state
+
+
+def peer_weight(rule: RuleConfig) -> float:
+    """The value transformers' peer runs at: the rule's own swept knob (the static ensemble's weight)."""
+    return rule.knobs[RULES[rule.rule].knob]
 
 
 def static_ensemble_peer(engine, ids: list[int], decode: DecodeConfig, rule: RuleConfig) -> dict:
@@ -95,6 +101,6 @@ def static_ensemble_peer(engine, ids: list[int], decode: DecodeConfig, rule: Rul
     under the ensemble column (its draws are transformers', so its text is a sample of the same rule)."""
     tokens, seconds = ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
                                                  None if decode.gamma_auto else decode.gamma, engine.stop_ids,
-                                                 rule.ensemble_weight, decode.temperature, decode.top_p, decode.seed)
-    return {"weight": rule.ensemble_weight, "tokens": len(tokens), "seconds": seconds,
+                                                 peer_weight(rule), decode.temperature, decode.top_p, decode.seed)
+    return {"weight": peer_weight(rule), "tokens": len(tokens), "seconds": seconds,
             "target_nll": sequence_nll(engine.target, ids, tokens) if tokens else None}

@@ -86,7 +86,7 @@ def rules_for(prepared: list[VerifyInputs], judge: TrainedJudge | None) -> tuple
     has_coins = all(rnd.coin is not None for rnd in prepared if rnd.num_drafted)
     return tuple(name for name, rule in acceptance.RULES.items()
                  if ("greedy" if greedy else "sampling") in rule.modes and (judge is not None or not rule.uses_judge)
-                 and (greedy or has_coins or name != "ensemble"))
+                 and (greedy or has_coins or not rule.reads_coin))
 
 
 def lab_settings(trace: GenerationTrace | None, **changes) -> RuleConfig:
@@ -126,8 +126,7 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
     rows = _rows(prepared, columns, token_text)
     return {
         "version": LAB_VERSION,
-        "settings": {field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)
-                     if field.name != "rule"},  # every knob of the one RuleConfig, as the rules read them
+        "settings": dict(settings.knobs),  # every knob of the one RuleConfig, as the rules read them
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
         "rows": rows,
@@ -173,18 +172,17 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
     if cfg.uses_paths and reason != "exact":
         lines.append(_path_info(cfg, signals, i, token_text))
     if cfg.uses_judge and reason != "exact" and signals.judge_scores is not None:
-        lines.append(f"judge: P(changes the answer) {float(signals.judge_scores[i]):.3f} vs threshold "
-                     f"{cfg.judge_threshold:.3f}")
+        lines.append(acceptance.judge_line(signals, cfg, i))
     return "\n".join(lines)
 
 
 def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text) -> str:
     if signals.path_tokens is None or int(signals.path_tokens[0, i]) < 0:
-        if int(signals.draft_tokens[i]) == int(signals.target_tokens[i]) and not cfg.rescue_argmax:
+        if not bool(acceptance.judged_by_paths(signals, cfg)[i]):
             return "paths not read: the draft is the target's top token (the lossless test decides)"
         return "paths not read: an earlier token of the round could not be accepted"
     paths = " ".join(repr(token_text(int(t))) for t in signals.path_tokens[:, i])
-    needed = acceptance.votes_needed(cfg.num_paths, cfg.majority_fraction)
+    needed = acceptance.needed_votes(cfg, cfg.num_paths)
     majority = int(signals.majority_tokens[i])
     majority_text = token_text(majority) if majority >= 0 else "(tie)"
     return (f"paths: {paths}\nJS(draft, centroid) {float(signals.js_draft_centroid[i]):.3f} vs threshold "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .acceptance import check_names, votes_needed
+from .acceptance import REASONS, check_names, needed_votes
 from .render import explain, kind_label
 from .trace import DraftedToken, GenerationTrace
 
@@ -72,7 +72,7 @@ def close_calls(d: DraftedToken, source: str, trace: GenerationTrace) -> list[st
         tags.append("lookup")
     if d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR:
         tags.append("js_near")
-    if d.path_tokens and d.draft_votes == votes_needed(len(d.path_tokens), trace.majority_fraction) - 1:
+    if d.path_tokens and d.draft_votes == needed_votes(trace.rule_config, len(d.path_tokens)) - 1:
         tags.append("votes_short")
     if trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob:
         tags.append("coin_rejected")
@@ -88,8 +88,7 @@ def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: li
              "target": token_text(d.target_token), "p_target_top": d.target_token_prob,
              "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
              "answer": d.reason,
-             "why": explain(d, token_text, trace.majority_fraction, trace.judge_threshold, trace.temperature == 0,
-                            trace.rule, trace.rule_config)}
+             "why": explain(d, token_text, trace.rule_config, trace.temperature == 0)}
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found
@@ -115,14 +114,10 @@ def score(lesson: dict, answers: list[str]) -> dict:
 def _sentence(answered: str, truth: str, slots: list[dict], lesson: dict) -> str:
     labels, n = lesson["labels"], len(slots)
     head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
-    ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
-    if "js" in (answered, truth) and ratios:
-        low, high = min(ratios), max(ratios)
-        span = f"{low:.2g}x" if abs(high - low) < 0.05 else f"{low:.2g}-{high:.2g}x"
-        return f"{head}: their JS was {span} the threshold (JS accepts at 1x or less)"
-    if "majority" in (answered, truth) and all("votes" in s for s in slots):
-        votes = sorted({s["votes"] for s in slots})
-        return f"{head}: the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
+    for reason in [name for name in REASONS if name in (answered, truth)]:  # a reason's own sentence (its numbers)
+        said = REASONS[reason].confusion(slots) if REASONS[reason].confusion else None
+        if said:
+            return f"{head}: {said}"
     if "exact" in (answered, truth) and not lesson.get("greedy", True):
         odds = [min(1.0, s["p"] / s["q"]) if s["q"] > 0 else 1.0 for s in slots]
         low, high = min(odds), max(odds)

@@ -10,7 +10,7 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .acceptance import REASONS, RULES, votes_needed
+from .acceptance import KNOBS, REASONS, RULES, needed_votes
 from .metrics import MAX_OFF_NUCLEUS
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
@@ -20,11 +20,17 @@ FONT = dict(size=16)
 MAX_HEATMAP_COLUMNS = 60
 
 
-# The frontier's knobs as a reader names them (the legend says what was swept, not a field name).
-KNOB_NAMES = {"p": "p", "typical_eps": "ε", "fixed_js_threshold": "threshold", "judge_threshold": "threshold",
-              "fly_entropy_threshold": "entropy threshold", "ensemble_weight": "weight w",
-              "margin_ratio": "runner-up ratio"}
 WRAP_AT = 30  # characters a title line may hold: Plotly never wraps, and a phone's plot is ~350 px wide
+
+
+def knob_short(name: str) -> str:
+    """A swept knob as a reader names it (the legend says what was swept, not a field name)."""
+    knob = KNOBS.get(name)
+    return (knob.short or knob.label) if knob else name
+
+
+def _reads(rule: str, knob: str) -> bool:
+    return rule in RULES and any(k.name == knob for k in RULES[rule].knobs)
 
 
 def wrapped(text: str, width: int = WRAP_AT) -> str:
@@ -79,7 +85,7 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     if not cells:
         return _empty(title, f"the {trace.label} rule reads no Monte-Carlo paths")
     num_paths = len(cells[0][2].path_tokens)
-    needed = votes_needed(num_paths, trace.majority_fraction)
+    needed = needed_votes(trace.rule_config, num_paths)
     rows = [f"path {k + 1}" for k in range(num_paths)] + ["paths' majority", "draft"]
     z, hover = [], []
     for k in range(num_paths):
@@ -212,10 +218,9 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     groups: dict[str, list[dict]] = {}
     for point in points:
         label = run_label(point["rule"])
-        name = label if point["centroid"] == "probs" or point["rule"] not in ("dropmatch", "js") \
-            else f"{label}, logits centroid"
-        groups.setdefault(wrapped(f"{name}: {KNOB_NAMES.get(point['knob'], point['knob'])} swept", 24),
-                          []).append(point)
+        name = label if point["centroid"] == KNOBS["centroid"].default or not _reads(point["rule"], "centroid") \
+            else f"{label}, {point['centroid']} centroid"
+        groups.setdefault(wrapped(f"{name}: {knob_short(point['knob'])} swept", 24), []).append(point)
     for name, group in groups.items():
         rule = RULES.get(group[0]["rule"])
         colour = rule.colour if rule else None

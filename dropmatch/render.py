@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .acceptance import REASONS, RULES, check_names, ensemble_odds, votes_needed
+from .acceptance import REASONS, RULES, check_names
 from .config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
@@ -180,8 +180,7 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
 
 def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) -> Callable[[DraftedToken], str]:
     """explain() bound to a run's settings: the sentence each token's popover ends with."""
-    return lambda d: explain(d, token_text, knobs.majority_fraction, knobs.judge_threshold,
-                             greedy=decode.temperature == 0, rule=knobs.rule, knobs=knobs)
+    return lambda d: explain(d, token_text, knobs, greedy=decode.temperature == 0)
 
 
 def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: str = "model") -> str:
@@ -347,18 +346,11 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
     return f'<table class="dm-stats">{body}</table>'
 
 
-# A token whose rule is not named is explained with every test DropMatch and the trained judge read.
-UNNAMED_RULE = "dropmatch_judge"
-
-
-def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0.8,
-            judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None,
-            knobs: RuleConfig | None = None) -> str:
-    """One plain sentence: which rule accepted or rejected this drafted token, and why. greedy False:
+def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: bool = True) -> str:
+    """One plain sentence: which rule accepted or rejected this drafted token, and why. knobs: the run's
+    RuleConfig (its rule names the tests it reads; its knobs' values fill the sentences). greedy False:
     the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax.
-    The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before); rule: the
-    tests named are the ones it reads (None: UNNAMED_RULE's); knobs: the run's RuleConfig (FLy's window and
-    threshold, the ensemble's weight; default: the defaults)."""
+    The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     if d.reason == "exact" and not greedy:
         return f"The lossless coin accepted {tok}: " + _coin(d) + "."
@@ -366,21 +358,15 @@ def explain(d: DraftedToken, token_text: TokenText, majority_fraction: float = 0
         return f"{tok} is the clean target's own choice (p = {d.target_token_prob:.2f}), so lossless SD accepts it too."
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
-    checks = check_names(rule if rule in RULES else UNNAMED_RULE)
-    numbers = _numbers(d, tok, target, majority_fraction, judge_threshold, knobs or RuleConfig())
-    readable = [name for name in checks if _has_numbers(d, REASONS[name].reads)]
+    checks = check_names(knobs.rule)
+    numbers = _numbers(d, tok, target, knobs)
+    readable = [name for name in checks if not REASONS[name].reads or getattr(d, REASONS[name].reads) not in (None, ())]
     if d.reason != "rejected":
         earlier = checks[: checks.index(d.reason)] if d.reason in checks else ()
         numbers["earlier"] = "".join(REASONS[name].before.format(**numbers) for name in earlier if name in readable)
         return REASONS[d.reason].says.format(**numbers)
     why = [_exact_failed(d, tok, target, greedy)] + [REASONS[name].fails.format(**numbers) for name in readable]
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
-
-
-def _has_numbers(d: DraftedToken, reads: str) -> bool:
-    """Whether the token carries the numbers a reason's sentence reads (paths, the judge's score)."""
-    return {"paths": bool(d.path_tokens), "judge": d.judge_score is not None,
-            "fly": d.target_top3_entropy is not None, "margin": d.target_margin is not None}.get(reads, True)
 
 
 LOW_TARGET_PROB = 0.01  # below it, a JS acceptance gets the sentence on why JS may accept such a token
@@ -395,28 +381,15 @@ def _js_note(d: DraftedToken, tok: str) -> str:
             "passes even for a token the target would almost never pick.")
 
 
-def _margin_says(d: DraftedToken) -> str:
-    if d.target_margin is None:
-        return ""
-    if d.target_runner_up != d.token:
-        return f"this token is not the runner-up; p2/p1 = {d.target_margin:.2f}"
-    return f"here p2/p1 = {d.target_margin:.2f}"
-
-
-def _numbers(d: DraftedToken, tok: str, target: str, majority_fraction: float,
-             judge_threshold: float | None, knobs: RuleConfig) -> dict:
-    """A drafted token's numbers under the names the reasons' sentences use."""
-    k, w = len(d.path_tokens), knobs.ensemble_weight
-    odds = ensemble_odds(d.target_prob, d.draft_prob, w)
-    return {"fly_entropy": d.target_top3_entropy, "fly_threshold": f"{knobs.fly_entropy_threshold:g}",
-            "fly_later": knobs.fly_window - 1, "w": f"{w:g}", "ensemble_odds": odds,
-            "js_note": _js_note(d, tok),
-            "margin": d.target_margin, "margin_ratio": f"{knobs.margin_ratio:g}", "margin_says": _margin_says(d),
-            "tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
-            "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": k, "js_target": d.js_target,
-            "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤",
-            "needed": votes_needed(k, majority_fraction) if k else None, "judge_score": d.judge_score,
-            "judge_threshold": _threshold(judge_threshold), "earlier": ""}
+def _numbers(d: DraftedToken, tok: str, target: str, knobs: RuleConfig) -> dict:
+    """A drafted token's numbers under the names the reasons' sentences use: the token's own, every knob's
+    value by its name, and its rule's own numbers (acceptance.Rule.numbers)."""
+    rule = RULES[knobs.rule]
+    own = {"tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
+           "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": len(d.path_tokens),
+           "js_target": d.js_target, "js_note": _js_note(d, tok), "judge_score": d.judge_score, "earlier": "",
+           "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤"}
+    return {**knobs.knobs, **own, **(rule.numbers(d, knobs) if rule.numbers else {})}
 
 
 def _exact_failed(d: DraftedToken, tok: str, target: str, greedy: bool) -> str:
@@ -444,9 +417,7 @@ def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
     return f"majority {html.escape(_q(token_text(d.majority_token)))} {d.majority_votes}"
 
 
-def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0.8,
-              judge_threshold: float | None = None, greedy: bool = True, rule: str | None = None,
-              knobs: RuleConfig | None = None) -> str:
+def step_html(r: RoundTrace, token_text: TokenText, knobs: RuleConfig, greedy: bool = True) -> str:
     """One verification round: draft tokens, each path's top tokens, JS, votes, and why."""
     if not r.drafted:
         return "<p>This round drafted nothing (the last token before max new tokens).</p>"
@@ -470,7 +441,7 @@ def step_html(r: RoundTrace, token_text: TokenText, majority_fraction: float = 0
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, majority_fraction, judge_threshold, greedy, rule, knobs))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, knobs, greedy))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import html
 import json
 
-from .acceptance import REASONS, lossy_reasons, votes_needed
+from .acceptance import REASONS, RULES, lossy_reasons, needed_votes
+from .config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
 from .record import RunRecord
@@ -22,7 +23,7 @@ PAYLOAD_VERSION = 1
 
 def replay_payload(record: RunRecord, title: str = "") -> dict:
     """{"title", "columns": [lossless, lossy], "legend"}: everything the player shows."""
-    lossy_name = "DropMatch" if record.rule == "dropmatch" else f"lossy rule: {record.rule}"
+    lossy_name = RULES[record.rule].column_title
     return {
         "version": PAYLOAD_VERSION,
         "title": title,
@@ -46,7 +47,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
         "choices": [{"reason": reason, "label": kind_label(reason)} for reason in rule_reasons(trace.rule)],
         "prefill_s": trace.t_prefill,
         "first": first,
-        "rounds": [round_payload(r, record, stop_ids, trace.majority_fraction) for r in trace.rounds],
+        "rounds": [round_payload(r, record, stop_ids, trace.rule_config) for r in trace.rounds],
         "text": "".join(_text(record, t) for t in trace.output_ids if t not in stop_ids),
         "final": {"tokens": metrics.new_tokens, "calls": metrics.target_calls, "tau": metrics.tau,
                   "lossy_only": sum(d.reason in lossy for r in trace.rounds for d in r.drafted),
@@ -54,7 +55,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
     }
 
 
-def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], majority_fraction: float) -> dict:
+def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], knobs: RuleConfig) -> dict:
     """One round: its drafts (each with the verdict and why), the emitted tokens, its times."""
     emitted = [{"x": "" if token in stop_ids else _text(record, token),
                 "kind": r.drafted[j].reason if j < r.num_accepted else r.extra_kind,
@@ -66,18 +67,18 @@ def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], ma
         "t_draft": r.t_draft,
         "accepted": r.num_accepted,
         "extra": r.extra_kind,
-        "drafted": [slot_payload(d, record, majority_fraction) for d in r.drafted],
+        "drafted": [slot_payload(d, record, knobs) for d in r.drafted],
         "emitted": emitted,
     }
 
 
-def slot_payload(d: DraftedToken, record: RunRecord, majority_fraction: float) -> dict:
+def slot_payload(d: DraftedToken, record: RunRecord, knobs: RuleConfig) -> dict:
     """A drafted token: its text, q, the clean target's view, the paths' view, and the verdict."""
     found = {"x": _text(record, d.token), "q": d.draft_prob, "reason": d.reason, "verdict": kind_label(d.reason),
              "target": _text(record, d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
     if d.path_tokens:
         found.update(paths=[_text(record, t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
-                     votes=d.draft_votes, needed=votes_needed(len(d.path_tokens), majority_fraction))
+                     votes=d.draft_votes, needed=needed_votes(knobs, len(d.path_tokens)))
     return found
 
 

@@ -142,8 +142,6 @@ def check_trace_consistency(trace: dict, where: str, reasons) -> None:
         raise SchemaError(f"{where}: {len(trace['token_texts'])} token texts for {len(trace['output_ids'])} tokens")
 
 
-LAB_SETTINGS = {"num_paths": int, "p": float, "majority_fraction": float, "centroid": str,
-                "fixed_js_threshold": float, "typical_eps": float}
 LAB_RULE = {"name": str, "label": str, "lossy": bool}
 LAB_ROW = {"round": int, "slot": int, "token": int, "text": str, "cells": tuple[dict, ...]}
 LAB_CELL = {"reason": str, "accepted": bool, "info": str}
@@ -155,7 +153,7 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
     of one cell per rule with a known reason, a summary per rule."""
     if not isinstance(lab, dict):
         raise SchemaError(f"lab: expected an object, got {_kind(lab)}")
-    _check_keys(lab.get("settings"), LAB_SETTINGS, "lab.settings")
+    _check_lab_settings(lab.get("settings"))
     rules = lab.get("rules")
     _check_list(rules, "lab.rules")
     for i, rule in enumerate(rules):
@@ -175,6 +173,18 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
         _check_keys(part, LAB_SUMMARY, f"lab.summary[{i}]")
         if part["rule"] not in names:  # the summary's view labels each line by its rule's entry
             raise SchemaError(f"lab.summary[{i}].rule: {part['rule']!r} is not one of lab.rules")
+
+
+def _check_lab_settings(settings) -> None:
+    """The lab's knobs (acceptance.KNOBS): p a number (the lab re-judges at one), each knob given of its type."""
+    from .acceptance import KNOBS
+
+    if not isinstance(settings, dict):
+        raise SchemaError(f"lab.settings: expected an object, got {_kind(settings)}")
+    _check_keys(settings, {"p": float}, "lab.settings")
+    for name, knob in KNOBS.items():
+        if name in settings:
+            check_value(settings[name], knob.kind | None if knob.auto else knob.kind, f"lab.settings.{name}")
 
 
 def _check_keys(value, schema: dict, where: str) -> None:

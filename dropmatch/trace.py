@@ -41,6 +41,8 @@ class DraftedToken:
     judge_score: float | None = None  # the trained judge's P(accepting it changes the answer); judge rules only
     target_top3_entropy: float | None = None  # -sum p log p over the clean target's top 3 (FLy's gate)
     coin: float | None = None  # the lossless test's uniform draw (sampling); the static ensemble reads it too
+    sample_target_prob: float | None = None  # p(x) and q(x) the lossless coin read (temperature, top-p): sampling
+    sample_draft_prob: float | None = None
     target_runner_up: int | None = None  # the clean target's second likeliest token (the margin rule's)
     target_margin: float | None = None  # p(runner-up) / p(top token) under the clean target
     draft_top: TopTokens = ()
@@ -168,22 +170,14 @@ class GenerationTrace:
     def label(self) -> str:
         return "autoregressive" if self.mode == "ar" else self.rule
 
-    # The knobs most views read, from the settings kept whole.
+    # The settings most views read, from the settings kept whole (a rule's knobs: trace.rule_config.<name>).
     num_paths = property(lambda self: self.rule_config.num_paths)
     centroid = property(lambda self: self.rule_config.centroid)
-    majority_fraction = property(lambda self: self.rule_config.majority_fraction)
-    rescue_argmax = property(lambda self: self.rule_config.rescue_argmax)
-    mask_draw = property(lambda self: self.rule_config.mask_draw)
     gamma = property(lambda self: self.decode_config.gamma)  # the cap under gamma = auto (RoundTrace.gamma: a round's)
     gamma_auto = property(lambda self: self.decode_config.gamma_auto)
     temperature = property(lambda self: self.decode_config.temperature)
     top_p = property(lambda self: self.decode_config.top_p)
     seed = property(lambda self: self.decode_config.seed)
-
-    @property
-    def judge_threshold(self) -> float | None:
-        """The judge rules' threshold (None: the rule reads no judge)."""
-        return self.rule_config.judge_threshold if self.rule_config.uses_judge else None
 
     @property
     def draft_source(self) -> str:
@@ -247,7 +241,16 @@ def upgraded_dict(data: dict) -> dict:
         return data
     if "rule_config" not in data:
         data = _whole(data)
-    return _without_removed(data)
+    return _with_knobs(_without_removed(data))
+
+
+def _with_knobs(data: dict) -> dict:
+    """A trace JSON whose rule_config keeps its knobs flat (run file version 5 and before) with them in `knobs`."""
+    rule = data.get("rule_config")
+    if not isinstance(rule, dict) or "knobs" in rule:
+        return data
+    return {**data, "rule_config": {"rule": rule.get("rule"),
+                                    "knobs": {name: value for name, value in rule.items() if name != "rule"}}}
 
 
 def _without_removed(data: dict) -> dict:

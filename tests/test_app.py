@@ -260,7 +260,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
         assert view["status"].startswith("Showing a **recorded run**") and view["lossless_out"] and view["plot_js"] is not None
         assert "<table>" in view["lab_out"] and "tau on these drafts" in view["lab_summary"]
         assert view["lab_p"] == view["last_run"].lossy.p  # the controls start at the run's own settings
-        moved = reverify_view(studio, view["last_run"], 5, 0.2, 0.8, "probs", 0.1, 0.3)
+        moved = reverify_view(studio, view["last_run"], {"num_paths": 5, "p": 0.2, "majority_fraction": 0.8, "centroid": "probs", "fixed_js_threshold": 0.1, "typical_eps": 0.3})
         assert "not in memory" in moved["lab_status"] and "lab_out" not in moved
     assert not studio.is_loaded(PairSpec())
 

@@ -148,7 +148,7 @@ def test_the_command_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
 def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path, capsys):
     """--frontier: one point per (rule, centroid, knob value) with the promised fields, for all prompts
     and per benchmark; the reference band of the target's own samples; the HTML draws the frontier."""
-    from dropmatch.bench import FRONTIER_KNOBS
+    from dropmatch.acceptance import KNOBS
 
     target, draft = tiny_dirs
     out_json, out_html = tmp_path / "frontier.json", tmp_path / "frontier.html"
@@ -161,8 +161,8 @@ def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_di
     points = document["frontier"]
     assert isinstance(points, list)
     overall = [p for p in points if p["benchmark"] == "all"]
-    expected = 2 * len(FRONTIER_KNOBS["p"]) + 2 * len(FRONTIER_KNOBS["p"]) + len(FRONTIER_KNOBS["fixed_js_threshold"]) \
-        + len(FRONTIER_KNOBS["typical_eps"]) + len(FRONTIER_KNOBS["fly_entropy_threshold"]) + len(FRONTIER_KNOBS["margin_ratio"])
+    expected = 2 * len(KNOBS["p"].sweep) + 2 * len(KNOBS["p"].sweep) + len(KNOBS["fixed_js_threshold"].sweep) \
+        + len(KNOBS["typical_eps"].sweep) + len(KNOBS["fly_entropy_threshold"].sweep) + len(KNOBS["margin_ratio"].sweep)
     # dropmatch x 2 centroids, naive, majority, fixed_js, typical, fly, margin; greedy: not the ensemble (sampling only)
     assert not [p for p in points if p["rule"] == "ensemble"]
     assert len(overall) == expected
@@ -434,7 +434,8 @@ def test_the_vllm_benchmark_refuses_a_missing_prompt_file_in_one_line_before_any
 def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_range():
     """The shipped judge scores every mismatch in a narrow band (0.79-0.82): its frontier points take
     the judge's chosen threshold and its validation quantiles, never fixed values that accept nothing."""
-    from dropmatch.bench.running import FRONTIER_KNOBS, variants, with_judge_knob
+    from dropmatch.acceptance import KNOBS
+    from dropmatch.bench.running import variants, with_judge_knob
     from dropmatch.config import RuleConfig
     from dropmatch.trained_judge import SHIPPED_JUDGE, TrainedJudge
 
@@ -444,7 +445,7 @@ def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_ra
     values = [run.value for run in points]
     assert judge.threshold in values and len(values) == 5 and len(set(run.label for run in runs)) == len(runs)
     assert all(min(judge.thresholds) <= value <= max(judge.thresholds) for value in values)
-    assert not set(values) & set(FRONTIER_KNOBS["judge_threshold"])
+    assert not set(values) & set(KNOBS["judge_threshold"].sweep)
     assert all(run.rule.judge_threshold == run.value and run.rule.rule == "judge" for run in points)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from dropmatch.builtin_lessons import (LESSON_SIZE, SPECS, LessonSpec, builtin_lessons, lesson_of_runs, lesson_path,
                                        lessons_html, pick_slots, read_lesson, read_runs, runs_path)
-from dropmatch.config import ConfigError, Settings
+from dropmatch.config import ConfigError, RuleConfig, Settings
 from dropmatch.lessons import CLOSE_CALLS, rule_reasons
 from dropmatch.render import explain
 from dropmatch.trace import DraftedToken
@@ -131,11 +131,11 @@ def _drafted(reason: str, draft_prob: float, target_prob: float) -> DraftedToken
 
 def test_under_sampling_the_sentence_names_the_lossless_coin_and_its_odds():
     text = {1: "cat", 2: "dog"}.get
-    assert "accepted with probability p / q = 0.50" in explain(_drafted("exact", 0.4, 0.2), text, greedy=False)
-    assert "accepted for sure" in explain(_drafted("exact", 0.1, 0.2), text, greedy=False)
-    rejected = explain(_drafted("rejected", 0.8, 0.2), text, greedy=False)
+    assert "accepted with probability p / q = 0.50" in explain(_drafted("exact", 0.4, 0.2), text, RuleConfig("lossless"), greedy=False)
+    assert "accepted for sure" in explain(_drafted("exact", 0.1, 0.2), text, RuleConfig("lossless"), greedy=False)
+    rejected = explain(_drafted("rejected", 0.8, 0.2), text, RuleConfig("lossless"), greedy=False)
     assert rejected.startswith("“cat” rejected: the lossless coin rejected it") and "0.25" in rejected
-    assert "own choice" in explain(_drafted("exact", 0.4, 0.6), text)  # greedy: the argmax
+    assert "own choice" in explain(_drafted("exact", 0.4, 0.6), text, RuleConfig("lossless"))  # greedy: the argmax
 
 
 def test_a_rejection_names_only_the_tests_its_rule_reads_and_every_comparison_it_states_holds():

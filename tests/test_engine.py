@@ -229,7 +229,7 @@ def test_trace_survives_a_json_round_trip(tiny_engine):
     trace = run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=20), RuleConfig("dropmatch", p=0.3)))
     again = GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     assert again == trace
-    assert (again.centroid, again.majority_fraction) == ("probs", 0.8)
+    assert (again.centroid, again.rule_config.majority_fraction) == ("probs", 0.8)
 
 
 def test_metrics_count_emitted_tokens_per_round(tiny_engine):

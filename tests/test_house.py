@@ -92,7 +92,8 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
     start at config.DEFAULTS."""
     from dropmatch.bench import build_parser
     from dropmatch.ui.callbacks import settings_endpoint
-    from dropmatch.ui.layout import SETTING_CONTROLS, build_layout
+    from dropmatch.acceptance import KNOBS
+    from dropmatch.ui.layout import build_layout
 
     api = inspect.signature(settings_endpoint(lambda settings: iter([settings])))
     for name, parameter in api.parameters.items():
@@ -109,16 +110,15 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
 
     with gr.Blocks():
         ui = build_layout()
-    for name in SETTING_CONTROLS:
+    for name in ui.setting_names():
         if name == "prompt":
             continue
-        value = getattr(ui, name).value
+        value = ui.component(name).value
         assert value == getattr(DEFAULTS, name), f"the {name} control starts at {value!r}, not {getattr(DEFAULTS, name)!r}"
-    lab = {"lab_k": DEFAULTS.k, "lab_p": LAB_P, "lab_fraction": DEFAULTS.majority_fraction,
-           "lab_centroid": DEFAULTS.centroid, "lab_fixed_js": DEFAULTS.fixed_js_threshold,
-           "lab_typical_eps": DEFAULTS.typical_eps, "lab_rescue": DEFAULTS.rescue_argmax}
+    lab = {name: LAB_P if name == "p" else knob.default for name, knob in KNOBS.items() if knob.lab}
+    assert set(lab) >= {"num_paths", "p", "majority_fraction", "centroid", "fixed_js_threshold", "typical_eps"}
     for name, expected in lab.items():
-        assert getattr(ui, name).value == expected, f"the rule lab's {name} starts at {getattr(ui, name).value!r}"
+        assert ui.lab_knobs[name].value == expected, f"the rule lab's {name} starts at {ui.lab_knobs[name].value!r}"
 
 
 def test_scripts_and_tests_write_run_files_through_the_record_module_not_the_app():

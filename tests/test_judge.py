@@ -68,7 +68,7 @@ def test_the_judge_rule_accepts_exactly_the_mismatches_scored_below_its_threshol
     """Every judged mismatch: reason judge iff its score < threshold; exact tokens stay exact."""
     ids = judged_engine.encode(PROMPTS[0])
     trace = run_to_end(judged_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=40), RuleConfig("judge")))
-    assert trace.judge_threshold == judged_engine.services.judge.threshold
+    assert trace.rule_config.judge_threshold == judged_engine.services.judge.threshold
     reasons = {"judge": 0, "rejected": 0}
     for r in trace.rounds:
         for d in r.drafted:
@@ -76,7 +76,7 @@ def test_the_judge_rule_accepts_exactly_the_mismatches_scored_below_its_threshol
                 assert d.token == d.target_token
             elif d.reason in reasons:
                 reasons[d.reason] += 1
-                assert (d.judge_score < trace.judge_threshold) == (d.reason == "judge")
+                assert (d.judge_score < trace.rule_config.judge_threshold) == (d.reason == "judge")
     assert reasons["judge"] > 0 and reasons["rejected"] > 0
 
 
@@ -101,9 +101,9 @@ def test_the_combination_accepts_what_either_dropmatch_or_the_judge_accepts(judg
         for d in r.drafted:
             seen.add(d.reason)
             if d.reason == "judge":
-                assert d.judge_score < trace.judge_threshold and not d.js <= d.threshold
+                assert d.judge_score < trace.rule_config.judge_threshold and not d.js <= d.threshold
             if d.reason == "rejected":
-                assert d.judge_score >= trace.judge_threshold and d.js > d.threshold
+                assert d.judge_score >= trace.rule_config.judge_threshold and d.js > d.threshold
     assert "judge" in seen
 
 

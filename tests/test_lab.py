@@ -60,7 +60,7 @@ def test_a_run_with_counter_masks_is_rejudged_with_its_own_masks(far_engine):
                                                 RuleConfig("dropmatch", p=0.3, mask_draw=draw), keep_states=True))
             for draw in ("per_position", "counter")}
     trace = runs["counter"]
-    assert trace.mask_draw == "counter" and runs["per_position"].mask_draw == "per_position"
+    assert trace.rule_config.mask_draw == "counter" and runs["per_position"].rule_config.mask_draw == "per_position"
     assert [d.path_tokens for r in trace.rounds for d in r.drafted] != \
         [d.path_tokens for r in runs["per_position"].rounds for d in r.drafted], "the two draws gave the same paths"
     settings = lab.lab_settings(trace)
@@ -68,7 +68,7 @@ def test_a_run_with_counter_masks_is_rejudged_with_its_own_masks(far_engine):
     matrix = lab.rejudge(lab.prepare(trace, engine.target, engine.draft), engine.target, settings, engine.services.token_text,
                          rules=("dropmatch",))
     assert matrix_reasons(matrix, 0) == reasons_of(trace)
-    assert GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict()))).mask_draw == "counter"
+    assert GenerationTrace.from_dict(json.loads(json.dumps(trace.to_dict()))).rule_config.mask_draw == "counter"
 
 
 def lossless_reasons(exact: tuple[bool, ...]) -> list[str]:
@@ -184,11 +184,11 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     assert Engine(load_hub_pair(PairSpec(str(target), str(draft)))).services.weights == engine.services.weights  # a reload agrees
     record = RunRecord(PROMPTS[0], "dropmatch", False, lossless, lossless, None,
                        {t: engine.services.token_text(t) for t in mentioned_tokens(lossless)})
-    knobs = (5, 0.2, 0.8, "probs", 0.1, 0.3)
-    assert "Re-judged" in reverify_view(studio, record, *knobs)["lab_status"]
+    knobs = {"num_paths": 5, "p": 0.2, "majority_fraction": 0.8, "centroid": "probs", "fixed_js_threshold": 0.1, "typical_eps": 0.3}
+    assert "Re-judged" in reverify_view(studio, record, knobs)["lab_status"]
     for changed in ({"dtype": "bfloat16"}, {"weights": "0" * 16 + "+" + engine.services.weights.split("+")[1]}):
         other = dataclasses.replace(record, lossless=dataclasses.replace(lossless, **changed))
-        status = reverify_view(studio, other, *knobs)["lab_status"]
+        status = reverify_view(studio, other, knobs)["lab_status"]
         assert "other weights or another dtype" in status and "\n" not in status, status
     studio.close()
     altered = load_hub_pair(PairSpec(str(target), str(draft)))
@@ -228,7 +228,7 @@ def test_a_trace_keeps_every_rule_and_decode_setting_whole(far_engine):
     assert set(data["decode_config"]) == {f.name for f in dataclasses.fields(DecodeConfig)}
     back = GenerationTrace.from_dict(data)
     assert back.rule_config == rule and back.decode_config == decode
-    assert (back.num_paths, back.temperature, back.majority_fraction) == (4, 0.7, 0.6)
+    assert (back.num_paths, back.temperature, back.rule_config.majority_fraction) == (4, 0.7, 0.6)
 
 
 def test_a_trace_written_with_loose_settings_reads_into_whole_ones(far_engine):
@@ -238,7 +238,7 @@ def test_a_trace_written_with_loose_settings_reads_into_whole_ones(far_engine):
     trace = run_to_end(engine.speculative(engine.encode(PROMPTS[0]), DecodeConfig(gamma=3, max_new_tokens=8),
                                           RuleConfig("majority", p=0.2, num_paths=7, majority_fraction=0.6)))
     data = json.loads(json.dumps(trace.to_dict()))
-    rule, decode = data.pop("rule_config"), data.pop("decode_config")
+    rule, decode = data.pop("rule_config")["knobs"], data.pop("decode_config")
     data.update(num_paths=rule["num_paths"], centroid=rule["centroid"], majority_fraction=rule["majority_fraction"],
                 gamma=decode["gamma"], temperature=decode["temperature"], top_p=decode["top_p"], seed=decode["seed"],
                 gamma_auto=False, draft_source="model", rescue_argmax=False, judge_threshold=None,

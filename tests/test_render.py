@@ -49,14 +49,14 @@ def test_a_js_acceptance_of_a_token_the_target_all_but_rules_out_says_why_js_may
     engine, _, lossy = traces()
     accepted = next(d for r in lossy.rounds for d in r.drafted if d.reason == "js")
     unlikely = dataclasses.replace(accepted, target_prob=0.0004)
-    assert "whole distribution" in explain(unlikely, engine.services.token_text)
-    assert "whole distribution" not in explain(dataclasses.replace(accepted, target_prob=0.3), engine.services.token_text)
+    assert "whole distribution" in explain(unlikely, engine.services.token_text, lossy.rule_config)
+    assert "whole distribution" not in explain(dataclasses.replace(accepted, target_prob=0.3), engine.services.token_text, lossy.rule_config)
 
 
 def test_each_decision_has_a_sentence_with_its_numbers():
     engine, lossless, lossy = traces()
     drafted = [d for trace in (lossy, lossless) for r in trace.rounds for d in r.drafted]
-    by_reason = {d.reason: explain(d, engine.services.token_text) for d in reversed(drafted)}  # lossy's win
+    by_reason = {d.reason: explain(d, engine.services.token_text, lossy.rule_config) for d in reversed(drafted)}  # lossy's win
     assert "JS 0.0100 ≤ threshold 0.0200" in by_reason["js"]
     assert "rejected" in by_reason["rejected"] and "paths chose it" in by_reason["rejected"]
     assert "earlier token" in by_reason["unchecked"]
@@ -64,7 +64,7 @@ def test_each_decision_has_a_sentence_with_its_numbers():
 
 def test_step_view_lists_every_path_and_the_decision():
     engine, _, lossy = traces()
-    page = step_html(lossy.rounds[0], engine.services.token_text)
+    page = step_html(lossy.rounds[0], engine.services.token_text, lossy.rule_config)
     assert page.count("<th>path") == 5 and "JS / threshold" in page and "decision" in page
 
 

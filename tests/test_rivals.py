@@ -108,10 +108,10 @@ def test_the_margin_rules_sentences_name_the_runner_up_and_its_ratio(tiny_engine
 
     accepted = DraftedToken(token=1, draft_prob=0.3, target_token=0, target_token_prob=0.4, target_prob=0.35,
                             js_target=0.1, reason="margin", target_runner_up=1, target_margin=0.875)
-    text = render.explain(accepted, lambda t: f"t{t}", greedy=True, rule="margin", knobs=RuleConfig("margin"))
+    text = render.explain(accepted, lambda t: f"t{t}", RuleConfig("margin"), greedy=True)
     assert "runner-up" in text and "0.88 > 0.5" in text
     third = dataclasses.replace(accepted, token=2, target_prob=0.25, reason="rejected")
-    text = render.explain(third, lambda t: f"t{t}", greedy=True, rule="margin", knobs=RuleConfig("margin"))
+    text = render.explain(third, lambda t: f"t{t}", RuleConfig("margin"), greedy=True)
     assert "rejected" in text and "not the runner-up" in text
 
 
@@ -152,8 +152,7 @@ def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_e
                                                  RuleConfig("ensemble")))
     accepted = [d for r in ensemble.rounds for d in r.drafted if d.reason == "ensemble"]
     assert accepted and all(d.coin is not None for d in accepted)
-    sentence = render.explain(accepted[0], far_engine.services.token_text, greedy=False, rule="ensemble",
-                              knobs=ensemble.rule_config)
+    sentence = render.explain(accepted[0], far_engine.services.token_text, ensemble.rule_config, greedy=False)
     assert "static ensemble verifies against v = 0.5 p" in sentence
 
 

@@ -54,10 +54,10 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     spans = render.token_spans(lossy.first_token, list(lossy.rounds), engine.services.token_text)
     assert any(kind == "heads" and "accepted by the coin" in tip for _, kind, tip in spans)
     accepted = next(d for r in lossy.rounds for d in r.drafted if d.reason == "heads")
-    assert render.explain(accepted, engine.services.token_text, rule=coin_rule) == \
+    assert render.explain(accepted, engine.services.token_text, RuleConfig(coin_rule)) == \
         f"“{engine.services.token_text(accepted.token)}” came up heads (draft p {accepted.draft_prob:.2f})."
     rejected = next(d for r in lossy.rounds for d in r.drafted if d.reason == "rejected")
-    assert "the coin came up tails for" in render.explain(rejected, engine.services.token_text, rule=coin_rule)
+    assert "the coin came up tails for" in render.explain(rejected, engine.services.token_text, RuleConfig(coin_rule))
     heads = [t for t in plots.js_scatter(lossy, engine.services.token_text).data if t.name == "heads"]
     assert heads and heads[0].marker.color == "#123456"
     assert (RULES[coin_rule].label, coin_rule) in lossy_rule_choices()

@@ -40,7 +40,7 @@ settings = Settings("What is 2 + 3?", pair="Custom hub ids", target_id=target, d
                     max_new_tokens=12, run_autoregressive=False, p="0.3")
 views = list(callbacks.run_comparison(studio, Downloads(), settings))
 record = views[-1]["last_run"]
-lab_status = callbacks.reverify_view(studio, record, 5, 0.2, 0.8, "probs", 0.1, 0.3)["lab_status"]
+lab_status = callbacks.reverify_view(studio, record, {"num_paths": 5, "p": 0.2, "majority_fraction": 0.8, "centroid": "probs", "fixed_js_threshold": 0.1, "typical_eps": 0.3})["lab_status"]
 endpoint = callbacks.settings_endpoint(lambda s: callbacks.compare_api(studio, s))
 api = list(endpoint(prompt="What is 2 + 3?", pair="Custom hub ids", target_id=target, draft_id=draft,
                     max_new_tokens=12, run_autoregressive=False))

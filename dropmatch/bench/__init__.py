@@ -8,8 +8,8 @@
 
 from .cli import build_parser, main
 from .prompts import BenchError, parse_file, read_prompts
-from .running import FRONTIER_KNOBS, PEERS, variants
+from .running import PEERS, variants
 from .summary import format_table, summarize_benchmark, within_reference
 
-__all__ = ["BenchError", "FRONTIER_KNOBS", "PEERS", "build_parser", "format_table", "main", "parse_file",
+__all__ = ["BenchError", "PEERS", "build_parser", "format_table", "main", "parse_file",
            "read_prompts", "summarize_benchmark", "variants", "within_reference"]

@@ -31,11 +31,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..acceptance import RULES
-from ..config import (AUTO_AGREEMENT, CENTROIDS, DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
-                      PRESET_SETTINGS, RuleConfig, parse_p, rule_names)
+from ..acceptance import BASELINE, KNOBS, METHOD, RULES
+from ..config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
+                      parse_p, rule_names)
 from ..engine import Engine
-from ..mc_head import MASK_DRAWS
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
@@ -79,20 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rules", default="lossless,dropmatch")
     parser.add_argument("--target", default="embedded")
     parser.add_argument("--draft", default="embedded")
-    parser.add_argument("--k", default=DEFAULTS.k, help="Monte-Carlo paths")
-    parser.add_argument("--p", default=DEFAULTS.p, help="dropout rate, or 'auto'")
-    parser.add_argument("--auto-agreement", default=AUTO_AGREEMENT, help="path agreement that p=auto aims for")
-    parser.add_argument("--centroid", default=DEFAULTS.centroid, choices=CENTROIDS,
-                        help="the paths' centroid: mean of their distributions (the method's), or softmax of the mean logits")
-    parser.add_argument("--majority-fraction", default=DEFAULTS.majority_fraction,
-                        help="majority needs ceil(f * K) path votes (0.5: a strict majority; default 0.8, 4 of 5)")
+    for knob in KNOBS.values():  # every rule knob of the table, by its key (RuleConfig.from_mapping checks it)
+        parser.add_argument(f"--{knob.user_key.replace('_', '-')}", dest=knob.user_key,
+                            default=getattr(DEFAULTS, knob.user_key), choices=knob.choices or None,
+                            help=f"{knob.help} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
     parser.add_argument("--preset", default="", choices=("", *PRESET_SETTINGS),
                         help="method: the method's own K 5, p 0.3, mean centroid, 4-of-5 majority (over --k, --p, ...)")
-    parser.add_argument("--judge-threshold", default=DEFAULTS.judge_threshold,
-                        help="the judge rules' threshold, or 'auto' (the judge's validation-chosen one)")
-    parser.add_argument("--mask-draw", default=RuleConfig.mask_draw, choices=MASK_DRAWS,
-                        help="how the drafted positions' masks are drawn: per_position (every recorded run's) or "
-                             "counter (one batched draw per step, the same on every device; other masks)")
     parser.add_argument("--reference-samples", default=3,
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
@@ -136,10 +127,6 @@ def check_sandbox() -> None:
         raise BenchError(str(error)) from None
 
 
-# The flags that are a rule's settings (RuleConfig.from_mapping's names); --rules says which rules run.
-RULE_FLAGS = ("k", "p", "auto_agreement", "centroid", "majority_fraction", "mask_draw", "judge_threshold")
-
-
 def apply_preset(args) -> None:
     """--preset's knobs over the parsed flags (its rule aside: --rules still says which rules run)."""
     for name, value in PRESET_SETTINGS.get(args.preset, {}).items():
@@ -156,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               draft_source=args.draft_source)
-        template = RuleConfig.from_mapping({key: getattr(args, key) for key in RULE_FLAGS})
+        template = RuleConfig.from_mapping({knob.user_key: getattr(args, knob.user_key) for knob in KNOBS.values()})
         rules = parse_rules(args.rules)
-        if args.frontier and "lossless" not in rules:
-            rules.insert(0, "lossless")  # the frontier's origin
+        if args.frontier and BASELINE not in rules:
+            rules.insert(0, BASELINE)  # the frontier's origin
         auto_sweep = tuple(RuleConfig(auto_agreement=a).auto_agreement for a in (args.auto_sweep or "").split(",") if a.strip())
         mode = "greedy" if decode.greedy else "sampling"
         for name in rules:
@@ -201,12 +188,12 @@ def _through_vllm(args) -> int:
 def vllm_bench_args(args) -> list[str]:
     """This command's settings as dropmatch.serving.vllm.bench arguments (raises BenchError or
     ConfigError on a bad --p-sweep)."""
-    lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != "lossless"]
+    lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != BASELINE]
     p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
     if args.p_sweep:
         p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
     forwarded = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens),
-                 "--concurrency", args.concurrency, "--p", p, "--rule", (lossy or ["dropmatch"])[0].strip()]
+                 "--concurrency", args.concurrency, "--p", p, "--rule", (lossy or [METHOD])[0].strip()]
     for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--rounds", args.rounds),
                         ("--json", args.json)):
         if value:

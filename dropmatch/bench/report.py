@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
+from ..acceptance import BASELINE, METHOD
 from ..plots import frontier_figure
 from .tables import CATEGORY_HEADER, HEADER, band_text, category_rows, signed, signed_points, summary_rows
 
@@ -47,7 +48,7 @@ def _sweep(document: dict) -> go.Figure | None:
         for col, key in ((1, "tau"), (2, "accuracy"), (3, "target_nll")):
             fig.add_trace(go.Scatter(x=xs, y=[s.get(key) for _, s in points], mode="lines+markers", name=name,
                                      legendgroup=name, showlegend=col == 1), row=1, col=col)
-        auto = rules.get("dropmatch")
+        auto = rules.get(METHOD)
         if auto and auto.get("p") is not None:
             for col, key in ((1, "tau"), (2, "accuracy"), (3, "target_nll")):
                 fig.add_trace(go.Scatter(x=[auto["p"]], y=[auto.get(key)], mode="markers", name=f"{name}: p=auto",
@@ -62,7 +63,7 @@ def _sweep(document: dict) -> go.Figure | None:
 def _positions(document: dict) -> go.Figure:
     fig = go.Figure()
     for name, summary in document["benchmarks"].items():
-        for label in ("lossless", "dropmatch"):
+        for label in (BASELINE, METHOD):
             curve = summary["rules"].get(label, {}).get("per_position_acceptance")
             if curve:
                 fig.add_trace(go.Scatter(x=list(range(1, len(curve) + 1)), y=curve, mode="lines+markers",
@@ -94,7 +95,7 @@ def verdicts(document: dict) -> list[str]:
     reference samples', off-nucleus rate at most 1%); accuracy where scored."""
     lines = []
     for name, summary in document["benchmarks"].items():
-        lossless, lossy = summary["rules"].get("lossless"), summary["rules"].get("dropmatch")
+        lossless, lossy = summary["rules"].get("lossless"), summary["rules"].get(METHOD)
         if not lossless or not lossy or not lossless["tau"]:
             continue
         gain = lossy["tau"] / lossless["tau"] - 1

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .. import metrics, quality
-from ..acceptance import RULES
-from ..config import CENTROIDS, ConfigError, DecodeConfig, RuleConfig
+from ..acceptance import KNOBS, METHOD, RULES
+from ..compare import peer_weight
+from ..config import ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
 from ..models import (assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
                       prompt_lookup_generate, sequence_nll)
@@ -16,16 +17,6 @@ from .prompts import Item, score
 
 
 REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95  # the target's own samples: the reference band
-FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
-FRONTIER_KNOBS = {  # the values each rule's knob is swept over; p for the path rules
-    "p": FRONTIER_P,
-    "fixed_js_threshold": (0.02, 0.05, 0.1, 0.2, 0.3),
-    "typical_eps": (0.3, 0.2, 0.1, 0.05, 0.02),
-    "judge_threshold": (0.05, 0.1, 0.2, 0.3, 0.5),  # stand-ins: a pair's judge has its own (judge_knob_values)
-    "fly_entropy_threshold": (1.0, 0.6, 0.3, 0.15, 0.05),  # FLy's gate: a lower threshold tolerates more
-    "ensemble_weight": (0.9, 0.7, 0.5, 0.3, 0.1),  # w on the target: 1 is lossless, lower leans on the draft
-    "margin_ratio": (0.9, 0.7, 0.5, 0.3, 0.1),  # p2 / p1 above it: 1 is lossless, lower accepts clearer runners-up
-}
 JUDGE_QUANTILES = (0.05, 0.25, 0.5, 0.75)  # of the judge's validation thresholds, beside its chosen one
 
 
@@ -44,8 +35,8 @@ def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontie
     the auto sweep, then the frontier's points
     (of the rules defined under `mode`, "greedy" or "sampling"; of the `swept` rules only, if given)."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
-    runs += [Variant(f"dropmatch@p={p:g}", replace(template, rule="dropmatch", p=p), "p", p) for p in sweep]
-    runs += [Variant(f"dropmatch@auto_agreement={a:g}", replace(template, rule="dropmatch", p=None, auto_agreement=a),
+    runs += [Variant(f"{METHOD}@p={p:g}", replace(template, rule=METHOD, p=p), "p", p) for p in sweep]
+    runs += [Variant(f"{METHOD}@auto_agreement={a:g}", replace(template, rule=METHOD, p=None, auto_agreement=a),
                      "auto_agreement", a) for a in auto_sweep]
     if frontier:
         runs += [run for run in frontier_variants(template, mode) if swept is None or run.rule.rule in swept]
@@ -54,18 +45,27 @@ def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontie
 
 
 def frontier_variants(template: RuleConfig, mode: str = "greedy") -> list[Variant]:
-    """Each lossy rule defined under `mode` over its knob (FRONTIER_KNOBS); DropMatch with both centroids."""
+    """Each lossy rule defined under `mode` over its swept knob's values (acceptance.Knob.sweep), crossed with
+    every choice of the knobs it names in frontier_also (DropMatch: both centroids)."""
     runs = []
     for name, rule in RULES.items():
         if not rule.lossy or rule.knob is None or mode not in rule.modes:
             continue
-        centroids = CENTROIDS if name == "dropmatch" else (template.centroid,)
-        for centroid in centroids:
-            prefix = name if centroid == template.centroid else f"{name}/{centroid}"
-            for value in FRONTIER_KNOBS[rule.knob]:
-                config = replace(template, rule=name, centroid=centroid, **{rule.knob: value})
+        for extra in _crossed(template, rule.frontier_also):
+            prefix = "/".join([name, *(str(value) for key, value in extra.items() if value != template.knobs[key])])
+            for value in KNOBS[rule.knob].sweep:
+                config = replace(template, rule=name, **extra, **{rule.knob: value})
                 runs.append(Variant(f"{prefix}@{rule.knob}={value:g}", config, rule.knob, value))
     return runs
+
+
+def _crossed(template: RuleConfig, names: tuple[str, ...]) -> list[dict]:
+    """Every combination of the choices of the knobs `names` (the template's own value first)."""
+    combos = [{}]
+    for name in names:
+        choices = sorted(KNOBS[name].choices, key=lambda choice: choice != template.knobs[name])
+        combos = [{**combo, name: choice} for combo in combos for choice in choices]
+    return combos
 
 
 def judge_knob_values(judge) -> tuple[float, ...]:
@@ -79,11 +79,12 @@ def judge_knob_values(judge) -> tuple[float, ...]:
 
 def with_judge_knob(runs: list[Variant], judge) -> list[Variant]:
     """runs with each judge-threshold frontier sweep at the judge's own values (judge_knob_values)."""
-    kept = [run for run in runs if run.knob != "judge_threshold"]
-    sweeps = {run.label.split("@")[0]: run.rule for run in runs if run.knob == "judge_threshold"}
-    return kept + [Variant(f"{prefix}@judge_threshold={value:.4f}", replace(rule, judge_threshold=value),
-                           "judge_threshold", value)
-                   for prefix, rule in sweeps.items() for value in judge_knob_values(judge)]
+    def judged(run: Variant) -> bool:  # a sweep of the knob the judge rules read of the judge
+        return run.knob is not None and RULES[run.rule.rule].uses_judge and run.knob == RULES[run.rule.rule].knob
+    kept = [run for run in runs if not judged(run)]
+    sweeps = {run.label.split("@")[0]: run for run in runs if judged(run)}
+    return kept + [Variant(f"{prefix}@{run.knob}={value:.4f}", replace(run.rule, **{run.knob: value}), run.knob, value)
+                   for prefix, run in sweeps.items() for value in judge_knob_values(judge)]
 
 
 @dataclass
@@ -227,10 +228,10 @@ def active_peers(decode: DecodeConfig, runs) -> dict:
     static ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
     if decode.greedy:
         return {key: (shown, generate, "lossless") for key, (shown, generate) in PEERS.items()}
-    ensemble = next((run for run in runs if run.rule.rule == "ensemble" and run.knob is None), None)
+    ensemble = next((run for run in runs if RULES[run.rule.rule].peer == ENSEMBLE_PEER and run.knob is None), None)
     if ensemble is None:
         return {}
-    return {ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(ensemble.rule.ensemble_weight), ensemble.label)}
+    return {ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(peer_weight(ensemble.rule)), ensemble.label)}
 
 
 def peer_runs(requested: bool, decode: DecodeConfig) -> bool:

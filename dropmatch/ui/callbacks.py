@@ -13,7 +13,7 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..config import ConfigError, DecodeConfig, RuleConfig, Settings
+from ..config import DEFAULTS, ConfigError, DecodeConfig, RuleConfig, Settings
 from ..record import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
 from . import views, zerogpu
@@ -90,7 +90,7 @@ def settings_endpoint(call):
     API's signature is built from Settings, never written out a second time."""
     types = Settings.types()
     parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=types[name],
-                                    default=inspect.Parameter.empty if name == "prompt" else getattr(Settings, name))
+                                    default=inspect.Parameter.empty if name == "prompt" else getattr(DEFAULTS, name))
                   for name in Settings.names()]
     signature = inspect.Signature(parameters, return_annotation=dict)
 
@@ -122,17 +122,15 @@ def open_recorded(downloads: Downloads, path, title: str | None = None, shipped:
         return {"status": f"⚠️ this run file could not be shown ({type(error).__name__}); the server log has the details"}
 
 
-def reverify_view(studio: Studio, record: RunRecord | None, k, p, fraction, centroid, fixed_js, typical_eps,
-                 rescue_argmax: bool = False, disagreements_only: bool = False) -> dict:
-    """The rule lab re-judged at the controls' settings, through the heads of the pair in memory."""
+def reverify_view(studio: Studio, record: RunRecord | None, controls: dict, disagreements_only: bool = False) -> dict:
+    """The rule lab re-judged at the controls' settings (controls: knob name -> value) over every other knob
+    of the run's own, through the heads of the pair in memory."""
     if record is None:
         return {"lab_status": "Run a comparison (or open a recorded run) first."}
     if not lab.has_states(record.lossless):
         return {"lab_status": "This run kept no states for the rule lab (record it again with this version)."}
     try:
-        settings = lab.lab_settings(None, num_paths=k, p=p, majority_fraction=fraction, centroid=centroid,
-                                    fixed_js_threshold=fixed_js, typical_eps=typical_eps,
-                                    rescue_argmax=bool(rescue_argmax))
+        settings = lab.lab_settings(record.lossy, **controls)
     except ConfigError as error:
         return {"lab_status": f"⚠️ {error}"}
     engine = studio.loaded_engine()

@@ -8,16 +8,17 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from .. import plots
+from ..acceptance import KNOBS, RULES, Knob
 from ..assets import how_it_works, load_robustness, lessons_js, replay_js, theme_js, toy_head_js
-from ..config import CENTROIDS, DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
+from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
 from . import views
 
-# The Run button's inputs: Settings fields that have a control, in the order the listener reads them.
-SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "k", "p", "temperature", "top_p",
-                    "max_new_tokens", "seed", "run_autoregressive", "centroid", "majority_fraction", "draft_source",
-                    "rescue_argmax", "judge_threshold", "gamma_tuned_for_rule")
+# The Run button's inputs: Settings fields that have a control, then every rule knob's (Ui.setting_names).
+SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "temperature", "top_p",
+                    "max_new_tokens", "seed", "run_autoregressive", "draft_source", "gamma_tuned_for_rule")
+LAB_PREFIX = "lab_"  # a rule-lab control's name in a view: lab_<knob name>
 SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
 # Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it).
@@ -91,7 +92,6 @@ if (!window.dmClampNotes) {
   }, true);
 }
 """
-LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
 
 
 @dataclass
@@ -106,17 +106,12 @@ class Ui:
     gamma: gr.Dropdown
     draft_source: gr.Radio
     rule: gr.Dropdown
-    k: gr.Slider
-    p: gr.Textbox
+    rule_knobs: dict  # knob key -> its control in Settings (acceptance.KNOBS; the chosen rule's are shown)
     temperature: gr.Slider
     top_p: gr.Slider
     max_new_tokens: gr.Slider
     seed: gr.Number
     run_autoregressive: gr.Checkbox
-    centroid: gr.Radio
-    majority_fraction: gr.Slider
-    rescue_argmax: gr.Checkbox
-    judge_threshold: gr.Textbox
     gamma_tuned_for_rule: gr.Checkbox
     method_button: gr.Button
     run_button: gr.Button
@@ -144,13 +139,7 @@ class Ui:
     download_metrics: gr.File
     recorded_choice: gr.Dropdown
     recorded_upload: gr.File
-    lab_k: gr.Slider
-    lab_p: gr.Slider
-    lab_fraction: gr.Slider
-    lab_centroid: gr.Radio
-    lab_fixed_js: gr.Slider
-    lab_typical_eps: gr.Slider
-    lab_rescue: gr.Checkbox
+    lab_knobs: dict  # knob name -> its rule-lab control (the knobs the table offers the lab)
     lab_status: gr.Markdown
     lab_out: gr.HTML
     lab_summary: gr.HTML
@@ -159,23 +148,36 @@ class Ui:
     last_run: gr.State
     load_timer: gr.Timer
 
+    def setting_names(self) -> tuple[str, ...]:
+        """The Run button's inputs by Settings name: the fixed controls, then every knob's key."""
+        return (*SETTING_CONTROLS, *self.rule_knobs)
+
     def setting_components(self) -> list:
-        return [getattr(self, name) for name in SETTING_CONTROLS]
+        return [self.component(name) for name in self.setting_names()]
+
+    def lab_names(self) -> tuple[str, ...]:
+        return tuple(self.lab_knobs)
 
     def lab_controls(self) -> list:
-        return [getattr(self, name) for name in LAB_CONTROLS]
+        return list(self.lab_knobs.values())
+
+    def component(self, name: str):
+        """A component by its name in a view: a field, a knob's key, or lab_<knob name>."""
+        if name.startswith(LAB_PREFIX) and name[len(LAB_PREFIX):] in self.lab_knobs:
+            return self.lab_knobs[name[len(LAB_PREFIX):]]
+        return self.rule_knobs[name] if name in self.rule_knobs else getattr(self, name)
 
     def view_components(self) -> list:
         """Every component a finished or recorded run writes."""
         names = ("status", "verdict", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
-                 "step_out", "replay_out", "lesson_out", "last_run", "download_trace", "download_metrics", "load_timer", *LAB_CONTROLS,
+                 "step_out", "replay_out", "lesson_out", "last_run", "download_trace", "download_metrics", "load_timer",
                  "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
-        return [getattr(self, name) for name in names]
+        return [getattr(self, name) for name in names] + self.lab_controls()
 
     def bind(self, view: dict) -> dict:
-        """A view by field name -> a Gradio update by component."""
-        return {getattr(self, name): value for name, value in view.items()}
+        """A view by name (Ui.component) -> a Gradio update by component."""
+        return {self.component(name): value for name, value in view.items()}
 
 
 def build_layout() -> Ui:
@@ -239,8 +241,6 @@ def _settings(parts: dict) -> None:
                                                   "lookup where the text repeats, the model elsewhere")
             parts["rule"] = gr.Dropdown(views.lossy_rule_choices(), value=DEFAULTS.rule, label="rule (right column)",
                                         elem_id="rule-choice", min_width=320)
-            parts["k"] = gr.Slider(1, 16, value=DEFAULTS.k, step=1, label="K paths")
-            parts["p"] = gr.Textbox(value=DEFAULTS.p, label="dropout rate p (or auto)")
         with gr.Row():
             parts["temperature"] = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
                                              label="temperature (0 = greedy)")
@@ -253,20 +253,33 @@ def _settings(parts: dict) -> None:
                 value=DEFAULTS.gamma_tuned_for_rule, label="draft length tuned for this rule's cost",
                 info="off: both columns choose γ = auto by lossless SD's costs, so tau differs only by the rule; "
                      "on: the lossy column also prices its verify step (faster, but fewer drafts to accept)")
-        with gr.Row():
-            parts["centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid of the paths",
-                                         info="probs: mean of the path distributions (the method's); "
-                                              "logits: softmax of the mean logits")
-            parts["majority_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS.majority_fraction, step=0.05,
-                                                   label="majority: share of paths that must agree",
-                                                   info="0.8 = 4 of 5 (\"nearly all\"); 0.5 = a strict majority")
-            parts["rescue_argmax"] = gr.Checkbox(value=DEFAULTS.rescue_argmax,
-                                                 label="sampling: paths may rescue the target's top token",
-                                                 info="off: the lossless coin alone decides a draft equal to the "
-                                                      "target's top token (p = 0 equals lossless SD)")
-            parts["judge_threshold"] = gr.Textbox(value=DEFAULTS.judge_threshold, label="trained judge threshold (or auto)",
-                                                  info="judge rules: accept a mismatch the judge scores below it; auto: "
-                                                       "the one chosen on the judge's validation split")
+        gr.Markdown("The chosen rule's knobs (every rule's are in the rule table, acceptance.py):")
+        with gr.Row(elem_id="rule-knobs"):
+            parts["rule_knobs"] = {knob.user_key: knob_control(knob, DEFAULTS.rule, f"knob-{knob.user_key}")
+                                   for knob in KNOBS.values()}
+
+
+def knob_control(knob: Knob, rule: str, elem_id: str, lab: bool = False):
+    """A knob's control, built from its declaration: text where it takes "auto", a checkbox, a choice, a
+    slider where it declares one, else a number; shown where `rule` reads it (lab: always)."""
+    value = DEFAULTS.knobs.get(knob.user_key, knob.app_default) if not lab else knob.default
+    common = dict(label=knob.label + (" (or auto)" if knob.auto and not lab else ""), info=None if lab else knob.help,
+                  elem_id=elem_id, visible=lab or knob_shown(knob.name, rule))
+    if knob.auto and not lab:
+        return gr.Textbox(value=str(value), **common)
+    if knob.kind is bool:
+        return gr.Checkbox(value=bool(value), **common)
+    if knob.choices:
+        return gr.Radio(list(knob.choices), value=value, **common)
+    if knob.slider:
+        low, high, step = knob.slider
+        return gr.Slider(low, high, value=LAB_P if lab and knob.auto else value, step=step, **common)
+    return gr.Number(value=value, precision=0 if knob.kind is int else None, **common)
+
+
+def knob_shown(name: str, rule: str) -> bool:
+    """Whether the Settings control of a knob shows for this rule: the knobs it reads."""
+    return rule in RULES and any(knob.name == name for knob in RULES[rule].knobs)
 
 
 def _columns(parts: dict) -> None:
@@ -326,17 +339,9 @@ def _lab_tab(parts: dict) -> None:
                     "rule at once, re-judged through the models' heads when you move a control. The totals under "
                     "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
                     "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
-        with gr.Row():
-            parts["lab_k"] = gr.Slider(1, 16, value=DEFAULTS.k, step=1, label="K paths", elem_id="lab-k")
-            parts["lab_p"] = gr.Slider(0.0, 0.5, value=LAB_P, step=0.01, label="dropout rate p", elem_id="lab-p")
-            parts["lab_fraction"] = gr.Slider(0.5, 1.0, value=DEFAULTS.majority_fraction, step=0.05,
-                                              label="majority: share of paths")
-            parts["lab_centroid"] = gr.Radio(list(CENTROIDS), value=DEFAULTS.centroid, label="centroid")
-            parts["lab_fixed_js"] = gr.Slider(0.0, 0.69, value=DEFAULTS.fixed_js_threshold, step=0.01,
-                                              label="fixed-JS threshold T")
-            parts["lab_typical_eps"] = gr.Slider(0.0, 0.5, value=DEFAULTS.typical_eps, step=0.01, label="typical ε")
-            parts["lab_rescue"] = gr.Checkbox(DEFAULTS.rescue_argmax, label="paths may rescue the top token (sampling)",
-                                              elem_id="lab-rescue")
+        with gr.Row():  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
+            parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
+                                  for knob in KNOBS.values() if knob.lab}
         with gr.Row():
             parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
             parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",

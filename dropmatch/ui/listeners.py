@@ -14,7 +14,7 @@ from ..assets import load_frontier
 from ..studio import Studio
 from . import callbacks, views
 from .sessions import SessionJanitor
-from .layout import SETTING_CONTROLS, Ui, build_layout
+from .layout import Ui, build_layout, knob_shown
 
 RUN_TIME_LIMIT_S = 600
 CHEAP_CONCURRENCY = 8  # a run past this is cancelled, so one user cannot hold the model forever
@@ -28,7 +28,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     """Every event of the app, in one place."""
 
     def on_run(*values):
-        for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(SETTING_CONTROLS, values)))):
+        for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(ui.setting_names(), values)))):
             yield ui.bind(view)
 
     def shipped_view(title: str) -> dict:
@@ -89,14 +89,24 @@ def _control_listeners(ui: Ui) -> None:
     controls, and a line saying so."""
     ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
                    [ui.target_id, ui.draft_id], api_visibility="private")
-    names = ("rule", "k", "p", "centroid", "majority_fraction")
+    names = tuple(METHOD_SETTINGS)
     ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), METHOD_NOTE], None,
-                           [*(getattr(ui, name) for name in names), ui.status], api_visibility="private")
+                           [*(ui.component(name) for name in names), ui.status], api_visibility="private")
+    # Settings shows the chosen rule's knobs only (the rule table says which it reads).
+    ui.rule.change(lambda rule: [gr.update(visible=knob_shown(knob.name, rule)) for knob in _knobs_of(ui)],
+                   ui.rule, list(ui.rule_knobs.values()), api_visibility="private", show_progress="hidden")
+
+
+def _knobs_of(ui: Ui) -> list:
+    from ..acceptance import knob_by_key
+
+    return [knob_by_key(key) for key in ui.rule_knobs]
 
 
 def _lab_listeners(ui: Ui, studio: Studio) -> None:
-    def on_lab(record, *controls):
-        return ui.bind(callbacks.reverify_view(studio, record, *controls))
+    def on_lab(record, *values):
+        *controls, disagreements_only = values
+        return ui.bind(callbacks.reverify_view(studio, record, dict(zip(ui.lab_names(), controls)), disagreements_only))
 
     lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
     # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..acceptance import RULES
+from ..acceptance import KNOBS, RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
@@ -35,7 +35,7 @@ def lossy_rule_choices() -> list[tuple[str, str]]:
 
 
 def lossy_title(rule: str) -> str:
-    return "### DropMatch" if rule == "dropmatch" else f"### {plots.run_label(rule)}"
+    return f"### {RULES[rule].column_title}" if rule in RULES else f"### {plots.run_label(rule)}"
 
 
 def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
@@ -191,9 +191,7 @@ def lab_view(record: RunRecord) -> dict:
             "lab_disagreements": False,
             "lab_status": f"The lossless column's {len(record.lab['rows'])} drafted tokens under every rule, at the "
                           "run's own settings. Move a control to re-judge them.",
-            "lab_k": settings["num_paths"], "lab_p": settings["p"], "lab_fraction": settings["majority_fraction"],
-            "lab_centroid": settings["centroid"], "lab_fixed_js": settings["fixed_js_threshold"],
-            "lab_typical_eps": settings["typical_eps"], "lab_rescue": settings.get("rescue_argmax", False)}
+            **{f"lab_{name}": settings[name] for name, knob in KNOBS.items() if knob.lab and name in settings}}
 
 
 def matrix_view(matrix: dict, seconds: float, disagreements_only: bool) -> dict:
@@ -217,8 +215,7 @@ def step_view(record: RunRecord | None, which: str, index) -> str:
 
 def round_html(record: RunRecord, trace: GenerationTrace, index: int) -> str:
     """The step view of one round of a column, its sentences in the terms of the column's own rule."""
-    return step_html(trace.rounds[index], record.token_text, trace.majority_fraction, trace.judge_threshold,
-                     trace.temperature == 0, trace.rule, trace.rule_config)
+    return step_html(trace.rounds[index], record.token_text, trace.rule_config, trace.temperature == 0)
 
 
 def api_result(record: RunRecord, rule) -> dict:
@@ -232,8 +229,7 @@ def api_result(record: RunRecord, rule) -> dict:
                            speed_ratio_interval(record.lossless, record.lossy)),
         "lossless": {"text": record.lossless.text, "metrics": lossless_metrics.to_dict()},
         "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
-                  "p_auto_reached": record.lossy.p_auto_reached, "centroid": rule.centroid,
-                  "majority_fraction": rule.majority_fraction},
+                  "p_auto_reached": record.lossy.p_auto_reached, "settings": rule.to_mapping()},
         "autoregressive": None if record.ar is None else {"text": record.ar.text},
         "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
         "lab": record.lab,

@@ -3,9 +3,8 @@ from `SamplingParams(extra_args={"dropmatch": {...}})` (over HTTP: `"vllm_xargs"
 is not nested, so a request there gives the keys flat with a `dropmatch_` prefix). Pure Python: the
 same parsing runs in the front end (validating a request, HTTP 400 on a bad one) and in the worker.
 
-Keys: rule, p, k, majority_fraction, centroid, typical_eps, typical_delta, fixed_js_threshold,
-judge_threshold, mask_draw ("per_position", or "counter": a step's masks in one batched draw), seed;
-and, engine-wide only, judge: a trained judge's file (trained_judge.py), which the rules "judge" and
+Keys: rule and every knob of the rule table by its key (acceptance.KNOBS: `served_keys()`; greedy serving
+leaves out the sampling-only ones, and p = auto), seed; and, engine-wide only, judge: a trained judge's file (trained_judge.py), which the rules "judge" and
 "dropmatch_judge" read (the embedded target's: assets/judge/judge.json).
 Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0, no judge.
 """
@@ -15,12 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ...acceptance import AUTO_AGREEMENT_KNOB, KNOBS, RESCUE_ARGMAX
 from ...config import ConfigError, RuleConfig
 
-# The rule's settings a request may give (RuleConfig.from_mapping's names): greedy serving has no use for
-# rescue_argmax (sampling only) or auto_agreement (p = auto is not run).
-KEYS = ("rule", "p", "k", "majority_fraction", "centroid", "typical_eps", "typical_delta", "fixed_js_threshold",
-        "judge_threshold", "mask_draw", "margin_ratio")
+
+def served_keys() -> tuple[str, ...]:
+    """The rule's settings a request may give (RuleConfig.from_mapping's names): every knob of the table but
+    those greedy serving has no use for (the paths' rescue of a rejected top token, sampling only; p = auto's
+    agreement, as p = auto is not run)."""
+    unused = (RESCUE_ARGMAX, AUTO_AGREEMENT_KNOB)
+    return ("rule", *(knob.user_key for knob in KNOBS.values() if knob not in unused))
+
+
 OTHER_KEYS = ("seed", "judge")
 FLAT_PREFIX = "dropmatch_"
 DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
@@ -46,16 +51,17 @@ class ServeSettings:
             return self
         if not isinstance(given, dict):
             raise ConfigError(f"DropMatch settings must be a mapping of keys to values, got {type(given).__name__}")
-        unknown = sorted(set(given) - set(KEYS) - set(OTHER_KEYS))
+        keys = served_keys()
+        unknown = sorted(set(given) - set(keys) - set(OTHER_KEYS))
         if unknown:
-            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the keys are {', '.join([*KEYS, *OTHER_KEYS])}")
+            raise ConfigError(f"unknown DropMatch setting {unknown[0]!r}; the keys are {', '.join([*keys, *OTHER_KEYS])}")
         if "judge" in given and not engine:
             raise ConfigError("the judge file is the engine's setting (additional_config['dropmatch']['judge']), "
                               "not a request's")
         if given.get("p") == "auto":
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
                               f"give p as a number (e.g. {DEFAULT_P})")
-        rule = RuleConfig.from_mapping({key: value for key, value in given.items() if key in KEYS}, self.rule, KEYS)
+        rule = RuleConfig.from_mapping({key: value for key, value in given.items() if key in keys}, self.rule, keys)
         refuse_unservable(rule.rule)
         judge = given.get("judge", self.judge)
         if judge is not None:
