@@ -57,6 +57,10 @@ def _pairs(ids: torch.Tensor, probs: torch.Tensor) -> tuple[tuple[int, float], .
     return tuple(zip(ids.tolist(), probs.tolist()))
 
 
+def _at(value: dict, name: str, i: int):
+    return value[name][i] if value.get(name) is not None else None
+
+
 def drafted_records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
     """One DraftedToken per drafted position from the host copies of the round's tensors; path
     fields only where the paths were computed (path token ids are -1 elsewhere)."""
@@ -84,6 +88,8 @@ def drafted_records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken,
             judge_score=value["judge_scores"][i] if value.get("judge_scores") is not None else None,
             target_top3_entropy=value["target_top3_entropy"][i],
             coin=value["coin"][i] if value.get("coin") is not None else None,
+            sample_target_prob=_at(value, "sample_target_prob", i),
+            sample_draft_prob=_at(value, "sample_draft_prob", i),
             target_runner_up=value["target_runner_up"][i] if value.get("target_runner_up") is not None else None,
             target_margin=value["target_margin"][i] if value.get("target_margin") is not None else None,
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
