@@ -216,7 +216,7 @@ class DecodeConfig:
 class RuleConfig:
     """Which acceptance rule runs and the value of every knob of the rule table (acceptance.KNOBS), read
     as attributes (cfg.p, cfg.num_paths, cfg.typical_eps, ...) and checked by their Knob. p None means
-    "auto" (calibrated per prompt); judge_threshold None: the trained judge's own (the engine fills it in).
+    "auto" (calibrated per prompt); an auto knob's None is filled in by the engine (acceptance.Knob.auto).
 
         RuleConfig("dropmatch", p=0.3)          # every other knob at its default
     """

@@ -27,11 +27,12 @@ from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
 from .trace import GenerationTrace, RemovedOptionError, upgraded_dict
 
-# 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole.
-RUN_FORMAT, RUN_VERSION = "dropmatch-run", 5
+# 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole;
+# 6: a RuleConfig keeps every knob of the rule table in `knobs`, and the run says where it was made.
+RUN_FORMAT, RUN_VERSION = "dropmatch-run", 6
 # A version 3 file's loose settings are read into whole ones; versions 3 and 4 kept two options version 5
 # removed (path_support, draft_confidence): read where they were off (trace.upgraded_dict).
-READ_VERSIONS = (3, 4, 5)
+READ_VERSIONS = (3, 4, 5, 6)
 KEEP_DOWNLOADS = 32  # the newest runs' files kept in the server's one downloads folder
 MAX_RUN_FILE_BYTES = 20_000_000  # a 96-token run with its states is about 2 MB
 
@@ -52,6 +53,7 @@ class RunRecord:
     # transformers' own run of the rule (compare.static_ensemble_peer), shown under its column; this run's
     # only: a run file does not keep it (a recorded run shows no peer row).
     peer: dict | None = None
+    made: str = ""  # where and when it was recorded: "<CPU or GPU>, <cores> cores, <date>" (machine_line)
 
     def token_text(self, token: int) -> str:
         return self.tokens.get(token, f"<{token}>")
@@ -64,7 +66,7 @@ class RunRecord:
         return {"format": RUN_FORMAT, "version": RUN_VERSION, "prompt": self.prompt, "rule": self.rule,
                 "p_auto": self.p_auto, "lossless": self.lossless.to_dict(), "lossy": self.lossy.to_dict(),
                 "autoregressive": self.ar.to_dict() if self.ar else None,
-                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab}
+                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab, "made": self.made}
 
     @staticmethod
     def from_dict(data) -> "RunRecord":
@@ -76,13 +78,14 @@ class RunRecord:
             raise ConfigError(f"this run was written in format version {data.get('version')!r:.40}; this app "
                               f"reads versions {', '.join(map(str, READ_VERSIONS))}: record it again")
         try:
-            data = {**data, **{name: upgraded_dict(data.get(name)) for name in ("lossless", "lossy", "autoregressive")}}
+            data = {"made": "", **data,
+                    **{name: upgraded_dict(data.get(name)) for name in ("lossless", "lossy", "autoregressive")}}
             _check_run(data)
             ar = data["autoregressive"]
             return RunRecord(data["prompt"], data["rule"], data["p_auto"],
                              GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
                              None if ar is None else GenerationTrace.from_dict(ar),
-                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"))
+                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"), made=data["made"])
         except RemovedOptionError:
             raise
         except (SchemaError, KeyError, TypeError, ValueError) as error:
@@ -90,7 +93,7 @@ class RunRecord:
 
 
 RUN_FIELDS = {"format": str, "version": int, "prompt": str, "rule": str, "p_auto": bool, "lossless": GenerationTrace,
-              "lossy": GenerationTrace, "autoregressive": GenerationTrace | None, "tokens": dict, "lab": dict | None}
+              "lossy": GenerationTrace, "autoregressive": GenerationTrace | None, "tokens": dict, "lab": dict | None, "made": str}
 
 
 def _check_run(data: dict) -> None:
@@ -172,7 +175,29 @@ def record_of(state, engine) -> RunRecord:
     tokens = {token: engine.services.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
     matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
     return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix,
-                     state.peer)
+                     state.peer, machine_line())
+
+
+def machine_line() -> str:
+    """Where a run is being made, for the verdict of its file: the GPU's or CPU's model, cores, the date."""
+    import datetime
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name(0)
+    else:
+        models = [line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")]
+        device = models[0] if models else "a CPU"
+    return f"{device}, {os.cpu_count()} cores, {datetime.date.today().isoformat()}"
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 class Downloads:

@@ -245,7 +245,7 @@ def _signed(value, digits: int = 3) -> str:
 
 
 def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
-            speed_interval: tuple[float, float] | None = None) -> str:
+            speed_interval: tuple[float, float] | None = None, machine: str = "this machine") -> str:
     """The comparison in plain sentences, machine-independent facts first: target calls per token (tau),
     the tokens only the rule accepted, the text's change as the target sees it; then this run's wall clock,
     labelled as one run on this machine, and called faster or slower only beyond the spread the run itself
@@ -253,7 +253,7 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     both SD columns ran slower than the target alone, that they did."""
     sentences = [_calls_sentence(lossless, lossy, rule_label), _rule_share_sentence(lossy), _quality_sentence(lossy)]
     if lossless.tokens_per_s and lossy.tokens_per_s:
-        sentences.append(_speed_sentence(lossless, lossy, speed_interval))
+        sentences.append(_speed_sentence(lossless, lossy, speed_interval, machine))
     slower = [m.speedup_vs_ar for m in (lossless, lossy)]
     if all(x is not None and x < 1.0 for x in slower):
         sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
@@ -262,8 +262,11 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     return " ".join(sentences)
 
 
-def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None) -> str:
-    measured = f"This run on this machine: {lossy.tokens_per_s:.1f} against {lossless.tokens_per_s:.1f} tokens/s"
+def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None,
+                    machine: str = "this machine") -> str:
+    """machine: where the run was timed ("this machine", or "recorded on <CPU>, <cores> on <date>")."""
+    where = machine if machine.startswith("recorded") else f"on {machine}"
+    measured = f"This run {where}: {lossy.tokens_per_s:.1f} against {lossless.tokens_per_s:.1f} tokens/s"
     if interval is None:
         return measured + " (too few rounds to measure their spread, so not called a win or a loss)."
     low, high = interval

@@ -11,6 +11,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 
+from .acceptance import KNOBS
 from .config import ConfigError, DecodeConfig, RuleConfig
 
 TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
@@ -218,9 +219,7 @@ def _drafted_from_dict(data: dict) -> DraftedToken:
 # Settings a trace kept as loose fields before they were kept whole (run file version 3 and the lessons' runs
 # of that time), and the field each fills.
 _LOOSE_DECODE = ("gamma", "temperature", "top_p", "seed", "gamma_auto", "draft_source")
-_LOOSE_RULE = {"num_paths": "num_paths", "centroid": "centroid", "majority_fraction": "majority_fraction",
-               "rescue_argmax": "rescue_argmax", "path_support": "path_support", "judge_threshold": "judge_threshold",
-               "mask_draw": "mask_draw"}
+_LOOSE_REMOVED = ("path_support",)  # a loose rule setting that is no knob now (REMOVED_OPTIONS)
 
 
 # Options removed from the engine (run file version 5) and the value that meant "off": an older trace that
@@ -273,7 +272,9 @@ def _whole(data: dict) -> dict:
     decode = {name: fields.pop(name) for name in _LOOSE_DECODE if name in fields}
     if fields.get("mode") != "sd":
         decode.pop("draft_source", None)
-    rule = {field: fields.pop(name) for name, field in _LOOSE_RULE.items() if name in fields}
+    trace_fields = {field.name for field in dataclasses.fields(GenerationTrace)}  # p is the trace's own too
+    rule = {name: fields.pop(name) for name in list(fields)
+            if (name in KNOBS or name in _LOOSE_REMOVED) and name not in trace_fields}
     rule["rule"] = fields.get("rule") if fields.get("mode") == "sd" else "lossless"
     rule["p"] = fields.get("p")
     return {**fields, "decode_config": decode, "rule_config": rule}

@@ -134,3 +134,23 @@ def test_the_ensembles_sentence_reads_the_probabilities_its_decision_read():
     sentence = explain(token, {1: "cat", 2: "dog"}.get, RuleConfig("ensemble"), greedy=False)
     assert "= 0.88" in sentence  # min(1, 0.5 + 0.5 * 0.3 / 0.4); the clean p / q would say 0.60
     assert torch.isclose(torch.tensor(acceptance.ensemble_odds(0.3, 0.4, 0.5)), torch.tensor(0.875))
+
+
+def test_shipped_runs_are_todays_version_with_every_setting_and_say_where_they_were_made():
+    """Each run in assets/recorded: the current run-file version, every knob of the table in its settings,
+    the machine and date it was recorded on, and a lab listing every rule of its mode (the judge's too)."""
+    from dropmatch.acceptance import KNOBS, RULES
+    from dropmatch.assets import RECORDED_DIR
+    from dropmatch.record import RUN_VERSION, read_recorded_run
+
+    paths = sorted(RECORDED_DIR.glob("*.json"))
+    assert len(paths) >= 3
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert data["version"] == RUN_VERSION, f"{path.name} is version {data['version']}: record it again"
+        for name in ("lossless", "lossy"):
+            assert set(data[name]["rule_config"]["knobs"]) == set(KNOBS), f"{path.name} {name} lacks a setting"
+        record = read_recorded_run(path)
+        assert record.made and " cores, 20" in record.made
+        mode = "greedy" if record.lossless.temperature == 0 else "sampling"
+        assert {rule["name"] for rule in record.lab["rules"]} == {n for n, r in RULES.items() if mode in r.modes}

@@ -141,7 +141,9 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     label = plots.run_label(record.rule)
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
     spread = speed_ratio_interval(record.lossless, record.lossy)
-    return f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread)}"
+    machine = f"recorded on {record.made}" if recorded_from and record.made else \
+        "a recorded run's machine" if recorded_from else "this machine"
+    return f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine)}"
 
 
 def early_stats(state, shown: set) -> dict:
