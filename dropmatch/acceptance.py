@@ -15,7 +15,6 @@ generate()'s `dropmatch_*` keywords, the app's controls, the rule lab, the front
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -691,31 +690,6 @@ def correction_token(
     return int(draw(residual / residual.sum(), generator))
 
 
-def decide(
-    cfg: RuleKnobs,
-    greedy: bool,
-    signals: Signals,
-    q_sample: torch.Tensor,
-    p_sample: torch.Tensor,
-    generator: torch.Generator,
-    exact: torch.Tensor | None = None,
-) -> Verdict:
-    """q_sample [g, V], p_sample [g + 1, V]: the distributions tokens are drawn from.
-    exact [g]: the lossless test's result when the caller computed it already."""
-    draft_tokens = signals.draft_tokens
-    num_drafted = int(draft_tokens.shape[0])
-    if exact is None:  # the lossless test, run here: the rules that read it (its coin, its window) see it
-        test = lossless_test(draft_tokens, q_sample, p_sample[:num_drafted], greedy, generator)
-        exact = test.exact
-        signals = dataclasses.replace(signals, exact=exact, coin=test.coin, sample_target_prob=test.p_x,
-                                      sample_draft_prob=test.q_x)
-    elif signals.exact is None:
-        signals = dataclasses.replace(signals, exact=exact)
-    reasons = scan_reasons(cfg, signals, exact)
-    num_accepted = accepted_count(reasons)
-    return Verdict(num_accepted, reasons, *extra_token(num_accepted, num_drafted, q_sample, p_sample, generator, greedy))
-
-
 def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | None, p_sample: torch.Tensor | None,
                 generator: torch.Generator | None, greedy: bool = False) -> tuple[int, str]:
     """(the token emitted after num_accepted of g drafts, its kind): a correction at the rejected
@@ -728,14 +702,6 @@ def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | No
         return correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator), kind
     bonus = p_sample[num_drafted]
     return (int(bonus.argmax()) if greedy else int(draw(bonus, generator))), kind
-
-
-def scan_reasons(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:
-    """The reason of each drafted position [g] (scan, with the rule's reasons of every position)."""
-    num_drafted = int(signals.draft_tokens.shape[0])
-    ruled = rule_reasons(cfg, signals) if num_drafted else []
-    exact_list = exact.tolist()
-    return run_scan(scan(num_drafted, exact_list.__getitem__), ruled.__getitem__)
 
 
 def scan(num_drafted: int, is_exact: Callable[[int], bool]):
@@ -764,18 +730,6 @@ def run_scan(steps, reason_at: Callable[[int], str]) -> tuple[str, ...]:
             position = steps.send(reason_at(position))
     except StopIteration as done:
         return done.value
-
-
-def rule_reasons(cfg: RuleKnobs, signals: Signals) -> list[str]:
-    """What the rule says of each position [g] by itself, the exact test aside: the reason of its
-    first accepting check, else "rejected"."""
-    num_drafted = int(signals.draft_tokens.shape[0])
-    checks = rule_checks(cfg, signals)
-    if not checks or not num_drafted:
-        return ["rejected"] * num_drafted
-    accepted = torch.stack([mask for _, mask in checks]).tolist()  # [checks][g]: one host copy for all checks
-    rows = dict(zip([name for name, _ in checks], accepted))
-    return [first_accepting(rows, i) for i in range(num_drafted)]
 
 
 def first_accepting(rows: dict[str, list], at: int) -> str:

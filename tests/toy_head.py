@@ -17,6 +17,7 @@ from dropmatch import acceptance, mc_head
 from dropmatch.config import RuleConfig
 from dropmatch.verifying import position_signals
 from dropmatch.sampling import signal_probs
+from reference_rules import scan_reasons
 
 TOY_RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
 
@@ -35,7 +36,7 @@ def toy_numbers(weight, hidden, q_draft, keep, p: float, draft_token: int, major
     exact = draft == signals.target_tokens
     base = RuleConfig(num_paths=int(keep.shape[0]), p=p, majority_fraction=majority_fraction,
                       typical_eps=typical_eps, typical_delta=typical_delta, fixed_js_threshold=fixed_js_threshold)
-    verdicts = {rule: acceptance.scan_reasons(dataclasses.replace(base, rule=rule), signals, exact)[0] for rule in TOY_RULES}
+    verdicts = {rule: scan_reasons(dataclasses.replace(base, rule=rule), signals, exact)[0] for rule in TOY_RULES}
     return {
         "masked": masked[:, 0].tolist(),
         "path_probs": paths.probs[:, 0].tolist(),
