@@ -219,6 +219,13 @@ class Rule:
     numbers: Callable[[Any, RuleKnobs], dict] | None = None
     frontier_also: tuple[str, ...] = ()  # knobs whose every choice the frontier crosses with its sweep
     peer: str = ""  # transformers' own implementation of the rule, timed beside it (models.references)
+    # Where the rule's own test replaces the lossless one: (signals, knobs, greedy) -> mask [g] (None: nowhere).
+    # There the lossless test's verdict does not stand (a draft it accepted may be rejected), and a rejection
+    # emits argmax(correction_rows) under greedy, a draw from p under sampling (no residual: no coin decided).
+    replaces_exact: Callable[["Signals", RuleKnobs, bool], torch.Tensor | None] | None = None
+    # The rows [g, V] whose argmax is a greedy correction where replaces_exact holds: (p_signal, q_signal, knobs).
+    correction_rows: Callable[[torch.Tensor, torch.Tensor, RuleKnobs], torch.Tensor] | None = None
+    port: str = ""  # where the rule is our port of its authors' idea rather than their code, what differs
 
     @property
     def judges_mismatches(self) -> bool:
@@ -325,17 +332,12 @@ for _reason in (
            reads="target_top3_entropy"),
     Reason("ensemble", "ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
            "overline double", lossy=True,
-           says="The lossless coin rejected {tok}, but the static ensemble verifies against v = {ensemble_weight:g} p + (1 − {ensemble_weight:g}) q: "
-                "its odds min(1, 1 − w + w p / q) = {ensemble_odds:.2f}, and the same coin passes them.",
-           fails="against v = {ensemble_weight:g} p + (1 − {ensemble_weight:g}) q its odds {ensemble_odds:.2f} did not pass the coin either"),
-    Reason("margin", "margin", "accepted by the margin rule (the target's close runner-up)", "#5d4037", "#ffccbc",
+           says="{ensemble_says}", fails="{ensemble_fails}"),
+    Reason("mars", "MARS", "accepted by MARS (the target's top two logits are close)", "#5d4037", "#ffccbc",
            "#4e2a1e", "underline dashed", lossy=True,
-           says="{tok} is not the target's choice {target}, but it is the target's runner-up and the target barely "
-                "prefers {target}: p({tok}) / p({target}) = {margin:.2f} > {margin_ratio:g}, so the margin rule "
-                "accepts it.",
-           fails="the margin rule accepts only the target's runner-up where p(runner-up) / p(top) > {margin_ratio:g} "
-                 "({margin_says})",
-           reads="target_margin"),
+           says="The target's top two logits are close here (z2 / z1 = {mars_ratio:.3f} > {mars_threshold:g}), so "
+                "MARS accepts either of its top two tokens without a coin: {tok} is one of them.",
+           fails="{mars_says}", reads="target_logit_ratio"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):
@@ -375,7 +377,8 @@ class Signals:
     sample_target_prob: torch.Tensor | None = None  # [g] p(x) under the sampled (temperature, top-p) target
     sample_draft_prob: torch.Tensor | None = None  # [g] q(x), the distribution the draft token was drawn from
     target_runner_up: torch.Tensor | None = None  # [g] long: the clean target's second likeliest token
-    target_margin: torch.Tensor | None = None  # [g] p(runner-up) / p(top token) under the clean target, in (0, 1]
+    target_logit_ratio: torch.Tensor | None = None  # [g] z2 / (z1 + 1e-10), the target's top two logits (MARS)
+    rule_top: torch.Tensor | None = None  # [g] argmax of the rule's own correction_rows (the greedy ensemble's v)
 
 
 def judged_by_paths(signals: Signals, cfg: RuleKnobs) -> torch.Tensor:
@@ -489,25 +492,46 @@ def ensemble_odds(p_x: float, q_x: float, weight: float) -> float:
 
 
 def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
-    """DIVERSED's static ensemble (arXiv 2604.07622; transformers' assistant_ensemble_weight): the same
-    coin u as the lossless test, against v = w p + (1 - w) q: accept iff u q(x) < (1 - w) q(x) + w p(x),
-    i.e. u < min(1, 1 - w + w p(x) / q(x)). w = 1 is the lossless coin itself."""
+    """DIVERSED's static ensemble (arXiv 2604.07622; transformers 5.23's assistant_ensemble_weight, in
+    _speculative_sampling), verifying against v = w p + (1 - w) q. Sampling: the same coin u as the lossless
+    test, accept iff u q(x) < (1 - w) q(x) + w p(x), i.e. u < min(1, 1 - w + w p(x) / q(x)). Greedy: the draft
+    is accepted iff it is argmax v (which replaces the exact test, ensemble_replaces), and argmax v is the
+    correction (ensemble_rows). w = 1 is lossless SD."""
+    if s.coin is None:
+        return [("ensemble", s.draft_tokens == s.rule_top)]
     w = cfg.ensemble_weight
     q_x, p_x = s.sample_draft_prob, s.sample_target_prob
     return [("ensemble", s.coin * q_x < (1.0 - w) * q_x + w * p_x)]
 
 
-def _margin(s: Signals, cfg: RuleKnobs) -> Check:
-    """The margin rule (MARS, arXiv 2601.15498, as its abstract describes it): where the target barely prefers
-    its top token, its runner-up is accepted: the draft is the target's second likeliest token and
-    p(runner-up) / p(top) > margin_ratio. A ratio of 1 never holds (no runner-up beats the top), so
-    margin_ratio 1 is lossless SD."""
-    return [("margin", (s.draft_tokens == s.target_runner_up) & (s.target_margin > cfg.margin_ratio))]
+def ensemble_rows(p_signal: torch.Tensor, q_signal: torch.Tensor, cfg: RuleKnobs) -> torch.Tensor:
+    """[g, V] v = w p + (1 - w) q: under greedy the draft is tested against argmax v, the correction is argmax v."""
+    return cfg.ensemble_weight * p_signal + (1.0 - cfg.ensemble_weight) * q_signal
 
 
-def _margin_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    runner_up = "the runner-up" if int(s.draft_tokens[i]) == int(s.target_runner_up[i]) else "not the runner-up"
-    return f"margin: {runner_up}; p2/p1 {float(s.target_margin[i]):.3f} vs {cfg.margin_ratio:g}"
+def _ensemble_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | None:
+    return torch.ones_like(s.draft_tokens, dtype=torch.bool) if greedy else None
+
+
+def _mars(s: Signals, cfg: RuleKnobs) -> Check:
+    """MARS (arXiv 2601.15498; 5SSjw/MARS mars/model/utils.py evaluate_posterior): where the target's top two
+    logits are close, r = z2 / (z1 + 1e-10) > threshold, a draft that is the target's top-1 or top-2 token is
+    accepted without a coin. Under sampling that test replaces the lossless one there (mars_replaces: a top-1
+    draft passes without its coin, any other draft is rejected and the next token drawn from p); elsewhere the
+    lossless test and its residual. Greedy: the authors' code is exact match; our port (YichiCS/
+    Secure-Speculative-Decoding's securesd/verifier/mars.py) also accepts the top-2 token where r > threshold,
+    the correction the argmax. r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
+    close = s.target_logit_ratio > cfg.mars_threshold
+    return [("mars", close & ((s.draft_tokens == s.target_runner_up) | (s.draft_tokens == s.target_tokens)))]
+
+
+def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | None:
+    return None if greedy else s.target_logit_ratio > cfg.mars_threshold
+
+
+def _mars_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    rank = {int(s.target_tokens[i]): "top-1", int(s.target_runner_up[i]): "top-2"}.get(int(s.draft_tokens[i]), "not top-2")
+    return f"MARS: {rank}; z2/z1 {float(s.target_logit_ratio[i]):.3f} vs {cfg.mars_threshold:g}"
 
 
 def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
@@ -517,6 +541,8 @@ def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
 
 
 def _ensemble_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
+    if s.coin is None:
+        return f"ensemble (w {cfg.ensemble_weight:g}): argmax of w p + (1 − w) q is token {int(s.rule_top[i])}"
     odds = ensemble_odds(float(s.sample_target_prob[i]), float(s.sample_draft_prob[i]), cfg.ensemble_weight)
     return f"ensemble (w {cfg.ensemble_weight:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
 
@@ -550,20 +576,31 @@ def _fly_numbers(d, cfg: RuleKnobs) -> dict:
 
 
 def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
-    """The odds from the probabilities the decision read: the sampled (temperature, top-p) p(x) and q(x)."""
+    """Greedy: the test against argmax v. Sampling: the odds from the probabilities the decision read, the
+    sampled (temperature, top-p) p(x) and q(x)."""
+    w = f"{cfg.ensemble_weight:g}"
+    v = f"v = {w} p + (1 − {w}) q"
+    if d.coin is None:
+        return {"ensemble_says": f"{{tok}} is the top token of {v} (DIVERSED's static ensemble, as transformers "
+                                 "verifies greedy drafts), so it is accepted.",
+                "ensemble_fails": f"it is not the top token of {v}"}
     p_x = d.target_prob if d.sample_target_prob is None else d.sample_target_prob
     q_x = d.draft_prob if d.sample_draft_prob is None else d.sample_draft_prob
-    return {"ensemble_odds": ensemble_odds(p_x, q_x, cfg.ensemble_weight)}
+    odds = ensemble_odds(p_x, q_x, cfg.ensemble_weight)
+    return {"ensemble_says": f"The lossless coin rejected {{tok}}, but the static ensemble verifies against {v}: its "
+                             f"odds min(1, 1 − w + w p / q) = {odds:.2f}, and the same coin passes them.",
+            "ensemble_fails": f"against {v} its odds {odds:.2f} did not pass the coin either"}
 
 
-def _margin_numbers(d, cfg: RuleKnobs) -> dict:
-    if d.target_margin is None:
+def _mars_numbers(d, cfg: RuleKnobs) -> dict:
+    ratio = d.target_logit_ratio
+    if ratio is None:
         says = ""
-    elif d.target_runner_up != d.token:
-        says = f"this token is not the runner-up; p2/p1 = {d.target_margin:.2f}"
+    elif ratio <= cfg.mars_threshold:
+        says = f"MARS relaxes only where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
     else:
-        says = f"here p2/p1 = {d.target_margin:.2f}"
-    return {"margin": d.target_margin, "margin_says": says}
+        says = f"MARS accepts only the target's top two tokens where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
+    return {"mars_ratio": ratio, "mars_says": says}
 
 
 TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", "typical acceptance's probability floor: min(ε, δ exp(-H))",
@@ -582,10 +619,10 @@ ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w",
                        "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
                        low=0.0, high=1.0, open_low=True, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True,
                        slider=(0.05, 1.0, 0.05), short="weight w")
-MARGIN_RATIO = Knob("margin_ratio", 0.5, "margin ratio",
-                    "the margin rule accepts the runner-up where p2 / p1 is above it; 1 is lossless SD",
-                    low=0.0, high=1.0, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True, slider=(0.0, 1.0, 0.05),
-                    short="runner-up ratio")
+MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold",
+                      "MARS relaxes where the target's top two logits have z2 / z1 above it (its relaxation_threshold)",
+                      low=0.0, high=1.0, sweep=(0.98, 0.94, 0.9, 0.86, 0.84), lab=True, slider=(0.5, 1.0, 0.01),
+                      short="logit-ratio threshold")
 MAJORITY_KNOBS = (*PATH_KNOBS, MAJORITY_FRACTION)
 
 for _rule in (
@@ -617,14 +654,12 @@ for _rule in (
          reads_later=True, numbers=_fly_numbers),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
-         lab_line=_ensemble_line, modes=("sampling",), reads_coin=True, numbers=_ensemble_numbers,
-         why_mode="it relaxes the lossless coin min(1, p / q), which greedy decoding has not",
-         peer="ensemble_assisted"),
-    Rule("margin", "margin (MARS-style runner-up)", lossy=True, uses_paths=False, colour="#5d4037", check=_margin,
-         knob="margin_ratio", knobs=(MARGIN_RATIO,), checks=("margin",), lab_line=_margin_line, modes=("greedy",),
-         numbers=_margin_numbers,
-         why_mode="it relaxes greedy decoding's exact match (under sampling the lossless coin already accepts "
-                  "a runner-up in proportion)"),
+         lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
+         replaces_exact=_ensemble_replaces, correction_rows=ensemble_rows),
+    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#5d4037", check=_mars,
+         knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
+         numbers=_mars_numbers, replaces_exact=_mars_replaces,
+         port="greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port"),
 ):
     register_rule(_rule)
 

@@ -83,11 +83,11 @@ SPECS: dict[str, LessonSpec] = {spec.name: spec for spec in (
                "same coin with odds min(1, 0.5 + 0.5 p(x) / q(x)), so even a token the target dislikes passes at "
                "least half the time. The lossless coin is tried first.",
                {"rule": "ensemble", "temperature": 1.0}, ("lookup", "coin_rejected")),
-    LessonSpec("margin", "Margin (MARS-style runner-up)",
-               "The margin rule reads the clean target's top two tokens: a mismatch is accepted when it is the "
-               "target's runner-up and the target barely prefers its top token, p(runner-up) / p(top) above 0.5. "
-               "A third choice, however close, is rejected.",
-               {"rule": "margin"}),
+    LessonSpec("mars", "MARS (close top-two logits), greedy port",
+               "MARS reads the clean target's two largest logits z1 ≥ z2: where z2 / z1 is above 0.9 the target "
+               "hesitates between its top two tokens, and a draft that is either of them is accepted. A third choice, "
+               "however close, is rejected. (Greedy is our port; the authors relax only sampled decoding.)",
+               {"rule": "mars"}),
 )}
 
 

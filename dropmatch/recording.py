@@ -91,7 +91,7 @@ def drafted_records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken,
             sample_target_prob=_at(value, "sample_target_prob", i),
             sample_draft_prob=_at(value, "sample_draft_prob", i),
             target_runner_up=value["target_runner_up"][i] if value.get("target_runner_up") is not None else None,
-            target_margin=value["target_margin"][i] if value.get("target_margin") is not None else None,
+            target_logit_ratio=_at(value, "target_logit_ratio", i),
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
             target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
             path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])

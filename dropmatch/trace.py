@@ -44,8 +44,8 @@ class DraftedToken:
     coin: float | None = None  # the lossless test's uniform draw (sampling); the static ensemble reads it too
     sample_target_prob: float | None = None  # p(x) and q(x) the lossless coin read (temperature, top-p): sampling
     sample_draft_prob: float | None = None
-    target_runner_up: int | None = None  # the clean target's second likeliest token (the margin rule's)
-    target_margin: float | None = None  # p(runner-up) / p(top token) under the clean target
+    target_runner_up: int | None = None  # the clean target's second likeliest token (MARS's top-2)
+    target_logit_ratio: float | None = None  # z2 / (z1 + 1e-10) of the clean target's top two logits (MARS's r)
     draft_top: TopTokens = ()
     target_top: TopTokens = ()
     path_top: tuple[TopTokens, ...] = ()
@@ -227,6 +227,11 @@ _LOOSE_REMOVED = ("path_support",)  # a loose rule setting that is no knob now (
 REMOVED_OPTIONS = {"decode_config": {"draft_confidence": 0.0}, "rule_config": {"path_support": 0}}
 
 
+# A removed rule's knob and drafted-token field (the project's p2/p1 "margin" rule, replaced by MARS as its
+# authors wrote it): dropped where an older trace kept them; a run of that rule reads as an unknown rule.
+REMOVED_KNOBS, REMOVED_SIGNALS = ("margin_ratio",), ("target_margin",)
+
+
 class RemovedOptionError(ConfigError):
     """A run made with an option this version removed (REMOVED_OPTIONS): one line, not "damaged"."""
 
@@ -240,16 +245,29 @@ def upgraded_dict(data: dict) -> dict:
         return data
     if "rule_config" not in data:
         data = _whole(data)
-    return _with_knobs(_without_removed(data))
+    return _without_removed_signals(_with_knobs(_without_removed(data)))
+
+
+def _without_removed_signals(data: dict) -> dict:
+    """A trace JSON whose drafted tokens keep a removed rule's field (REMOVED_SIGNALS) without it."""
+    rounds = data.get("rounds")
+    if not isinstance(rounds, list) or not any(isinstance(d, dict) and name in d for r in rounds if isinstance(r, dict)
+                                               for d in r.get("drafted", ()) for name in REMOVED_SIGNALS):
+        return data
+    strip = lambda d: {k: v for k, v in d.items() if k not in REMOVED_SIGNALS} if isinstance(d, dict) else d  # noqa: E731
+    return {**data, "rounds": [{**r, "drafted": [strip(d) for d in r.get("drafted", ())]} if isinstance(r, dict) else r
+                               for r in rounds]}
 
 
 def _with_knobs(data: dict) -> dict:
     """A trace JSON whose rule_config keeps its knobs flat (run file version 5 and before) with them in `knobs`."""
     rule = data.get("rule_config")
-    if not isinstance(rule, dict) or "knobs" in rule:
+    if not isinstance(rule, dict):
         return data
-    return {**data, "rule_config": {"rule": rule.get("rule"),
-                                    "knobs": {name: value for name, value in rule.items() if name != "rule"}}}
+    knobs = rule.get("knobs") if "knobs" in rule else {name: value for name, value in rule.items() if name != "rule"}
+    if isinstance(knobs, dict):
+        knobs = {name: value for name, value in knobs.items() if name not in REMOVED_KNOBS}
+    return {**data, "rule_config": {"rule": rule.get("rule"), "knobs": knobs}}
 
 
 def _without_removed(data: dict) -> dict:

@@ -85,9 +85,10 @@ class Verified:
 
 
 def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
-                     paths: mc_head.PathStats | None = None, settle_on_host: bool = True) -> Signals:
+                     paths: mc_head.PathStats | None = None, settle_on_host: bool = True,
+                     target_logits: torch.Tensor | None = None) -> Signals:
     """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V];
-    settle_on_host: settle_close_calls's."""
+    settle_on_host: settle_close_calls's; target_logits [g, V] the clean target's (MARS reads their ratio)."""
     index = draft_tokens.unsqueeze(-1)
     target_tokens = top_token(p_target)
     signals = dict(
@@ -101,6 +102,8 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
                    target_entropy=target_entropy, target_top3_entropy=top3_entropy(p_target))
     signals.update(runner_up(p_target))
+    if target_logits is not None:
+        signals["target_logit_ratio"] = logit_ratio(target_logits)
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
@@ -109,11 +112,15 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
 
 
 def runner_up(probs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """probs [g, V] -> target_runner_up [g] (each row's second likeliest token) and target_margin [g], its
-    probability over the top token's (in (0, 1]; 1 when the two tie). The margin rule reads them."""
-    top = probs.topk(2, dim=-1)
-    return {"target_runner_up": top.indices[..., 1],
-            "target_margin": top.values[..., 1] / top.values[..., 0].clamp_min(1e-30)}
+    """probs [g, V] -> target_runner_up [g]: each row's second likeliest token (MARS accepts it where close)."""
+    return {"target_runner_up": probs.topk(2, dim=-1).indices[..., 1]}
+
+
+def logit_ratio(logits: torch.Tensor) -> torch.Tensor:
+    """logits [g, V] -> [g] z2 / (z1 + 1e-10) over each row's two largest logits (MARS's r, 5SSjw/MARS
+    evaluate_posterior; a temperature scales both and cancels). Computed in float32 whatever the logits' dtype."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 1] / (top[..., 0] + 1e-10)
 
 
 def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -250,6 +257,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     temperature = _one_temperature(batch)
     spans = _spans(batch)
     rows, p_signal, signals = _stacked(batch, temperature, memo)
+    signals = with_rule_top(signals, rule, p_signal, rows.q_signal)
     if timer is not None:
         timer.mark("mc_start")
     if rule.uses_judge:
@@ -343,7 +351,8 @@ def _stacked(batch: list[VerifyInputs], temperature: float, memo: dict | None) -
                  [(inputs.mask_seed, inputs.first_position + i, inputs.first_position)
                   for inputs in batch for i in range(inputs.num_drafted)])
     p_signal = signal_probs(rows.clean_logits, temperature)
-    signals = position_signals(_cat([inputs.draft_tokens for inputs in batch]), rows.q_signal, p_signal)
+    signals = position_signals(_cat([inputs.draft_tokens for inputs in batch]), rows.q_signal, p_signal,
+                               target_logits=rows.clean_logits)
     lossless = {name: _cat_or_none(batch, name) for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
     found = rows, p_signal, Signals(**{**vars(signals), **lossless})
     if memo is not None:
@@ -457,30 +466,70 @@ def reachable_judged(exact: list[bool], judged: list[bool]) -> list[int]:
     return [i for i in range(end) if not exact[i] and judged[i]]
 
 
+def with_rule_top(signals: Signals, rule, p_signal: torch.Tensor, q_signal: torch.Tensor) -> Signals:
+    """signals with rule_top [n]: the argmax of the rule's own verification rows where it declares them (the
+    greedy static ensemble's v = w p + (1 - w) q)."""
+    rows = acceptance.RULES[rule.rule].correction_rows
+    if rows is None or not signals.draft_tokens.numel():
+        return signals
+    return Signals(**{**vars(signals), "rule_top": top_token(rows(p_signal, q_signal, rule))})
+
+
 def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals,
            generator: torch.Generator | None) -> list[tuple[Verdict, list[int]]]:
     """Each request's scan and extra token, from one host copy of the rule's check masks, the exact
-    test, the drafted tokens and the target's argmax at every verified position."""
+    test (where the rule's own test replaces it: the rule's verdict, acceptance.Rule.replaces_exact), the
+    drafted tokens and the target's argmax at every verified position."""
     n = spans[-1][1]
     checks = _checks(rule, spans, signals) if n else []
     argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
+    replaced = _replaced(rule, batch, signals, checks) if n else None
     parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
-    parts += [signals.exact, signals.draft_tokens, argmax]
+    exact = signals.exact if replaced is None else torch.where(replaced, signals.exact & _any(checks), signals.exact)
+    parts += [exact, signals.draft_tokens, argmax]
+    parts += [] if replaced is None else [replaced, signals.rule_top if signals.rule_top is not None else argmax[:0]]
     host = torch.cat([part.long() for part in parts]).tolist()  # the one copy
     masks = {name: host[i * n:(i + 1) * n] for i, (name, _) in enumerate(checks)}
     base = len(checks) * n
     exact, drafts, argmax_host = host[base: base + n], host[base + n: base + 2 * n], host[base + 2 * n:]
+    argmax_host, own = argmax_host[: n + len(batch)], argmax_host[n + len(batch):]
     found = []
     for request, ((a, b), inputs) in enumerate(zip(spans, batch)):
         reasons = acceptance.run_scan(acceptance.scan(b - a, lambda i, at=a: bool(exact[at + i])),
                                       lambda i, at=a: acceptance.first_accepting(masks, at + i))
         accepted = acceptance.accepted_count(reasons)
-        if inputs.temperature == 0.0:
-            token, kind = argmax_host[a + request + accepted], BONUS if accepted == b - a else CORRECTION
-        else:
-            token, kind = acceptance.extra_token(accepted, b - a, inputs.q_sample, inputs.p_sample, generator)
+        ruled = bool(own) and accepted < b - a and bool(own[a + accepted])  # the rule's own test rejected it
+        token, kind = _extra(inputs, request, a, b, accepted, argmax_host, own[n + a + accepted] if ruled and
+                             len(own) > n else None, ruled, generator)
         found.append((Verdict(accepted, reasons, token, kind), drafts[a: a + accepted] + [token]))
     return found
+
+
+def _any(checks) -> torch.Tensor:
+    return torch.stack([mask for _, mask in checks]).any(0)
+
+
+def _replaced(rule, batch: list[VerifyInputs], signals: Signals, checks) -> torch.Tensor | None:
+    """[n] where the rule's own test replaces the lossless one (None: nowhere, or a rule with no checks)."""
+    replaces = acceptance.RULES[rule.rule].replaces_exact
+    if replaces is None or not checks:
+        return None
+    return replaces(signals, rule, batch[0].temperature == 0.0)
+
+
+def _extra(inputs: VerifyInputs, request: int, a: int, b: int, accepted: int, argmax_host: list[int],
+           own_top: int | None, ruled: bool, generator) -> tuple[int, str]:
+    """The token after `accepted` drafts: greedy, the target's argmax (at a rejection the rule's own test made,
+    the top of its own rows where it has them); sampling, a draw from the residual, or from p where the rule's
+    own test rejected (no coin decided there)."""
+    if inputs.temperature == 0.0:
+        token = own_top if own_top is not None else argmax_host[a + request + accepted]
+        return token, BONUS if accepted == b - a else CORRECTION
+    q_sample = inputs.q_sample
+    if ruled and q_sample is not None:
+        q_sample = q_sample.clone()
+        q_sample[accepted] = 0.0  # the residual of p against nothing: p itself
+    return acceptance.extra_token(accepted, b - a, q_sample, inputs.p_sample, generator)
 
 
 def _checks(rule, spans, signals: Signals) -> list[tuple[str, torch.Tensor]]:

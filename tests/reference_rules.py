@@ -9,8 +9,9 @@ import dataclasses
 
 import torch
 
-from dropmatch.acceptance import (RuleKnobs, Signals, Verdict, accepted_count, extra_token, first_accepting,
-                                  lossless_test, rule_checks, run_scan, scan)
+from dropmatch.acceptance import (RULES, RuleKnobs, Signals, Verdict, accepted_count, extra_token, first_accepting,
+                                  lossless_test, rule_accepts, rule_checks, run_scan, scan)
+from dropmatch.sampling import draw
 
 
 def decide(
@@ -33,9 +34,23 @@ def decide(
                                       sample_draft_prob=test.q_x)
     elif signals.exact is None:
         signals = dataclasses.replace(signals, exact=exact)
+    replaced = RULES[cfg.rule].replaces_exact(signals, cfg, greedy) if RULES[cfg.rule].replaces_exact else None
+    if replaced is not None:  # the rule's own test decides there: it accepts, else rejects (the coin's verdict aside)
+        exact = torch.where(replaced, exact & rule_accepts(cfg, signals), exact)
     reasons = scan_reasons(cfg, signals, exact)
     num_accepted = accepted_count(reasons)
+    if replaced is not None and num_accepted < num_drafted and bool(replaced[num_accepted]):
+        return Verdict(num_accepted, reasons, _own_correction(signals, num_accepted, p_sample, greedy, generator),
+                       "correction")
     return Verdict(num_accepted, reasons, *extra_token(num_accepted, num_drafted, q_sample, p_sample, generator, greedy))
+
+
+def _own_correction(signals: Signals, at: int, p_sample: torch.Tensor, greedy: bool, generator) -> int:
+    """A rejection the rule's own test made: greedy, the top of its own rows (else the target's argmax);
+    sampling, a draw from p (no coin decided there, so no residual)."""
+    if greedy:
+        return int(signals.rule_top[at]) if signals.rule_top is not None else int(p_sample[at].argmax())
+    return int(draw(p_sample[at], generator))
 
 
 def scan_reasons(cfg: RuleKnobs, signals: Signals, exact: torch.Tensor) -> tuple[str, ...]:

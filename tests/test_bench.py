@@ -162,9 +162,8 @@ def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_di
     assert isinstance(points, list)
     overall = [p for p in points if p["benchmark"] == "all"]
     expected = 2 * len(KNOBS["p"].sweep) + 2 * len(KNOBS["p"].sweep) + len(KNOBS["fixed_js_threshold"].sweep) \
-        + len(KNOBS["typical_eps"].sweep) + len(KNOBS["fly_entropy_threshold"].sweep) + len(KNOBS["margin_ratio"].sweep)
-    # dropmatch x 2 centroids, naive, majority, fixed_js, typical, fly, margin; greedy: not the ensemble (sampling only)
-    assert not [p for p in points if p["rule"] == "ensemble"]
+        + len(KNOBS["typical_eps"].sweep) + len(KNOBS["fly_entropy_threshold"].sweep) + len(KNOBS["mars_threshold"].sweep) + len(KNOBS["ensemble_weight"].sweep)
+    # dropmatch x 2 centroids, naive, majority, fixed_js, typical, fly, MARS and the ensemble (greedy as transformers)
     assert len(overall) == expected
     assert {p["benchmark"] for p in points} == {"all", "gsm8k_test_100", "mt_bench"}
     for point in overall:
@@ -453,8 +452,8 @@ def test_frontier_rules_limit_the_sweep_to_the_named_rules():
     from dropmatch.bench.running import variants
     from dropmatch.config import RuleConfig
 
-    runs = variants(["lossless", "dropmatch"], RuleConfig(), [0.3], frontier=True, swept=("fly", "margin"))
+    runs = variants(["lossless", "dropmatch"], RuleConfig(), [0.3], frontier=True, swept=("fly", "mars"))
     swept = {run.rule.rule for run in runs if run.knob is not None and run.label != "dropmatch@p=0.3"}
-    assert swept == {"fly", "margin"}
+    assert swept == {"fly", "mars"}
     assert {run.rule.rule for run in variants(["lossless"], RuleConfig(), [], frontier=True) if run.knob} >= {
-        "fly", "margin", "dropmatch", "typical"}
+        "fly", "mars", "dropmatch", "typical"}

@@ -1,6 +1,7 @@
-"""The training-free rivals as rules of the table: FLy (entropy gate, deferred window), DIVERSED's
-static ensemble and the margin rule (MARS-style), each from hand-made distributions where its decision
-is certain."""
+"""The training-free rivals as their authors wrote them: FLy (entropy gate, deferred window), DIVERSED's
+static ensemble (greedy and sampled, as transformers defines it) and MARS (the logit ratio; sampling as
+written, greedy as SecureSD's port), each from hand-made logits where its decision is certain, through the
+product's verify step (docs/rivals-from-authors-code.md has the sources)."""
 
 from __future__ import annotations
 
@@ -84,47 +85,95 @@ def test_the_static_ensemble_accepts_with_odds_min_1_1_minus_w_plus_w_p_over_q(c
     assert reasons(RuleConfig("ensemble", ensemble_weight=weight), ensemble_round(0.1, 0.5, coin)) == (expected,)
 
 
-def margin_round(target_row, drafted: int):
-    """One greedy drafted position over a 4-token vocabulary whose clean target row is `target_row`."""
-    signals = position_signals(torch.tensor([drafted]), torch.full((1, 4), 0.25), torch.tensor([target_row]))
-    return dataclasses.replace(signals, exact=torch.tensor([drafted == int(torch.tensor(target_row).argmax())]))
+def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=None, temperature: float = 0.0,
+             seed: int = 0):
+    """One round through the product's verify step (verifying.verify) from hand-made target logits [g + 1, V]
+    (the last row the bonus row), drafts [g], and under sampling the draft's rows [g, V] and the coins [g]."""
+    from dropmatch import verifying
+
+    logits = torch.tensor(logits, dtype=torch.float32)
+    g, vocab = len(drafted), logits.shape[-1]
+    tokens = torch.tensor(drafted)
+    q_rows = torch.full((g, vocab), 1.0 / vocab) if q_rows is None else torch.tensor(q_rows, dtype=torch.float32)
+    extra = {}
+    if temperature == 0.0:
+        exact = logits[:g].argmax(-1) == tokens
+    else:
+        p_sample = torch.softmax(logits / temperature, -1)
+        p_x, q_x = p_sample[:g].gather(-1, tokens[:, None])[:, 0], q_rows.gather(-1, tokens[:, None])[:, 0]
+        coin = torch.tensor(coin, dtype=torch.float32)
+        exact = coin * q_x < p_x
+        extra = dict(coin=coin, sample_target_prob=p_x, sample_draft_prob=q_x, q_sample=q_rows, p_sample=p_sample)
+    inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(g + 1, 2), logits, exact, temperature, 0, **extra)
+    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(seed))
+    return found.verdict
 
 
-@pytest.mark.parametrize("target_row, drafted, ratio, expected", [
-    ([0.40, 0.35, 0.25, 0.0], 1, 0.5, "margin"),  # the runner-up, p2 / p1 = 0.875 > 0.5
-    ([0.40, 0.35, 0.25, 0.0], 2, 0.5, "rejected"),  # third, however close: only the runner-up
-    ([0.60, 0.25, 0.15, 0.0], 1, 0.5, "rejected"),  # the runner-up, but p2 / p1 = 0.42: a clear preference
-    ([0.60, 0.25, 0.15, 0.0], 1, 0.4, "margin"),  # the same at a looser ratio
-    ([0.40, 0.35, 0.25, 0.0], 0, 0.5, "exact"),  # the target's own choice: the exact test's
-    ([0.40, 0.35, 0.25, 0.0], 1, 1.0, "rejected"),  # ratio 1: no runner-up beats its top token (lossless)
+BONUS_ROW = [0, 0, 5, 0, 0]
+
+
+@pytest.mark.parametrize("z, drafted, expected, emitted", [
+    ([20, 19, 0, 0, 0], 1, "mars", 2),  # r = 0.95 > 0.9: the top-2 token (the port; p2/p1 would be 0.37)
+    ([1, 0.5, 0, -1, -1], 1, "rejected", 0),  # r = 0.5: no relaxation (p2/p1 = 0.61 would have passed a p-ratio)
+    ([-1, -3, -5, -6, -6], 1, "mars", 2),  # the logit ratio's sign: a negative top logit gives r = 3 > 0.9
+    ([20, 19, 18, 0, 0], 2, "rejected", 0),  # close, but the third token: only the top two
+    ([10, 9, 0, 0, 0], 1, "rejected", 0),  # r = 0.9 exactly: strictly greater is asked
 ])
-def test_the_margin_rule_accepts_the_runner_up_only_where_the_target_barely_prefers_its_top(
-        target_row, drafted, ratio, expected):
-    assert reasons(RuleConfig("margin", margin_ratio=ratio), margin_round(target_row, drafted)) == (expected,)
+def test_mars_greedy_port_accepts_the_top_two_where_their_logits_are_close(z, drafted, expected, emitted):
+    """SecureSD's greedy port of MARS: top-1, or top-2 where z2 / z1 > 0.9; the correction is the argmax."""
+    verdict = verified(RuleConfig("mars"), [z, BONUS_ROW], [drafted])
+    assert verdict.reasons == (expected,) and verdict.next_token == emitted
 
 
-def test_the_margin_rules_sentences_name_the_runner_up_and_its_ratio(tiny_engine):
-    from dropmatch import render
-    from dropmatch.trace import DraftedToken
+@pytest.mark.parametrize("z, drafted, q_x, coin, expected", [
+    ([-1, -3, -5, -6, -6], 1, 0.9, 0.5, "mars"),  # relaxed (r = 3): accepted with no coin (lossless: p/q 0.13 < u)
+    ([20, 19, 0, 0, 0], 1, 0.99, 0.9, "mars"),  # relaxed: the top-2 draft passes although u > p / q = 0.27
+    ([20, 19, 18, 0, 0], 2, 0.01, 0.0, "rejected"),  # relaxed, third token: rejected though p / q = 9 > u
+    ([20, 19, 0, 0, 0], 0, 0.99, 0.5, "exact"),  # relaxed, the top token: accepted, and the coin agreed (0.5 q < p)
+    ([20, 19, 0, 0, 0], 0, 0.99, 0.99, "mars"),  # relaxed, the top token: accepted though the coin would reject it
+    ([10, 5, 0, 0, 0], 1, 0.9, 0.5, "rejected"),  # r = 0.5: the lossless coin decides (p / q = 0.007)
+])
+def test_mars_under_sampling_replaces_the_coin_where_the_top_two_logits_are_close(z, drafted, q_x, coin, expected):
+    """5SSjw/MARS evaluate_posterior at temperature 1: where z2 / z1 > 0.9 the top two are accepted without a
+    coin and any other draft is rejected; elsewhere the lossless coin."""
+    q_row = [(1 - q_x) / 4] * 5
+    q_row[drafted] = q_x
+    verdict = verified(RuleConfig("mars"), [z, BONUS_ROW], [drafted], [q_row], [coin], temperature=1.0)
+    assert verdict.reasons == (expected,)
 
-    accepted = DraftedToken(token=1, draft_prob=0.3, target_token=0, target_token_prob=0.4, target_prob=0.35,
-                            js_target=0.1, reason="margin", target_runner_up=1, target_margin=0.875)
-    text = render.explain(accepted, lambda t: f"t{t}", RuleConfig("margin"), greedy=True)
-    assert "runner-up" in text and "0.88 > 0.5" in text
-    third = dataclasses.replace(accepted, token=2, target_prob=0.25, reason="rejected")
-    text = render.explain(third, lambda t: f"t{t}", RuleConfig("margin"), greedy=True)
-    assert "rejected" in text and "not the runner-up" in text
+
+def test_a_mars_rejection_under_relaxation_draws_the_next_token_from_p_not_the_residual():
+    """The third token drafted with q(2) = 1 is rejected where the top two are close; the residual max(0, p - q)
+    would never emit token 2, MARS draws from p: 0.665 / 0.245 / 0.090 over tokens 0, 1, 2."""
+    z, q_row = [20, 19, 18, 0, 0], [0.0, 0.0, 1.0, 0.0, 0.0]
+    verdicts = [verified(RuleConfig("mars"), [z, BONUS_ROW], [2], [q_row], [0.0], 1.0, seed) for seed in range(400)]
+    assert all(verdict.reasons == ("rejected",) for verdict in verdicts)
+    emitted = [verdict.next_token for verdict in verdicts]
+    share = [emitted.count(token) / len(emitted) for token in range(3)]
+    assert abs(share[0] - 0.665) < 0.08 and abs(share[1] - 0.245) < 0.08 and abs(share[2] - 0.090) < 0.06
 
 
-def test_the_rivals_refuse_the_mode_they_are_not_defined_under_in_one_line(tiny_engine):
+@pytest.mark.parametrize("p_row, q_row, drafted, weight, expected, emitted", [
+    ([0.5, 0.4, 0.1], [0.0, 1.0, 0.0], 1, 0.5, "ensemble", 2),  # argmax v = 1 (0.7): the draft, though argmax p = 0
+    ([0.5, 0.4, 0.1], [0.0, 1.0, 0.0], 0, 0.5, "rejected", 1),  # the target's top token, not argmax v: v's top emitted
+    ([0.5, 0.4, 0.1], [0.0, 1.0, 0.0], 1, 0.95, "rejected", 0),  # w 0.95: v = 0.475 / 0.43: argmax v = argmax p
+    ([0.6, 0.3, 0.1], [0.6, 0.3, 0.1], 0, 0.5, "exact", 2),  # both agree: the target's own choice
+])
+def test_the_greedy_static_ensemble_tests_the_draft_against_argmax_of_w_p_plus_1_minus_w_q(
+        p_row, q_row, drafted, weight, expected, emitted):
+    """transformers' _speculative_sampling under greedy: accept iff the draft is argmax v, v = w p + (1 - w) q;
+    the correction is argmax v, the bonus argmax p."""
+    logits = torch.tensor([p_row, [0.1, 0.1, 0.8]]).log().tolist()
+    verdict = verified(RuleConfig("ensemble", ensemble_weight=weight), logits, [drafted], [q_row])
+    assert verdict.reasons == (expected,) and verdict.next_token == emitted
+
+
+def test_fly_refuses_sampling_in_one_line(tiny_engine):
+    """FLy is defined here as its authors' public code verifies, greedy drafts: sampled runs are refused."""
     ids = tiny_engine.encode(PROMPTS[0])
-    with pytest.raises(ConfigError, match="defined under sampling decoding only") as greedy:
-        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8), RuleConfig("ensemble")))
     with pytest.raises(ConfigError, match="defined under greedy decoding only") as sampled:
         run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("fly")))
-    with pytest.raises(ConfigError, match="defined under greedy decoding only") as margin:
-        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("margin")))
-    assert "\n" not in str(greedy.value) + str(sampled.value) + str(margin.value)
+    assert "\n" not in str(sampled.value)
 
 
 def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
@@ -139,8 +188,6 @@ def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
     lossless = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("lossless")))
     fly = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("fly", fly_entropy_threshold=1e9)))
     assert fly.output_ids == lossless.output_ids
-    margin = run_to_end(tiny_engine.speculative(ids, greedy, RuleConfig("margin", margin_ratio=1.0)))
-    assert margin.output_ids == lossless.output_ids
 
 
 def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_engine):
@@ -157,9 +204,9 @@ def test_at_their_defaults_the_rivals_accept_beyond_lossless_on_a_real_run(far_e
     assert "static ensemble verifies against v = 0.5 p" in sentence
 
 
-def test_the_margin_rule_accepts_runners_up_on_a_real_run(tmp_path):
+def test_mars_accepts_close_top_two_drafts_on_a_real_run(tmp_path):
     """A pair whose draft is a noisier copy of the target (noise 0.3) drafts the target's runner-up now and
-    then; at the default ratio the margin rule accepts such drafts, and only such drafts."""
+    then; MARS's greedy port accepts such drafts where the top two logits are close, and only those."""
     from tiny_models import save_pair
 
     from dropmatch.config import PairSpec
@@ -171,21 +218,21 @@ def test_the_margin_rule_accepts_runners_up_on_a_real_run(tmp_path):
     accepted = []
     for prompt in PROMPTS:
         trace = run_to_end(engine.speculative(engine.encode(prompt), DecodeConfig(gamma=4, max_new_tokens=48),
-                                              RuleConfig("margin")))
-        accepted += [d for r in trace.rounds for d in r.drafted if d.reason == "margin"]
-    assert accepted and all(d.token == d.target_runner_up and d.target_margin > 0.5 for d in accepted)
+                                              RuleConfig("mars", mars_threshold=0.5)))
+        accepted += [d for r in trace.rounds for d in r.drafted if d.reason == "mars"]
+    assert accepted and all(d.token == d.target_runner_up and d.target_logit_ratio > 0.5 for d in accepted)
 
 
 def test_the_vllm_plugin_refuses_the_rivals_it_cannot_serve_in_one_line():
     from dropmatch.serving.vllm.settings import ServeSettings
 
-    for rule, reason in (("fly", "later drafted positions"), ("ensemble", "sampling only")):
+    for rule, reason in (("fly", "later drafted positions"), ("ensemble", "argmax")):
         with pytest.raises(ConfigError, match=reason) as caught:
             ServeSettings().updated({"rule": rule})
         assert "\n" not in str(caught.value)
-    # margin reads one position at a time: the plugin serves it, with its knob (tests/test_serving.py decides it)
-    served = ServeSettings().updated({"rule": "margin", "margin_ratio": 0.3})
-    assert served.rule.rule == "margin" and served.rule.margin_ratio == 0.3
+    # MARS reads one position at a time: the plugin serves it, with its knob (tests/test_serving.py decides it)
+    served = ServeSettings().updated({"rule": "mars", "mars_threshold": 0.8})
+    assert served.rule.rule == "mars" and served.rule.mars_threshold == 0.8
 
 
 def ensemble_distribution(p_row: torch.Tensor, q_row: torch.Tensor, weight: float) -> torch.Tensor:
@@ -279,3 +326,32 @@ def test_the_ensemble_column_gets_transformers_own_static_ensemble_as_its_peer_r
     lossless = list(compare_stream(tiny_engine, PROMPTS[0], DecodeConfig(gamma=3, max_new_tokens=8),
                                    RuleConfig("dropmatch", p=0.1), run_ar=False))[-1]
     assert lossless.peer is None  # only the ensemble has transformers' own implementation to stand beside
+
+
+@pytest.mark.parametrize("weight", [0.5, 0.3])
+def test_the_greedy_static_ensemble_equals_transformers_token_for_token(far_dirs, weight):
+    """transformers 5.23's assisted generation with assistant_ensemble_weight, greedy, a constant draft length
+    of 4 and no confidence stop, on the same tiny pair: our engine emits the same tokens. Our first token comes
+    from the prefill (the target's own, for every rule), transformers verifies a draft there too: it continues
+    from the prompt and our first token, so every token compared went through the rule's verification."""
+    from transformers import AutoModelForCausalLM
+
+    from dropmatch.config import PairSpec
+    from dropmatch.engine import Engine
+    from dropmatch.models import load_hub_pair
+
+    target_dir, draft_dir = far_dirs
+    engine = Engine(load_hub_pair(PairSpec(str(target_dir), str(draft_dir)), torch.device("cpu")))
+    ids = engine.encode(PROMPTS[0])
+    ours = run_to_end(engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=24, draft_source="model"),
+                                         RuleConfig("ensemble", ensemble_weight=weight)))
+    target, draft = (AutoModelForCausalLM.from_pretrained(path).eval() for path in (target_dir, draft_dir))
+    draft.generation_config.update(num_assistant_tokens=4, num_assistant_tokens_schedule="constant",
+                                   assistant_confidence_threshold=0.0)
+    prompt = torch.tensor([ids + [ours.first_token]])
+    theirs = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=draft, do_sample=False,
+                             max_new_tokens=23, assistant_ensemble_weight=weight, eos_token_id=None,
+                             pad_token_id=0, min_new_tokens=23)
+    assert any(d.reason == "ensemble" for r in ours.rounds for d in r.drafted)  # the rule acted
+    assert list(ours.output_ids)[0] == ours.first_token
+    assert list(ours.output_ids)[1:] == theirs[0, prompt.shape[1]:].tolist()

@@ -99,7 +99,7 @@ def _prompt_file(folder):
 
 
 def test_the_lab_keeps_every_knob_of_the_run_when_a_control_moves(tiny_dirs):
-    """Moving p re-judges at the run's own margin ratio, FLy threshold and ensemble weight, not the defaults."""
+    """Moving p re-judges at the run's own MARS threshold, FLy threshold and majority share, not the defaults."""
     from dropmatch.config import PairSpec
     from dropmatch.engine import Engine
     from dropmatch.models import load_hub_pair
@@ -112,16 +112,16 @@ def test_the_lab_keeps_every_knob_of_the_run_when_a_control_moves(tiny_dirs):
     try:
         engine = studio.engine(spec)
         ids, decode = engine.encode(PROMPTS[0]), DecodeConfig(gamma=3, max_new_tokens=8)
-        run = RuleConfig("margin", margin_ratio=0.2, fly_entropy_threshold=0.7, majority_fraction=0.6)
+        run = RuleConfig("mars", mars_threshold=0.8, fly_entropy_threshold=0.7, majority_fraction=0.6)
         lossless = run_to_end(engine.speculative(ids, decode, RuleConfig("lossless"), keep_states=True))
         lossy = run_to_end(engine.speculative(ids, decode, run))
-        record = RunRecord(PROMPTS[0], "margin", False, lossless, lossy, None,
+        record = RunRecord(PROMPTS[0], "mars", False, lossless, lossy, None,
                            {t: engine.services.token_text(t) for t in mentioned_tokens(lossless, lossy)})
         settings = reverify_view(studio, record, {"p": 0.25})["lab_matrix"]["settings"]
     finally:
         studio.close()
     assert settings["p"] == 0.25
-    assert (settings["margin_ratio"], settings["fly_entropy_threshold"], settings["majority_fraction"]) == (0.2, 0.7, 0.6)
+    assert (settings["mars_threshold"], settings["fly_entropy_threshold"], settings["majority_fraction"]) == (0.8, 0.7, 0.6)
 
 
 def test_the_ensembles_sentence_reads_the_probabilities_its_decision_read():

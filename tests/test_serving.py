@@ -49,7 +49,9 @@ def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
     if rule.uses_paths:
         keys = [(inputs.mask_seed, inputs.first_position + i) for i in range(g)]
         paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 0.0, keys)
-    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths)
+    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths,
+                                         target_logits=inputs.clean_logits[:g])
+    signals = verifying.with_rule_top(signals, rule, p_signal, inputs.q_signal)
     if rule.uses_judge:
         signals = verifying.with_judge_scores(signals, inputs.hidden[1:g + 1], judge)
     return decide(rule, True, signals, inputs.q_signal, inputs.clean_logits, torch.Generator(),
@@ -59,7 +61,7 @@ def by_definition(head, rule, round_: Round, judge=None) -> acceptance.Verdict:
 RULES_SERVED = [RuleConfig("dropmatch", p=0.3), RuleConfig("dropmatch", p=0.0),
                 RuleConfig("majority", p=0.4, majority_fraction=0.6), RuleConfig("naive", p=0.2),
                 RuleConfig("fixed_js", fixed_js_threshold=0.5), RuleConfig("typical", typical_eps=0.3),
-                RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("margin", margin_ratio=0.2)]
+                RuleConfig("dropmatch", p=0.3, mask_draw="counter"), RuleConfig("mars", mars_threshold=0.5)]
 
 
 @pytest.mark.parametrize("one_pass", [False, True])
@@ -96,8 +98,10 @@ def defined_sampled(head, rule, inputs: verifying.VerifyInputs, seed: int) -> ac
     if rule.uses_paths:
         keys = [(inputs.mask_seed, inputs.first_position + i) for i in range(g)]
         paths = verifying.path_stats_at(head, inputs.hidden[:g], inputs.clean_logits[:g], rule, rule.p, 1.0, keys)
-    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal,
-                                         signal_probs(inputs.clean_logits[:g], 1.0), paths)
+    p_signal = signal_probs(inputs.clean_logits[:g], 1.0)
+    signals = verifying.position_signals(inputs.draft_tokens, inputs.q_signal, p_signal, paths,
+                                         target_logits=inputs.clean_logits[:g])
+    signals = verifying.with_rule_top(signals, rule, p_signal, inputs.q_signal)
     signals = dataclasses.replace(signals, exact=inputs.exact, coin=inputs.coin,
                                   sample_target_prob=inputs.sample_target_prob, sample_draft_prob=inputs.sample_draft_prob)
     return decide(rule, False, signals, inputs.q_sample, inputs.p_sample, torch.Generator().manual_seed(seed),
@@ -106,7 +110,7 @@ def defined_sampled(head, rule, inputs: verifying.VerifyInputs, seed: int) -> ac
 
 # Where each rule accepts some mismatches on these rounds.
 KNOBS_AT = {"majority_fraction": 0.5, "typical_eps": 0.3, "fixed_js_threshold": 0.3,
-            "fly_entropy_threshold": 0.05, "ensemble_weight": 0.3, "margin_ratio": 0.2}
+            "fly_entropy_threshold": 0.05, "ensemble_weight": 0.3, "mars_threshold": 0.5}
 
 
 @pytest.mark.parametrize("greedy", [True, False])

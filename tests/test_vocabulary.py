@@ -75,7 +75,8 @@ def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
                                     "draft_votes": torch.zeros(2, dtype=torch.long), "judge_scores": torch.zeros(2),
                                     "exact": torch.zeros(2, dtype=torch.bool), "coin": torch.zeros(2),
                                     "target_top3_entropy": torch.zeros(2), "sample_target_prob": torch.zeros(2),
-                                    "sample_draft_prob": torch.full((2,), 0.5)})
+                                    "sample_draft_prob": torch.full((2,), 0.5), "target_logit_ratio": torch.ones(2),
+                                    "rule_top": torch.zeros(2, dtype=torch.long)})
     given = tuple(reason for reason, _ in RULES[name].check(signals, RuleConfig(name, judge_threshold=0.5)))
     assert given == RULES[name].checks
     assert all(REASONS[reason].says and REASONS[reason].fails for reason in given), "a reason without its sentences"

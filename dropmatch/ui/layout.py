@@ -353,7 +353,7 @@ def _lab_tab(parts: dict) -> None:
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
         gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair), the training-free rivals FLy and margin among them: how many more tokens a "
+                    "embedded pair), the training-free rivals FLy and MARS among them: how many more tokens a "
                     "round keeps (tau gain over lossless SD) against the quality the target itself sees. Shaded: "
                     "where the target's own samples (temperature 0.7, top-p 0.95) lie. The star is your last run. "
                     "A point's hover names the run it comes from (docs/results.md has both commands).")
@@ -365,7 +365,7 @@ def _robustness_tab(parts: dict) -> None:
         document = load_robustness()
         gr.Markdown("DropMatch against the field on the same drafts, in and out of distribution: a trained judge "
                     "(AutoJudge-style, trained on GSM8K *train* with this pair, assets/judge) and the training-free "
-                    "rivals FLy and margin (MARS-style), each at its default, against DropMatch, which trains on "
+                    "rivals FLy and MARS, each at its default, against DropMatch, which trains on "
                     "nothing; GSM8K test is the judge's distribution, chat, code, instructions and other languages "
                     "are out of it. Each line is one rule across the benchmarks; a filled marker stays inside the "
                     "band of the target's own samples on NLL, off-nucleus rate and repetition, an open one leaves it.")

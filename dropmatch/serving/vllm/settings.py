@@ -86,6 +86,10 @@ def refuse_unservable(name: str) -> None:
     if "greedy" not in rule.modes:
         raise ConfigError(f"the rule {name!r} ({rule.label}) is defined under sampling only, and the plugin "
                           "re-verifies greedy requests: use it with the Studio's engine or generate()")
+    if rule.correction_rows is not None:
+        raise ConfigError(f"the rule {name!r} ({rule.label}) tests greedy drafts against the argmax of its own "
+                          "distribution and emits that argmax as the correction, which the plugin's runner does not "
+                          "write: use it with the Studio's engine or generate()")
     if rule.reads_later:
         raise ConfigError(f"the rule {name!r} ({rule.label}) reads the exact test at later drafted positions of its "
                           "round (a window), which the plugin's verify step does not hold: use it with the Studio's "
