@@ -480,10 +480,17 @@ def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def _fly(s: Signals, cfg: RuleKnobs) -> Check:
-    """FLy (arXiv 2511.22972, its public code): a mismatch stands where the target is unsure (its top-3
-    entropy at least the threshold) and the deferred window after it holds."""
+    """FLy (arXiv 2511.22972): a mismatch stands where the target is unsure (its top-3 entropy at least the
+    threshold) and the deferred window after it holds. Greedy: AMD-AGI/FLy's fly/models/FLy.py. Sampling:
+    vLLM pull request #53987's random kernel (a position whose lossless coin failed is deferred where p(x) > 0
+    and q(x) > 0 and its followers passed their own coins; a real rejection draws from the residual), with
+    the window counted as AMD's win_len (docs/rivals-from-authors-code.md, 2.3: vLLM's fly_window_size is
+    win_len - 1, and also lets the position K - win_len stand); its entropy reads softmax(z / T) before top-p."""
     unsure = s.target_top3_entropy >= cfg.fly_entropy_threshold
-    return [("fly", ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window))]
+    stands = ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window)
+    if s.coin is not None:
+        stands = stands & (s.sample_target_prob > 0) & (s.sample_draft_prob > 0)
+    return [("fly", stands)]
 
 
 def ensemble_odds(p_x: float, q_x: float, weight: float) -> float:
@@ -609,8 +616,9 @@ TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", "typical acceptance's 
                      low=0.0)
 FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",
                 low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True, slider=(0.0, 0.69, 0.01), short="threshold")
-FLY_WINDOW = Knob("fly_window", 6, "FLy window", "FLy's deferred window, the position itself counted (AMD's win_len)",
-                  kind=int, low=2, high=MAX_GAMMA)
+FLY_WINDOW = Knob("fly_window", 6, "FLy window",
+                  "FLy's window, the position itself counted (AMD's win_len; vLLM's fly_window_size is one less): "
+                  "it needs at least window + 1 drafts in a round", kind=int, low=2, high=MAX_GAMMA)
 FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold",
                    "FLy's gate: the target's top-3 entropy at least this (a lower threshold tolerates more)",
                    low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05), lab=True, slider=(0.0, 1.5, 0.05),
@@ -650,8 +658,8 @@ for _rule in (
          checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
     Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
-         modes=("greedy",), why_mode="its public code verifies greedy drafts (an argmax match and a window of them)",
-         reads_later=True, numbers=_fly_numbers),
+         reads_later=True, reads_coin=True, numbers=_fly_numbers,
+         port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",

@@ -86,7 +86,7 @@ def test_the_static_ensemble_accepts_with_odds_min_1_1_minus_w_plus_w_p_over_q(c
 
 
 def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=None, temperature: float = 0.0,
-             seed: int = 0):
+             seed: int = 0, top_p: float = 1.0):
     """One round through the product's verify step (verifying.verify) from hand-made target logits [g + 1, V]
     (the last row the bonus row), drafts [g], and under sampling the draft's rows [g, V] and the coins [g]."""
     from dropmatch import verifying
@@ -99,7 +99,8 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
     if temperature == 0.0:
         exact = logits[:g].argmax(-1) == tokens
     else:
-        p_sample = torch.softmax(logits / temperature, -1)
+        from dropmatch.sampling import sampling_probs
+        p_sample = sampling_probs(logits, temperature, top_p)
         p_x, q_x = p_sample[:g].gather(-1, tokens[:, None])[:, 0], q_rows.gather(-1, tokens[:, None])[:, 0]
         coin = torch.tensor(coin, dtype=torch.float32)
         exact = coin * q_x < p_x
@@ -168,12 +169,22 @@ def test_the_greedy_static_ensemble_tests_the_draft_against_argmax_of_w_p_plus_1
     assert verdict.reasons == (expected,) and verdict.next_token == emitted
 
 
-def test_fly_refuses_sampling_in_one_line(tiny_engine):
-    """FLy is defined here as its authors' public code verifies, greedy drafts: sampled runs are refused."""
-    ids = tiny_engine.encode(PROMPTS[0])
-    with pytest.raises(ConfigError, match="defined under greedy decoding only") as sampled:
-        run_to_end(tiny_engine.speculative(ids, DecodeConfig(max_new_tokens=8, temperature=0.8), RuleConfig("fly")))
-    assert "\n" not in str(sampled.value)
+U_ROW, C2_ROW, C3_ROW = [2.0, 1.8, 1.5, 0.0, -1.0], [0.0, 0.0, 5.0, 0.0, 0.0], [0.0, 0.0, 0.0, 5.0, 0.0]
+FLY_Q = [[0.025, 0.9, 0.025, 0.025, 0.025]] + [[0.125, 0.125, 0.5, 0.125, 0.125]] * 4
+
+
+@pytest.mark.parametrize("rows, top_p, expected", [
+    ([U_ROW, C2_ROW, C2_ROW, C2_ROW, C2_ROW], 1.0, ("fly",) + ("exact",) * 4),  # the window's coins all passed
+    ([U_ROW, C2_ROW, C2_ROW, C2_ROW, C2_ROW], 0.35, ("rejected",) + ("unchecked",) * 4),  # top-p: p(1) = 0
+    ([U_ROW, C2_ROW, C2_ROW, C2_ROW, C3_ROW], 1.0, ("fly",) + ("exact",) * 3 + ("rejected",)),  # 4 is past the window
+    ([U_ROW, C2_ROW, C3_ROW, C2_ROW, C2_ROW], 1.0, ("rejected",) + ("unchecked",) * 4),  # a coin in the window failed
+])
+def test_fly_under_sampling_defers_a_failed_coin_as_vllms_random_kernel_does(rows, top_p, expected):
+    """vLLM's FLy (PR #53987) at temperature 1, window 4 in AMD's count: position 0's coin fails (p/q 0.35 < 0.95),
+    the target is unsure there (top-3 entropy 1.07) and the next 3 coins pass: it stands; never where p(x) = 0."""
+    verdict = verified(RuleConfig("fly", fly_window=4), [*rows, C3_ROW], [1, 2, 2, 2, 2], FLY_Q,
+                       [0.95, 0.9, 0.9, 0.9, 0.9], 1.0, top_p=top_p)
+    assert verdict.reasons == expected
 
 
 def test_at_their_lossless_ends_the_rivals_runs_equal_lossless_sd(tiny_engine):
