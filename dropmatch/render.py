@@ -20,7 +20,7 @@ EXTRA_KINDS = {
     "first": ("first token (prefill)", "#eceff1", "#37474f", "none"),
 }
 TEXT_ON_LIGHT, TEXT_ON_DARK = "#1a1a1a", "#f5f5f5"  # explicit: a theme's own text colour may not suit a highlight
-SHOWN_IN_TEXT = ("rejected", "unchecked")  # reasons that never mark an emitted token
+NOT_IN_TEXT = ("unchecked",)  # reasons no token of a column wears (a rejected draft is shown struck through)
 
 
 def kind_label(kind: str) -> str:
@@ -31,7 +31,8 @@ def kind_label(kind: str) -> str:
 
 def legend_items() -> list[tuple[str, str]]:
     """(kind, label) of the legend: every accepting reason of the rule table, then the extra tokens."""
-    reasons = [(name, reason.legend) for name, reason in REASONS.items() if name not in SHOWN_IN_TEXT]
+    reasons = [(name, reason.legend if name != "rejected" else "rejected draft (struck through)")
+               for name, reason in REASONS.items() if name not in NOT_IN_TEXT]
     return reasons + [("correction", "correction"), ("bonus", "bonus"), ("first", "prefill")]
 
 
@@ -85,6 +86,11 @@ BASE_CSS = """
 .dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
+.dm-tok.dm-rejected { opacity: 0.8; } body.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
+.dm-rejected-toggle { margin-top: 4px; font-size: 0.85rem; padding: 2px 8px; border-radius: 6px; border: 1px solid #90a4ae;
+  background: transparent; color: inherit; cursor: pointer; }
+.dm-rejected-toggle .dm-when-hidden, body.dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
+body.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
 """
 
 
@@ -159,9 +165,10 @@ def _q(text: str) -> str:
 
 
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
-                stop_ids: frozenset[int] = frozenset(),
-                why: Callable[[DraftedToken], str] | None = None) -> list[tuple[str, str, str]]:
-    """(text, kind, tooltip) for every emitted token, in order. why: a drafted token's sentence (explainer)."""
+                stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken], str] | None = None,
+                rejected: bool = False) -> list[tuple[str, str, str]]:
+    """(text, kind, tooltip) for every emitted token, in order. why: a drafted token's sentence (explainer).
+    rejected: also each round's rejected draft, kind "rejected", just before the correction that replaced it."""
     spans = []
     if first_token is not None and first_token not in stop_ids:
         spans.append((token_text(first_token), "first", "first token, from the prefill call"))
@@ -174,6 +181,10 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 tip = tooltip(d, token_text, r.index, r.draft_source)
                 spans.append((token_text(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
             else:
+                if rejected and r.extra_kind == "correction" and r.num_accepted < len(r.drafted):
+                    d = r.drafted[r.num_accepted]
+                    tip = tooltip(d, token_text, r.index, r.draft_source)
+                    spans.append((token_text(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
                 spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
     return spans
 
@@ -199,7 +210,10 @@ def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: st
 
 def _extra_tooltip(r: RoundTrace, token_text: TokenText) -> str:
     if r.extra_kind == "correction":
-        return f"round {r.index}: correction — the clean target's token after draft slot {r.num_accepted + 1} was rejected"
+        refused = (f" ({_q(token_text(r.drafted[r.num_accepted].token))}, struck through before it)"
+                   if r.num_accepted < len(r.drafted) else "")
+        return (f"round {r.index}: correction — the clean target's token where draft slot {r.num_accepted + 1}"
+                f"{refused} was rejected")
     if r.extra_kind == "bonus":
         return f"round {r.index}: bonus — every drafted token was accepted; the target adds one more"
     return f"step {r.index}: the target's own token"
@@ -215,7 +229,9 @@ def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
              f'aria-label="{html.escape(text + ": " + tip.splitlines()[0])}">{_visible(text)}</span>'
              for text, kind, tip in spans]
     text = f'<div class="dm-text">{"".join(parts)}{"▌" if cursor else ""}</div>'
-    return f'<div class="dm-text-host">{text}{POPOVER}</div>{key_html([kind for _, kind, _ in spans])}'
+    kinds = [kind for _, kind, _ in spans]
+    shown = [kind for kind in kinds if kind != "rejected"]
+    return f'<div class="dm-text-host">{text}{POPOVER}</div>{key_html(shown)}{rejected_toggle(kinds.count("rejected"))}'
 
 
 def key_html(kinds: list[str]) -> str:
@@ -227,6 +243,16 @@ def key_html(kinds: list[str]) -> str:
     order = [kind for kind in labels if kind in counts]
     chips = "".join(f'<span class="dm-{kind}">{html.escape(labels[kind])} {counts[kind]}</span>' for kind in order)
     return f'<div class="dm-legend dm-key" aria-label="colour key">{chips}</div>'
+
+
+def rejected_toggle(count: int) -> str:
+    """The switch that hides or shows the struck-through rejected drafts (both columns; layout's POPOVER_JS
+    toggles the page's dm-hide-rejected class), with how many this column has."""
+    if not count:
+        return ""
+    return (f'<button type="button" class="dm-rejected-toggle"><span class="dm-when-shown">Hide</span>'
+            f'<span class="dm-when-hidden">Show</span> the {count} rejected draft{"s" if count > 1 else ""} '
+            '(struck through)</button>')
 
 
 def _visible(text: str) -> str:
@@ -408,10 +434,6 @@ def _coin(d: DraftedToken) -> str:
     if d.draft_prob <= d.target_prob:
         return f"p = {d.target_prob:.3f} ≥ q = {d.draft_prob:.3f}, so it is accepted for sure"
     return f"p = {d.target_prob:.3f} < q = {d.draft_prob:.3f}, so it is accepted with probability p / q = {d.target_prob / d.draft_prob:.2f}"
-
-
-def _threshold(value: float | None) -> str:
-    return "the judge's" if value is None else f"{value:.3f}"
 
 
 def _majority_text(d: DraftedToken, token_text: TokenText) -> str:
