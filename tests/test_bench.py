@@ -457,3 +457,76 @@ def test_frontier_rules_limit_the_sweep_to_the_named_rules():
     assert swept == {"fly", "mars"}
     assert {run.rule.rule for run in variants(["lossless"], RuleConfig(), [], frontier=True) if run.knob} >= {
         "fly", "mars", "dropmatch", "typical"}
+
+
+def band_result(temperature: float, own_distinct2: float, lossy_distinct2: float, samples_distinct2: float):
+    """A one-prompt BenchmarkResult from the model-free engine: the target's own text (autoregressive and
+    lossless SD) at one distinct-2, a lossy run at another, the target's samples at a third; every text's
+    tokens at log-probability -0.5 under the target, in its nucleus."""
+    from dataclasses import replace
+
+    from fake_engine import FakeEngine
+
+    from dropmatch.bench.prompts import Item
+    from dropmatch.bench.running import BenchmarkResult, Generation
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+
+    engine = FakeEngine()
+    ids = engine.encode("a b c d e f g h")
+    decode = DecodeConfig(gamma=3, max_new_tokens=8, temperature=temperature)
+
+    def scored(trace):
+        rounds = tuple(replace(r, emitted_logprob=(-0.5,) * len(r.emitted), emitted_in_nucleus=(True,) * len(r.emitted))
+                       for r in trace.rounds)
+        return replace(trace, first_logprob=-0.5, first_in_nucleus=True, rounds=rounds)
+
+    def made(trace, distinct2):
+        return Generation(scored(trace), 0.5, 0.0, distinct2)
+
+    ar = run_to_end(engine.autoregressive(ids, decode))
+    lossless = run_to_end(engine.speculative(ids, decode, RuleConfig("lossless")))
+    lossy = run_to_end(engine.speculative(ids, decode, RuleConfig("dropmatch", p=0.3)))
+    return BenchmarkResult("set", "plain", items=[Item("a b c d e f g h", {})], ar=[made(ar, own_distinct2)],
+                           runs={"lossless": [made(lossless, own_distinct2)], "dropmatch": [made(lossy, lossy_distinct2)]},
+                           reference=[[made(ar, samples_distinct2)]])
+
+
+def test_under_greedy_lossless_sd_is_inside_the_band_and_a_loop_beyond_greedy_decodings_own_is_not():
+    """Greedy: the repetition axis reads the target's own greedy text (lossless SD), so lossless SD is inside
+    the band by construction however much greedy decoding repeats (here far below the samples' distinct-2),
+    and a rule that loops more than it is outside. Sampled runs keep the samples as the yardstick."""
+    from dropmatch.bench.summary import summarize_benchmark
+    from dropmatch.bench.tables import GREEDY_YARDSTICK, SAMPLED_YARDSTICK
+
+    greedy = summarize_benchmark(band_result(0.0, own_distinct2=0.4, lossy_distinct2=0.3, samples_distinct2=0.9))
+    assert greedy["rules"]["lossless"]["band"] == {"nll": True, "off_nucleus": True, "repetition": True}
+    assert greedy["rules"]["lossless"]["within_reference"] is True
+    assert greedy["rules"]["dropmatch"]["band"]["repetition"] is False  # 0.3 < 0.9 x 0.4
+    assert greedy["reference"]["target_sampled"]["repetition_against"] == GREEDY_YARDSTICK
+    sampled = summarize_benchmark(band_result(0.7, own_distinct2=0.4, lossy_distinct2=0.3, samples_distinct2=0.9))
+    assert sampled["rules"]["lossless"]["band"]["repetition"] is False  # 0.4 < 0.9 x the samples' 0.9
+    assert sampled["reference"]["target_sampled"]["repetition_against"] == SAMPLED_YARDSTICK
+
+
+def test_task_scores_are_shown_only_where_lossless_sd_scores_above_zero():
+    """A set where lossless SD scores 0: every run's task-score cell says why it is empty, in the text, HTML and
+    Markdown tables; where lossless SD scores, the scores are shown."""
+    from dropmatch.bench import format_table
+    from dropmatch.bench.report import _table, markdown_table
+    from dropmatch.bench.summary import task_score_note
+
+    rule = dict(tau=2.0, acceptance_rate=0.5, tokens_per_s=20.0, speedup_vs_ar=1.2, speedup_vs_lossless=1.0,
+                mc_overhead=None, p=None, accuracy=0.0, target_nll=0.4, distinct2=0.6, overlap_with_lossless=1.0)
+    ar = dict(tokens_per_s=17.0, accuracy=0.0, target_nll=0.4, distinct2=0.6)
+    rules = {"lossless": rule, "dropmatch": {**rule, "accuracy": 0.25}}
+    summary = {"kind": "gsm8k", "prompts": 10, "skipped": [], "label": "GSM8K test, 10 of 100", "autoregressive": ar,
+               "rules": rules, "task_score_note": task_score_note(rules, ar)}
+    document = {"settings": {"command": "python -m dropmatch.bench ..."}, "benchmarks": {"gsm8k_test_100": summary}}
+    for shown in (format_table("gsm8k_test_100", summary), _table(document), markdown_table(document)):
+        assert shown.count("(lossless SD scores 0 here)") >= 3 and "0.250" not in shown  # AR, lossless, dropmatch
+        assert "GSM8K test, 10 of 100" in shown
+    scored = {"lossless": {**rule, "accuracy": 0.5}, "dropmatch": rules["dropmatch"]}
+    assert task_score_note(scored, ar) is None
+    assert "0.250" in markdown_table({**document, "benchmarks": {"gsm8k_test_100": {
+        **summary, "rules": scored, "task_score_note": None}}})

@@ -2,6 +2,7 @@
 
     prompts.py   benchmark files of each kind, categories, scoring, input errors
     running.py   the variants and running them prompt by prompt (with the reference samples, peers)
+    same_drafts.py  the comparison on the same drafts: lossless SD's drafts re-judged under every rule
     summary.py   pooled numbers, the reference band, frontier points, text tables
     cli.py       arguments, the run, the JSON / HTML / Markdown outputs
 """

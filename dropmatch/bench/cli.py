@@ -11,9 +11,14 @@ with the lossless answer and, where the kind allows, an accuracy.
 
 The yardstick: --reference-samples N samples of the target alone per prompt (temperature 0.7,
 top-p 0.95) give a reference band; a lossy run "stays within the target's own variation" when its
-target NLL is at or below the reference's and its off-nucleus rate is at most 1%.
+target NLL is at or below the reference's, its off-nucleus rate is at most 1%, and its distinct-2 is at
+least 90% of the target's own (greedy runs: lossless SD's greedy text; sampled runs: the samples').
+Task scores show only where lossless SD scores above zero; labels say how many of a file's prompts ran.
 --frontier sweeps every lossy rule over its knob on the same prompts and seed (JSON key
-"frontier"). --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
+"frontier"). --same-drafts adds the comparison on the same drafts: lossless SD once per prompt (at the
+Studio's draft policy and at a long fixed draft, --same-drafts-gamma), its drafts re-judged under every rule
+of the run's mode with the rule lab's code, with 95% bootstrap intervals over prompts (JSON key
+"same_drafts"); --same-drafts-only runs that comparison alone. --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
 generation and prompt-lookup decoding (greedy) or its static ensemble (sampling, with --rules ensemble); --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
 """
 
@@ -38,9 +43,10 @@ from ..engine import Engine
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
-from .prompts import BenchError, _count, _positive, parse_file, read_prompts
+from .prompts import BenchError, _count, _positive, load_set, parse_file
+from .same_drafts import LONG_GAMMA, policies, run_same_drafts
 from .running import peer_runs, run_benchmark, variants, warm_up, with_judge_knob
-from .summary import format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
+from .summary import format_same_drafts, format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
 
 
 def parse_rules(text: str) -> list[str]:
@@ -90,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sweep every lossy rule over its knob on the same prompts (JSON key 'frontier')")
     parser.add_argument("--frontier-rules", default="",
                         help="with --frontier: sweep only these rules (comma-separated; default: every lossy rule)")
+    parser.add_argument("--same-drafts", action="store_true",
+                        help="also compare every rule on the same drafts: lossless SD's, re-judged by the rule lab "
+                             "(JSON key 'same_drafts'), at this command's draft policy and at --same-drafts-gamma")
+    parser.add_argument("--same-drafts-only", action="store_true",
+                        help="the same-drafts comparison alone: no autoregressive, rule, reference or peer runs")
+    parser.add_argument("--same-drafts-gamma", default=LONG_GAMMA,
+                        help="the same-drafts comparison's long fixed draft (draft model), beside the Studio's policy")
     parser.add_argument("--p-sweep", default=None, help="extra DropMatch runs at these fixed p, e.g. 0,0.1,0.2")
     parser.add_argument("--auto-sweep", default=None,
                         help="extra DropMatch runs at p = auto aiming at these agreements, e.g. 0.8,0.9,0.95")
@@ -161,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         files = [parse_file(f.strip(), limit) for f in args.prompts.split(",") if f.strip()]
         if not files:
             raise BenchError("--prompts is empty")
-        benchmarks = [(Path(f).stem, *read_prompts(f, n)) for f, n in files]
-        if any(kind == "humaneval" for _, kind, _ in benchmarks):
+        benchmarks = [load_set(f, n) for f, n in files]
+        args.same_drafts = args.same_drafts or args.same_drafts_only
+        if args.same_drafts:
+            try:
+                policies(decode, args.same_drafts_gamma)  # its range check, before any model loads
+            except ConfigError as error:
+                raise BenchError(f"--same-drafts-gamma: {error}") from None
+        if not args.same_drafts_only and any(prompt_set.kind == "humaneval" for prompt_set in benchmarks):
             check_sandbox()
         spec = PairSpec(target=args.target, draft=args.draft)
         return _run(args, decode, runs, benchmarks, spec, sweep_limit)
@@ -209,17 +228,36 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
         return 2
     runs = runnable(engine, runs)
     started = time.time()
-    warm_up(engine, decode, runs)
-    results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
-    results = [r for r in results if r.items]
-    if not results:
+    results, interrupted = [], False
+    if not args.same_drafts_only:
+        warm_up(engine, decode, runs)
+        results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
+        results = [r for r in results if r.items]
+    same = None
+    if args.same_drafts and not interrupted:
+        same = _same_drafts(engine, args, decode, benchmarks)
+        interrupted = same[2]
+    if not results and not (same and same[0].get("studio")):
         print("error: no prompt finished", file=sys.stderr)
         return 1
-    document = _document(args, results, runs, interrupted, time.time() - started)
+    document = _document(args, results, runs, interrupted, time.time() - started, benchmarks, same)
     for name, numbers in document["benchmarks"].items():
         print(format_table(name, numbers))
+    if same:
+        print(format_same_drafts(document))
     _write_outputs(args, document)
     return 130 if interrupted else 0
+
+
+def _same_drafts(engine, args, decode, benchmarks) -> tuple[dict, dict, bool]:
+    """The comparison on the same drafts (same_drafts.run_same_drafts) over every prompt set, under one progress bar."""
+    template = RuleConfig.from_mapping({knob.user_key: getattr(args, knob.user_key) for knob in KNOBS.values()})
+    bar = tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="same drafts", unit="prompt")
+    same = run_same_drafts(engine, benchmarks, decode, template, int(args.same_drafts_gamma), lambda: bar.update(1))
+    bar.close()
+    if same[2]:
+        print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
+    return same
 
 
 def runnable(engine, runs: list) -> list:
@@ -237,10 +275,10 @@ def runnable(engine, runs: list) -> list:
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):
     """(results, interrupted): every benchmark in turn, under one progress bar; Ctrl-C keeps what finished."""
     peer = peer_runs(args.peer, decode)
-    bar = tqdm(total=sum(len(items) for _, _, items in benchmarks), desc="prompts", unit="prompt")
+    bar = tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="prompts", unit="prompt")
     results, interrupted = [], False
-    for name, kind, items in benchmarks:
-        result = run_benchmark(engine, name, kind, items, runs, decode,
+    for prompt_set in benchmarks:
+        result = run_benchmark(engine, prompt_set.name, prompt_set.kind, prompt_set.items, runs, decode,
                                check_identity=decode.greedy and not args.no_identity_check,
                                peer=peer, sweep_limit=sweep_limit,
                                progress=lambda: bar.update(1), reference_samples=args.reference_samples)
@@ -253,10 +291,15 @@ def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):
     return results, interrupted
 
 
-def _document(args, results, runs, interrupted: bool, wall_s: float) -> dict:
-    """The JSON document: settings, pooled rules, each benchmark, per-prompt rows, reference, frontier."""
+def _document(args, results, runs, interrupted: bool, wall_s: float, benchmarks=(), same=None) -> dict:
+    """The JSON document: settings, pooled rules, each benchmark (labelled with what ran), per-prompt rows,
+    reference, frontier; the comparison on the same drafts and what it ran (same_drafts_info) where run."""
+    sets = {prompt_set.name: prompt_set for prompt_set in benchmarks}
     summaries = {r.name: summarize_benchmark(r) for r in results}
-    overall = pooled_over_benchmarks(results)
+    for name, summary in summaries.items():
+        if name in sets:
+            summary["label"] = sets[name].label(summary["prompts"])
+    overall = pooled_over_benchmarks(results) if results else {"rules": {}}
     document = {
         "settings": {**vars(args), "command": "python -m dropmatch.bench " + " ".join(sys.argv[1:]),
                      "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "wall_s": wall_s},
@@ -265,9 +308,11 @@ def _document(args, results, runs, interrupted: bool, wall_s: float) -> dict:
         "benchmarks": summaries,
         "prompts": {r.name: per_prompt(r) for r in results},
     }
+    if same is not None:
+        document["same_drafts"], document["same_drafts_info"] = same[0], same[1]
     if "reference" in overall:
         document["reference"] = overall["reference"]
-    if args.frontier:
+    if args.frontier and results:
         document["frontier"] = [{"benchmark": name, **point} for name, numbers in {"all": overall, **summaries}.items()
                                 for point in frontier_points(numbers, runs)]
     return document

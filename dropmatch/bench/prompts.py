@@ -68,6 +68,41 @@ def read_prompts(path: str, limit: int | None) -> tuple[str, list[Item]]:
     return kind, spread_over_categories(items, limit)
 
 
+SET_NAMES = {"gsm8k": "GSM8K", "mt_bench": "MT-Bench", "humaneval": "HumanEval", "ifeval": "IFEval"}
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompts of one file that a benchmark runs: its name (the file's stem), kind, the chosen
+    items, and how many prompts the file holds (labels say how many of them ran)."""
+    name: str
+    kind: str
+    items: list[Item]
+    total: int
+
+    def label(self, ran: int) -> str:
+        """What ran, said as a reader counts it: "GSM8K test, 10 of 100"."""
+        return f"{set_title(self.name)}, {ran} of {self.total}"
+
+
+def set_title(stem: str) -> str:
+    """A prompt file's stem as a set's name: a trailing count dropped, the known sets' own spelling
+    ("gsm8k_test_100" -> "GSM8K test", "mt_bench" -> "MT-Bench", "multilingual_chat" -> "multilingual chat")."""
+    words = stem.split("_")
+    if len(words) > 1 and words[-1].isdigit():
+        words = words[:-1]
+    text = "_".join(words)
+    for key, shown in SET_NAMES.items():
+        text = text.replace(key, shown)
+    return text.replace("_", " ")
+
+
+def load_set(path: str, limit: int | None) -> PromptSet:
+    """read_prompts's (kind, items) as a PromptSet, with the file's prompt count."""
+    kind, items = read_prompts(path, None)
+    return PromptSet(Path(path).stem, kind, spread_over_categories(items, limit), len(items))
+
+
 def category_of(item: Item) -> str | None:
     category = item.record.get("category")
     return category if isinstance(category, str) and category else None

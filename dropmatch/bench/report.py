@@ -13,7 +13,11 @@ from plotly.subplots import make_subplots
 
 from ..acceptance import BASELINE, METHOD
 from ..plots import frontier_figure
-from .tables import CATEGORY_HEADER, HEADER, band_text, category_rows, signed, signed_points, summary_rows
+from .tables import (CATEGORY_HEADER, HEADER, SAME_DRAFTS_HEADER, band_text, category_rows,
+                     gain_text, same_drafts_caption, same_drafts_rows, signed, signed_points, summary_rows)
+
+TRAJECTORIES = ("Each rule's own text: every rule decodes each prompt; after its first lossy token it writes another "
+                "text with other drafts, so its tau and speed measure the rule and the text it led to.")
 
 PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over standard SD, about +10% mean "
          "acceptance length, accuracy within about 1 point on GSM8K / MMLU / IFEval / HumanEval; the MC head "
@@ -74,19 +78,33 @@ def _positions(document: dict) -> go.Figure:
     return fig
 
 
-def _table(document: dict) -> str:
-    head = ("benchmark", *HEADER)
-    rows = [(name, *row) for name, summary in document["benchmarks"].items() for row in summary_rows(summary)]
+def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    header = "".join(f"<th>{h}</th>" for h in head)
-    tables = [f"<table><tr>{header}</tr>{cells}</table>"]
+    return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + f"</tr>{cells}</table>"
+
+
+def same_drafts_section(document: dict) -> str:
+    """The comparison on the same drafts, one table per draft policy (empty where it did not run)."""
+    parts = [f"<p>{html.escape(same_drafts_caption(document, policy))}</p>"
+             + _html_table(SAME_DRAFTS_HEADER, same_drafts_rows(document, policy))
+             for policy in document.get("same_drafts", {})]
+    return "<h2>On lossless SD's drafts</h2>" + "".join(parts) if parts else ""
+
+
+def _table(document: dict) -> str:
+    """The trajectory results (each rule's own text): one table of every benchmark's runs, then the
+    per-category tables; empty where no trajectory ran."""
+    if not document["benchmarks"]:
+        return ""
+    rows = [(summary.get("label", name), *row) for name, summary in document["benchmarks"].items()
+            for row in summary_rows(summary)]
+    tables = [_html_table(("benchmark", *HEADER), rows)]
     for name, summary in document["benchmarks"].items():
         rows = category_rows(summary)
         if rows:
-            cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-            header = "".join(f"<th>{h}</th>" for h in CATEGORY_HEADER)
-            tables.append(f"<h3>{html.escape(name)} by category</h3><table><tr>{header}</tr>{cells}</table>")
-    return "\n".join(tables)
+            tables.append(f"<h3>{html.escape(summary.get('label', name))} by category</h3>"
+                          + _html_table(CATEGORY_HEADER, rows))
+    return f"<h2>Each rule's own text</h2><p>{html.escape(TRAJECTORIES)}</p>" + "\n".join(tables)
 
 
 def verdicts(document: dict) -> list[str]:
@@ -105,7 +123,10 @@ def verdicts(document: dict) -> list[str]:
         reference = summary.get("reference", {}).get("target_sampled")
         if reference and lossy.get("target_nll") is not None:
             repetition = ""
-            if reference.get("distinct2") is not None and lossy.get("distinct2") is not None:
+            yardstick = lossy.get("repetition_yardstick")
+            if yardstick is not None and lossy.get("distinct2") is not None:
+                repetition = f", distinct-2 {lossy['distinct2']:.3f} vs lossless SD's greedy text's {yardstick:.3f}"
+            elif reference.get("distinct2") is not None and lossy.get("distinct2") is not None:
                 repetition = f", distinct-2 {lossy['distinct2']:.3f} vs the samples' {reference['distinct2']:.3f}"
             parts.append(f"target NLL {lossy['target_nll']:.3f} vs the target's own samples {reference['target_nll']:.3f}, "
                          f"off-nucleus {100 * (lossy.get('off_nucleus_rate') or 0):.1f}%{repetition}: "
@@ -117,11 +138,37 @@ def verdicts(document: dict) -> list[str]:
             parts.append(f"against lossless SD on the same prompts: NLL {signed(lossy['delta_target_nll'])}, off-nucleus "
                          f"{signed_points(lossy.get('delta_off_nucleus_rate'))}, distinct-2 "
                          f"{signed(lossy.get('delta_distinct2'))}")
-        if lossless.get("accuracy") is not None and lossy.get("accuracy") is not None:
+        if summary.get("task_score_note"):
+            parts.append(f"no task score ({summary['task_score_note']})")
+        elif lossless.get("accuracy") is not None and lossy.get("accuracy") is not None:
             drop = 100 * (lossless["accuracy"] - lossy["accuracy"])
             parts.append(f"accuracy {-drop:+.1f} points")
         p = "p = auto" if document.get("settings", {}).get("p") in (None, "auto") else f"p = {document['settings']['p']}"
-        lines.append(f"{name} ({summary['prompts']} prompts), DropMatch {p} vs lossless: " + "; ".join(parts) + ".")
+        lines.append(f"{summary.get('label', name)}, DropMatch {p} vs lossless: " + "; ".join(parts) + ".")
+    return lines
+
+
+REVERSED = {"leads": "trails", "trails": "leads", "ties": "ties"}
+
+
+def same_drafts_verdicts(document: dict) -> list[str]:
+    """Per draft policy and prompt set, a sentence on the method on the same drafts: its tau gain over lossless
+    SD with its interval, and the rules it leads, ties and trails (said only beyond the intervals)."""
+    lines = []
+    for policy, sets in document.get("same_drafts", {}).items():
+        shown = document.get("same_drafts_info", {}).get("policies", {}).get(policy, policy)
+        for name, rules in sets.items():
+            method = rules.get(METHOD)
+            if method is None:
+                continue
+            label = document.get("same_drafts_info", {}).get("sets", {}).get(name, {}).get("label", name)
+            by_standing = {"leads": [], "ties": [], "trails": []}
+            for rule, figures in rules.items():
+                if rule not in (METHOD, BASELINE) and figures.get("against_method"):
+                    by_standing[REVERSED[figures["against_method"]["standing"]]].append(rule)
+            others = "; ".join(f"{word} {', '.join(names)}" for word, names in by_standing.items() if names)
+            lines.append(f"{label}, on lossless SD's drafts ({shown}): {METHOD} {gain_text(method['gain'])} against "
+                         f"lossless SD" + (f"; against the other rules it {others}" if others else "") + ".")
     return lines
 
 
@@ -198,7 +245,7 @@ def write_report(document: dict, path: Path) -> None:
         _bars(document, "accuracy", "Accuracy (GSM8K exact match, HumanEval pass@1, IFEval instructions followed)", "score"),
         _sweep(document),
         _positions(document),
-    ]
+    ] if document["benchmarks"] else []
     frontier_figures, frontier_table = frontier_section(document)
     figures = frontier_figures + figures
     parts = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in figures if fig is not None]
@@ -216,15 +263,18 @@ K {settings.get('k')}, p {settings.get('p')}, temperature {settings.get('tempera
 {settings.get('max_new_tokens')}{' · <b>interrupted: partial results</b>' if document.get('interrupted') else ''}</p>
 <p><code>{command}</code></p>
 <p>{html.escape(PAPER)}</p>
-<h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in verdicts(document))}</ul>
+<h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in same_drafts_verdicts(document) + verdicts(document))}</ul>
 <h2>Step costs on this machine</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in step_costs(document))}</ul>
 <p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, the
 path logits, path softmaxes, JS, votes, p = auto's calibration) / round time. Target NLL = mean negative
 log-likelihood (nats/token) of the answer under the clean target (temperature 1); off-nucleus = share of emitted
 tokens outside the target's top-p 0.95 nucleus. The reference row: the target's own samples (temperature 0.7,
 top-p 0.95) on the same prompts; a lossy run stays within the target's own variation when its NLL is at or
-below theirs and at most 1% of its tokens leave the nucleus. MT-Bench has no judge offline: its quality
+below theirs, at most 1% of its tokens leave the nucleus, and its distinct-2 is at least 90% of the yardstick's
+(greedy runs: the target's own greedy text, lossless SD's; sampled runs: the samples'). Task scores are shown
+only where lossless SD scores above zero. MT-Bench has no judge offline: its quality
 columns are the NLL, distinct-2 and token overlap with the lossless answer, not a judged score.</p>
+{same_drafts_section(document)}
 {_table(document)}
 {frontier_table}
 {''.join(parts)}
@@ -232,27 +282,29 @@ columns are the NLL, distinct-2 and token overlap with the lossless answer, not 
     path.write_text(page, encoding="utf-8")
 
 
+def _markdown(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["|" + "|".join(f" {c} " if c else " " for c in row) + "|" for row in rows]]
+
+
 def markdown_table(document: dict) -> str:
-    """The README's results table: one row per benchmark and run, with the settings it came from."""
+    """The README's results: the comparison on the same drafts (one table per draft policy) where it ran, then
+    each rule's own text (one row per benchmark and run), with the command they came from."""
     settings = document["settings"]
-    lines = [
-        f"Measured {settings.get('date', '')} on {settings.get('machine', '')} with:",
-        "",
-        f"```bash\n{settings.get('command', '')}\n```",
-        "",
-        "| benchmark | run | tau | acceptance | tokens/s | vs AR | vs lossless | MC share | p | accuracy | target NLL | off-nucleus | distinct-2 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, summary in document["benchmarks"].items():
-        for i, row in enumerate(summary_rows(summary)):
-            first = f"{name} ({summary['prompts']})" if i == 0 else ""
-            cells = (first, *row[:-1])  # no overlap column
-            lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+    lines = [f"Measured {settings.get('date', '')} on {settings.get('machine', '')} with:", "",
+             f"```bash\n{settings.get('command', '')}\n```"]
+    for policy in document.get("same_drafts", {}):
+        lines += ["", f"**{same_drafts_caption(document, policy)}**", "",
+                  *_markdown(SAME_DRAFTS_HEADER, same_drafts_rows(document, policy))]
+    if document["benchmarks"]:
+        rows = [(summary.get("label", name) if i == 0 else "", *row[:-1])  # no overlap column
+                for name, summary in document["benchmarks"].items() for i, row in enumerate(summary_rows(summary))]
+        lines += ["", f"**{TRAJECTORIES}**", "", *_markdown(("benchmark", *HEADER[:-1]), rows)]
     for name, summary in document["benchmarks"].items():
         rows = category_rows(summary)
         if rows:
-            lines += ["", f"{name} by category:", "", "| " + " | ".join(CATEGORY_HEADER) + " |",
-                      "|" + "---|" * len(CATEGORY_HEADER)]
-            lines += ["|" + "|".join(f" {c} " if c else " " for c in row) + "|" for row in rows]
-    lines += ["", *[f"- {v}" for v in verdicts(document)], *[f"- {v}" for v in step_costs(document)], "", PAPER]
+            lines += ["", f"{summary.get('label', name)} by category:", "", *_markdown(CATEGORY_HEADER, rows)]
+    sentences = same_drafts_verdicts(document) + verdicts(document) + step_costs(document)
+    lines += ["", *[f"- {v}" for v in sentences], "", PAPER]
     return "\n".join(lines)

@@ -4,6 +4,7 @@ band, frontier points, per-category splits, text tables and per-prompt rows."""
 from __future__ import annotations
 
 from . import tables
+from ..acceptance import BASELINE
 from ..metrics import MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, mc_overhead, per_position_acceptance, pooled
 from .prompts import category_of
 from .running import PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
@@ -48,19 +49,21 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
             stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
                           for key in ("target_nll", "off_nucleus_rate", "distinct2")})
         stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
+        stats["repetition_yardstick"] = own_greedy_distinct2(result, [i for i, _ in pairs])
         if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
             stats["identical_to_target_greedy"] = all(result.identical)
             stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
             stats["divergences"] = list(result.divergences)
         rules[label] = stats
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
-           "autoregressive": ar, "rules": rules}
+           "autoregressive": ar, "rules": rules, "task_score_note": task_score_note(rules, ar)}
     reference = reference_summary(result)
     if reference is not None:
+        reference["repetition_against"] = tables.GREEDY_YARDSTICK if is_greedy(result) else tables.SAMPLED_YARDSTICK
         out["reference"] = {"target_sampled": reference}
         for stats in rules.values():
-            stats["band"] = band_checks(stats, reference)
-            stats["within_reference"] = within_reference(stats, reference)
+            stats["band"] = band_checks(stats, reference, stats["repetition_yardstick"])
+            stats["within_reference"] = within_reference(stats, reference, stats["repetition_yardstick"])
     categories = by_category(result)
     if categories:
         out["categories"] = categories
@@ -79,6 +82,13 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     return out
 
 
+def task_score_note(rules: dict, ar: dict) -> str | None:
+    """Why the task-score column is empty, or None where it is shown (or the kind has no score): a score
+    says something only where lossless SD (the target's own answer) scores above zero."""
+    own = (rules.get(BASELINE) or ar).get("accuracy")
+    return "lossless SD scores 0 here" if own == 0 else None
+
+
 def reference_summary(result: BenchmarkResult) -> dict | None:
     """The reference band: the target's own samples pooled (token-weighted), or None without samples."""
     samples = [g for per_prompt in result.reference for g in per_prompt]
@@ -91,22 +101,39 @@ def reference_summary(result: BenchmarkResult) -> dict | None:
             "accuracy": _mean([g.correct for g in samples])}
 
 
-def band_checks(stats: dict, reference: dict) -> dict[str, bool] | None:
+def is_greedy(result: BenchmarkResult) -> bool:
+    return bool(result.ar) and result.ar[0].trace.temperature == 0.0
+
+
+def own_greedy_distinct2(result: BenchmarkResult, indices: list[int]) -> float | None:
+    """Under greedy decoding, the mean distinct-2 of the target's own greedy text on these prompts (lossless
+    SD's text; the autoregressive run's, the same text, where lossless SD did not run): the repetition
+    axis's yardstick, so that greedy decoding's own loops do not put a rule outside the band. None
+    when sampled (the band's repetition axis then reads the target's samples)."""
+    if not is_greedy(result):
+        return None
+    own = result.runs.get(BASELINE) or result.ar
+    return _mean([own[i].distinct2 for i in indices if own[i] is not None])
+
+
+def band_checks(stats: dict, reference: dict, distinct2_floor_from: float | None = None) -> dict[str, bool] | None:
     """The band's three axes for a run: target NLL at or below the reference's, off-nucleus rate at
-    most MAX_OFF_NUCLEUS, distinct-2 at least MIN_DISTINCT2_SHARE of the reference's (repetition);
-    None where the numbers are missing."""
+    most MAX_OFF_NUCLEUS, distinct-2 at least MIN_DISTINCT2_SHARE of the reference's (repetition), or
+    of `distinct2_floor_from` where given (greedy runs: the target's own greedy text on the same
+    prompts, own_greedy_distinct2); None where the numbers are missing."""
     if stats.get("target_nll") is None or reference.get("target_nll") is None:
         return None
     checks = {"nll": stats["target_nll"] <= reference["target_nll"],
               "off_nucleus": (stats.get("off_nucleus_rate") or 0.0) <= MAX_OFF_NUCLEUS}
-    if reference.get("distinct2") is not None and stats.get("distinct2") is not None:
-        checks["repetition"] = stats["distinct2"] >= MIN_DISTINCT2_SHARE * reference["distinct2"]
+    floor_from = reference.get("distinct2") if distinct2_floor_from is None else distinct2_floor_from
+    if floor_from is not None and stats.get("distinct2") is not None:
+        checks["repetition"] = stats["distinct2"] >= MIN_DISTINCT2_SHARE * floor_from
     return checks
 
 
-def within_reference(stats: dict, reference: dict) -> bool | None:
+def within_reference(stats: dict, reference: dict, distinct2_floor_from: float | None = None) -> bool | None:
     """Does a run stay within the target's own variation: every axis of band_checks holds."""
-    checks = band_checks(stats, reference)
+    checks = band_checks(stats, reference, distinct2_floor_from)
     return None if checks is None else all(checks.values())
 
 
@@ -153,12 +180,22 @@ def by_category(result: BenchmarkResult) -> dict[str, dict]:
 def format_table(name: str, numbers: dict) -> str:
     rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
-    lines = [f"== {name} ({numbers['kind']}, {numbers['prompts']} prompts{skipped})", *_aligned(rows)]
+    lines = [f"== {numbers.get('label', name)} ({numbers['kind']}, {numbers['prompts']} prompts{skipped}; "
+             "each rule's own text)", *_aligned(rows)]
     for peer in numbers.get("peers", {}).values():
         lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
     by_kind = tables.category_rows(numbers, dash="-")
     if by_kind:
         lines += ["by category:", *_aligned([tables.CATEGORY_HEADER, *by_kind])]
+    return "\n".join(lines)
+
+
+def format_same_drafts(document: dict) -> str:
+    """The comparison on the same drafts as text tables, one per draft policy."""
+    lines = []
+    for policy in document.get("same_drafts", {}):
+        rows = tables.same_drafts_rows(document, policy, dash="-")
+        lines += [f"== {tables.same_drafts_caption(document, policy)}", *_aligned([tables.SAME_DRAFTS_HEADER, *rows])]
     return "\n".join(lines)
 
 

@@ -3,8 +3,13 @@ README's Markdown table (pure: summary dicts in, strings out)."""
 
 from __future__ import annotations
 
+from ..acceptance import METHOD
+
 HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "off-nucleus",
           "dist-2", "Δ NLL", "Δ off-nucleus", "Δ dist-2", "band", "overlap w/ lossless")
+
+# What a greedy run's repetition axis is judged against (summary.own_greedy_distinct2); sampled runs: the samples.
+GREEDY_YARDSTICK, SAMPLED_YARDSTICK = "the target's greedy text (lossless SD)", "the target's samples"
 
 
 def percent(value, dash: str = "–") -> str:
@@ -21,22 +26,27 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
     def f(value, digits: int = 2) -> str:
         return number(value, digits, dash)
 
+    def score(value) -> str:  # the task score, where lossless SD scores above zero (else why not)
+        return f"{dash} ({summary['task_score_note']})" if summary.get("task_score_note") else f(value, 3)
+
     ar = summary["autoregressive"]
     none = (dash,) * 4  # no deltas, no band
     rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), "1.00x", dash, dash, dash,
-             f(ar.get("accuracy"), 3), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
+             score(ar.get("accuracy")), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
              f(ar.get("distinct2"), 3), *none, dash)]
     reference = summary.get("reference", {}).get("target_sampled")
     if reference:
-        rows.append((f"target sampled (T {reference['temperature']:g}, top-p {reference['top_p']:g}; reference)",
-                     dash, dash, dash, dash, dash, dash, dash, f(reference.get("accuracy"), 3),
+        greedy_yardstick = reference.get("repetition_against") == GREEDY_YARDSTICK
+        also = "; repetition judged against lossless SD's greedy text" if greedy_yardstick else ""
+        rows.append((f"target sampled (T {reference['temperature']:g}, top-p {reference['top_p']:g}; reference{also})",
+                     dash, dash, dash, dash, dash, dash, dash, score(reference.get("accuracy")),
                      f(reference["target_nll"], 3), percent(reference["off_nucleus_rate"], dash),
                      f(reference.get("distinct2"), 3), *none, dash))
     for label, s in summary["rules"].items():
         share = dash if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
         rows.append((label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
                      f(s["speedup_vs_ar"]) + "x", f(s.get("speedup_vs_lossless")) + "x", share, f(s["p"], 3),
-                     f(s["accuracy"], 3), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
+                     score(s["accuracy"]), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
                      f(s["distinct2"], 3), signed(s.get("delta_target_nll"), 3, dash),
                      signed_points(s.get("delta_off_nucleus_rate"), dash), signed(s.get("delta_distinct2"), 3, dash),
                      band_text(s.get("band"), dash), f(s.get("overlap_with_lossless"), 3)))
@@ -79,3 +89,54 @@ def category_rows(summary: dict, dash: str = "–") -> list[tuple[str, ...]]:
         rows += [("", "", label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
                   f(s["speedup_vs_ar"]) + "x") for label, s in part["rules"].items()]
     return rows
+
+
+# ---------------------------------------------------------------- the comparison on the same drafts
+
+SAME_DRAFTS_HEADER = ("prompt set", "rule", "tau", "gain vs lossless SD", "beyond exact", f"gain vs {METHOD}",
+                      "target p of lossy tokens", "their rank: median, top-2")
+
+
+def interval_text(figure: dict | None, digits: int = 2, dash: str = "–") -> str:
+    """A figure with its interval: "2.25 [2.10, 2.40]"."""
+    if figure is None:
+        return dash
+    return f"{figure['value']:.{digits}f} [{figure['low']:.{digits}f}, {figure['high']:.{digits}f}]"
+
+
+def gain_text(figure: dict | None, dash: str = "–") -> str:
+    """A gain with its interval and what it supports: "+12.0% [+5.1, +18.3]: leads" (said only beyond the interval)."""
+    if figure is None:
+        return dash
+    return (f"{100 * figure['value']:+.1f}% [{100 * figure['low']:+.1f}, {100 * figure['high']:+.1f}]: "
+            f"{figure['standing']}")
+
+
+def share_text(figure: dict | None, dash: str = "–") -> str:
+    """A share with its interval, in percent: "10.5% [2.6, 17.5]"."""
+    if figure is None:
+        return dash
+    return f"{100 * figure['value']:.1f}% [{100 * figure['low']:.1f}, {100 * figure['high']:.1f}]"
+
+
+def same_drafts_rows(document: dict, policy: str, dash: str = "–") -> list[tuple[str, ...]]:
+    """One row per prompt set and rule of the comparison on the same drafts at one draft policy, in
+    SAME_DRAFTS_HEADER's columns; the set's label ("GSM8K test, 10 of 100") on its first row."""
+    sets = document.get("same_drafts_info", {}).get("sets", {})
+    rows = []
+    for name, rules in document.get("same_drafts", {}).get(policy, {}).items():
+        for i, (rule, s) in enumerate(rules.items()):
+            rank = dash if s["rank_median"] is None else f"{s['rank_median']:g}, {100 * s['top2_share']:.0f}%"
+            rows.append((sets.get(name, {}).get("label", name) if i == 0 else "", rule,
+                         interval_text(s["tau"], dash=dash), gain_text(s["gain"], dash),
+                         share_text(s["beyond_exact"], dash), gain_text(s.get("against_method"), dash),
+                         interval_text(s["target_prob"], 3, dash), rank))
+    return rows
+
+
+def same_drafts_caption(document: dict, policy: str) -> str:
+    """What one policy's table measures, in a sentence."""
+    info = document.get("same_drafts_info", {})
+    return (f"On lossless SD's drafts ({info.get('policies', {}).get(policy, policy)}): each rule re-judges the "
+            f"same drafts; {info.get('pooling', '')}, {info.get('interval', '')}; a rule leads or trails only "
+            "where the interval of its gain excludes 0.")

@@ -1,0 +1,255 @@
+"""The same-drafts comparison (DESIGN.md §1, "on the same drafts"): lossless SD runs once per prompt with
+its states kept, and every rule defined under the run's mode re-judges those drafts with the rule lab's
+code (lab.prepare, lab.rejudge: the one verify step the engine calls; lab.rules_for says which rules, the
+judge rules where the pair has a trained judge). Every rule reads the same drafts and the same clean
+target, so the figures isolate the rule; a trajectory run's tau measures the rule and the text it led to.
+
+Per rule and prompt set: the tau it would reach on those drafts (its accepted prefix + 1 per round), the
+share of drafted tokens it accepts beyond the exact test (accepted where the lossless test rejected), and
+what it accepted as the target sees it (the clean target's probability and rank of each such token).
+
+Pooling: ratios of sums over the prompts of a set, as the benchmark's other figures are pooled, each with
+a 95% percentile bootstrap interval over prompts (RESAMPLES resamples, seeded with the run's seed). A gain
+against another rule (tau_rule / tau_other - 1) is computed within each resample: the same prompts.
+Two draft policies run in one command: the Studio's (the command's --gamma and --draft-source) and a long
+fixed draft from the draft model (--same-drafts-gamma, default 15 as FLy's authors draft), so that a rule
+with a window has room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .. import lab
+from ..acceptance import BASELINE, METHOD, RULES
+from ..config import ConfigError, DecodeConfig, RuleConfig
+from ..engine import run_to_end
+from ..sampling import signal_probs
+from .prompts import PromptSet
+
+LONG_GAMMA = 15  # FLy's authors' spd_k
+RESAMPLES = 2000
+LEVEL = 0.95
+POOLING = "ratio of sums over the prompts of a set"
+INTERVAL = f"{LEVEL:.0%} percentile bootstrap over prompts, {RESAMPLES} resamples, seeded with --seed"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A draft policy of the comparison: its JSON key, its decode settings, and how reports name it."""
+    key: str
+    decode: DecodeConfig
+    shown: str
+
+
+def policies(decode: DecodeConfig, long_gamma: int = LONG_GAMMA) -> list[Policy]:
+    """The Studio's draft policy (the command's own gamma and draft source) and a long fixed draft from the
+    draft model (ConfigError where long_gamma is out of range)."""
+    gamma = "auto" if decode.gamma_auto else decode.gamma
+    long = replace(decode, gamma=long_gamma, gamma_auto=False, draft_source="model")
+    return [Policy("studio", decode, f"the Studio's policy: gamma {gamma}, {decode.draft_source} drafts"),
+            Policy("long", long, f"a long fixed draft: gamma {long_gamma}, draft-model drafts")]
+
+
+@dataclass
+class Judged:
+    """One rule on one prompt's drafts, summed over the rounds; per lossy-accepted token (accepted by the
+    rule where the lossless test rejected it), in draft order, the clean target's probability and rank."""
+    rounds: int
+    drafted: int
+    accepted: int
+    probs: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def beyond(self) -> int:
+        return len(self.probs)
+
+
+def target_view(rnd) -> tuple[list[float], list[int]]:
+    """(probabilities, ranks) of a prepared round's drafted tokens under the clean target: the probability
+    at the run's temperature as the rules read it (softmax(logits / T), T = 1 under greedy), the rank in
+    the target's distribution (1 = its top token; tied logits share the best rank). rnd: lab.prepare's
+    VerifyInputs (clean_logits [g + 1, V], draft_tokens [g])."""
+    logits = rnd.clean_logits[: rnd.num_drafted].float()
+    index = rnd.draft_tokens.unsqueeze(-1)
+    ranks = (logits > logits.gather(-1, index)).sum(-1) + 1
+    probs = signal_probs(logits, rnd.temperature).gather(-1, index).squeeze(-1)
+    return probs.tolist(), ranks.tolist()
+
+
+def judged_by_rule(prepared: list, matrix: dict) -> dict[str, Judged]:
+    """{rule: Judged} from the lab's matrix (lab.rejudge) over the prepared rounds it judged."""
+    views = [target_view(rnd) for rnd in prepared]
+    exact = [rnd.exact.tolist() for rnd in prepared]
+    out = {}
+    for j, rule in enumerate(matrix["rules"]):
+        accepted = [(row["round"], row["slot"]) for row in matrix["rows"] if row["cells"][j]["accepted"]]
+        beyond = [(r, i) for r, i in accepted if not exact[r][i]]
+        out[rule["name"]] = Judged(len(prepared), len(matrix["rows"]), len(accepted),
+                                   [views[r][0][i] for r, i in beyond], [views[r][1][i] for r, i in beyond])
+    return out
+
+
+def rule_settings(trace, template: RuleConfig) -> RuleConfig:
+    """The knobs the rules re-judge with: the command's (the lossless run carries them), its p where it is a
+    number, else the rule lab's p (p = auto calibrates per lossy run; the lab needs a number)."""
+    return lab.lab_settings(trace) if template.p is None else lab.lab_settings(trace, p=template.p)
+
+
+def judge_prompt(engine, ids: list[int], decode: DecodeConfig, template: RuleConfig) -> tuple[dict[str, Judged], int,
+                                                                                                 dict | None]:
+    """Lossless SD once on a prompt (its states kept), its drafts re-judged under every rule the lab allows:
+    ({rule: Judged}, the run's own emitted tokens over its rounds (its tau's numerator), the knobs used);
+    ({}, 0, None) where the run made no round (its first token ended it)."""
+    trace = run_to_end(engine.speculative(ids, decode, replace(template, rule=BASELINE), keep_states=True))
+    if not trace.rounds:
+        return {}, 0, None
+    prepared = lab.prepare(trace, engine.target, engine.draft)
+    matrix = lab.rejudge(prepared, engine.target, rule_settings(trace, template), engine.services.token_text,
+                         judge=engine.services.judge)
+    return judged_by_rule(prepared, matrix), sum(len(r.emitted) for r in trace.rounds), matrix["settings"]
+
+
+# ---------------------------------------------------------------- pooling with intervals
+
+
+@dataclass
+class Estimate:
+    """A set's figure (None where undefined) and its value in each bootstrap resample ([B], NaN where undefined)."""
+    value: float | None
+    samples: np.ndarray
+
+    def shown(self) -> dict | None:
+        """{"value", "low", "high"}: the figure and its LEVEL percentile interval; None where undefined."""
+        if self.value is None or np.isnan(self.samples).all():
+            return None
+        tail = 100 * (1 - LEVEL) / 2
+        low, high = np.nanpercentile(self.samples, [tail, 100 - tail])
+        return {"value": self.value, "low": float(low), "high": float(high)}
+
+
+def ratio(numerator: np.ndarray, denominator: np.ndarray, picks: np.ndarray) -> Estimate:
+    """sum(numerator) / sum(denominator) over the prompts [n], and over each resample of them (picks [B, n])."""
+    total = denominator.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        samples = numerator[picks].sum(1) / denominator[picks].sum(1)
+    return Estimate(float(numerator.sum() / total) if total else None, np.where(np.isfinite(samples), samples, np.nan))
+
+
+def gain(rule: Estimate, other: Estimate) -> Estimate:
+    """rule / other - 1, on the figures and within each resample (paired: the same prompts)."""
+    value = rule.value / other.value - 1 if rule.value is not None and other.value else None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return Estimate(value, rule.samples / other.samples - 1)
+
+
+def standing(interval: dict, other: dict | None = None) -> str:
+    """"leads", "trails" or "ties", said only beyond the intervals: with `other`, two figures' intervals
+    (leads where this one's low end lies above the other's high end); without, a gain's interval against 0."""
+    above, below = (other["high"], other["low"]) if other is not None else (0.0, 0.0)
+    if interval["low"] > above:
+        return "leads"
+    if interval["high"] < below:
+        return "trails"
+    return "ties"
+
+
+def resample_picks(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """[resamples, n] prompt indices drawn with replacement, seeded."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def pool(prompts: list[dict[str, Judged]], emitted: list[int], seed: int, resamples: int = RESAMPLES) -> dict[str, dict]:
+    """{rule: figures with intervals} of one prompt set. prompts: per prompt, {rule: Judged} (a prompt whose
+    run made no round has none, and counts nothing); emitted: per prompt, lossless SD's own emitted tokens."""
+    picks = resample_picks(len(emitted), seed, resamples)
+    judged = {rule: [by_rule.get(rule, Judged(0, 0, 0)) for by_rule in prompts]
+              for rule in dict.fromkeys(rule for by_rule in prompts for rule in by_rule)}
+    taus = {rule: ratio(_sum(rows, "accepted") + _sum(rows, "rounds"), _sum(rows, "rounds"), picks)
+            for rule, rows in judged.items()}
+    out = {}
+    for rule, rows in judged.items():
+        ranks = [rank for row in rows for rank in row.ranks]
+        figures = {"label": RULES[rule].label, "lossy": RULES[rule].lossy, "prompts": len(rows),
+                   "rounds": int(_sum(rows, "rounds").sum()), "drafted": int(_sum(rows, "drafted").sum()),
+                   "accepted": int(_sum(rows, "accepted").sum()), "beyond_exact_tokens": len(ranks),
+                   "tau": taus[rule].shown(),
+                   "beyond_exact": ratio(_sum(rows, "beyond"), _sum(rows, "drafted"), picks).shown(),
+                   "target_prob": ratio(np.array([sum(row.probs) for row in rows]), _sum(rows, "beyond"), picks).shown(),
+                   "rank_median": float(np.median(ranks)) if ranks else None,
+                   "top2_share": sum(rank <= 2 for rank in ranks) / len(ranks) if ranks else None,
+                   "per_prompt": [vars(row) for row in rows]}
+        for key, other in (("gain", BASELINE), ("against_method", METHOD)):
+            shown = gain(taus[rule], taus[other]).shown() if other in taus else None
+            figures[key] = None if shown is None else {**shown, "standing": standing(shown)}
+        if rule == BASELINE:
+            figures["run_tau"] = ratio(np.array(emitted, float), _sum(rows, "rounds"), picks).value
+        out[rule] = figures
+    return out
+
+
+def _sum(rows: list[Judged], name: str) -> np.ndarray:
+    """One number per prompt [n]: the field `name` of each prompt's Judged."""
+    return np.array([getattr(row, name) for row in rows], dtype=float)
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class SetRun:
+    """What one prompt set gave under one policy: per prompt, {rule: Judged} and the run's emitted tokens."""
+    prompts: list[dict[str, Judged]] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)
+
+    def add(self, by_rule: dict[str, Judged], emitted: int) -> None:
+        self.prompts.append(by_rule)
+        self.emitted.append(emitted)
+
+
+def run_same_drafts(engine, sets: list[PromptSet], decode: DecodeConfig, template: RuleConfig, long_gamma: int,
+                    progress=lambda: None) -> tuple[dict, dict, bool]:
+    """The comparison over every prompt set at both draft policies: (same_drafts {policy: {set: {rule:
+    figures}}}, what ran {policies, sets with their labels, knobs, pooling, interval}, interrupted).
+    A prompt runs at both policies or at neither (one that does not fit the long draft is skipped at
+    both); Ctrl-C keeps the prompts that finished."""
+    chosen = policies(decode, long_gamma)
+    runs = {policy.key: {prompt_set.name: SetRun() for prompt_set in sets} for policy in chosen}
+    skipped: dict[str, list[str]] = {}
+    settings, interrupted = None, False
+    try:
+        for prompt_set in sets:
+            skipped[prompt_set.name] = []
+            for item in prompt_set.items:
+                settings = _run_prompt(engine, engine.encode(item.prompt), prompt_set.name, chosen, template, runs,
+                                       skipped[prompt_set.name]) or settings
+                progress()
+    except KeyboardInterrupt:
+        interrupted = True
+    ran = {name: len(run.emitted) for name, run in runs[chosen[0].key].items()}
+    info = {"policies": {policy.key: policy.shown for policy in chosen}, "mode": "greedy" if decode.greedy else "sampling",
+            "settings": settings, "pooling": POOLING, "interval": INTERVAL,
+            "sets": {s.name: {"label": s.label(ran[s.name]), "ran": ran[s.name], "of": s.total, "skipped": skipped[s.name]}
+                     for s in sets if s.name in skipped}}
+    document = {key: {name: pool(run.prompts, run.emitted, decode.seed) for name, run in by_set.items() if run.emitted}
+                for key, by_set in runs.items()}
+    return document, info, interrupted
+
+
+def _run_prompt(engine, ids: list[int], name: str, chosen: list[Policy], template: RuleConfig, runs: dict,
+                skipped: list[str]) -> dict | None:
+    """One prompt at every policy, into runs[policy][name] (all or none): the knobs the rules read, or
+    None where the prompt does not fit a policy's draft (the reason appended to `skipped`)."""
+    try:
+        for policy in chosen:
+            engine.check_fits(ids, policy.decode)
+    except ConfigError as error:
+        skipped.append(str(error))
+        return None
+    results = {policy.key: judge_prompt(engine, ids, policy.decode, template) for policy in chosen}
+    for key, (by_rule, emitted, _) in results.items():
+        runs[key][name].add(by_rule, emitted)
+    return next(iter(results.values()))[2]
