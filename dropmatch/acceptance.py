@@ -226,6 +226,9 @@ class Rule:
     # The rows [g, V] whose argmax is a greedy correction where replaces_exact holds: (p_signal, q_signal, knobs).
     correction_rows: Callable[[torch.Tensor, torch.Tensor, RuleKnobs], torch.Tensor] | None = None
     port: str = ""  # where the rule is our port of its authors' idea rather than their code, what differs
+    # The drafts a round needs for the rule to act at all (FLy's window), and its authors' draft length.
+    min_drafts: Callable[[RuleKnobs], int] | None = None
+    authors_gamma: int | None = None
 
     @property
     def judges_mismatches(self) -> bool:
@@ -658,7 +661,8 @@ for _rule in (
          checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
     Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
-         reads_later=True, reads_coin=True, numbers=_fly_numbers,
+         reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1,
+         authors_gamma=15,
          port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,

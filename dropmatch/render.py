@@ -288,6 +288,23 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     return " ".join(sentences)
 
 
+def cannot_act(trace) -> str:
+    """Why a lossy run accepted nothing beyond the exact test because of its settings, with the fix ("" when it
+    could act, or did): a rule whose window needs longer rounds than these drafted (acceptance.Rule.min_drafts)."""
+    rule = RULES[trace.rule] if trace.mode == "sd" and trace.rule in RULES else None
+    if rule is None or rule.min_drafts is None or not trace.rounds:
+        return ""
+    if any(REASONS[d.reason].lossy for r in trace.rounds for d in r.drafted):
+        return ""
+    needed, drafted = rule.min_drafts(trace.rule_config), sum(len(r.drafted) for r in trace.rounds) / len(trace.rounds)
+    longest = max(len(r.drafted) for r in trace.rounds)
+    if longest >= needed:
+        return ""
+    fix = f": use its authors' draft length {rule.authors_gamma}" if rule.authors_gamma else ""
+    return (f"{rule.column_title} could not act here: its window needs at least {needed} drafts in a round; rounds "
+            f"drafted {drafted:.1f} on average (at most {longest}){fix}.")
+
+
 def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None,
                     machine: str = "this machine") -> str:
     """machine: where the run was timed ("this machine", or "recorded on <CPU>, <cores> on <date>")."""
