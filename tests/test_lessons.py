@@ -92,7 +92,9 @@ def lesson_page(fake_app_page):
 
 
 def _lessons_tab(page, lesson_id: str | None = None):
-    page.get_by_role("tab", name="Lessons").click()
+    from local_server import open_tab
+
+    open_tab(page, "Lessons")
     page.wait_for_selector(".dm-ls [data-score]", timeout=60_000)
     if lesson_id is not None:
         lessons = json.loads(page.locator(".dm-lesson").get_attribute("data-lessons"))

@@ -13,10 +13,10 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..config import ConfigError, DecodeConfig, RuleConfig, Settings
+from ..config import METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
 from ..record import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
-from . import views, zerogpu
+from . import layout, views, zerogpu
 from .streaming import stream_comparison
 
 # Errors a user's input or the hub can cause: shown as one line, never as a traceback.
@@ -30,6 +30,21 @@ def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig,
     if zerogpu.serves(studio):
         return zerogpu.compare_on_gpu(settings)
     return studio.iterate(stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)))
+
+
+def method_button_state(rule, k, p, centroid, majority_fraction) -> gr.Button:
+    """The paper's-settings button: inactive, and saying so, while the controls hold those settings."""
+    shown = {"rule": rule, "k": k, "p": p, "centroid": centroid, "majority_fraction": majority_fraction}
+    in_use = all(_same(shown[name], value) for name, value in METHOD_SETTINGS.items())
+    return gr.Button(layout.method_button_label(in_use), interactive=not in_use)
+
+
+def _same(shown, wanted) -> bool:
+    """A control's value equals a setting's: as numbers where both are numbers ("0.30" is 0.3), else as text."""
+    try:
+        return float(shown) == float(wanted)
+    except (TypeError, ValueError):
+        return str(shown).strip() == str(wanted)
 
 
 def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
