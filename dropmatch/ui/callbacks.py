@@ -17,19 +17,22 @@ from ..config import METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Set
 from ..record import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
 from . import layout, views, zerogpu
-from .streaming import stream_comparison
+from .streaming import Reading, stream_comparison
 
 # Errors a user's input or the hub can cause: shown as one line, never as a traceback.
 USER_ERRORS = (ConfigError, RuntimeError, ValueError, OSError)
 
 
-def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig):
+def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig,
+               reading: Reading | None = None):
     """The views of one comparison's generation: on ZeroGPU from the module-level GPU function
     (its arguments are the settings only; the worker reaches the models through zerogpu's state),
-    else computed on the studio's model thread."""
+    else computed on the studio's model thread, with reading's status lines (str) while a long
+    prompt is read."""
     if zerogpu.serves(studio):
         return zerogpu.compare_on_gpu(settings)
-    return studio.iterate(stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)))
+    stream = stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive), reading)
+    return studio.iterate(stream, waiting=reading.note if reading else None)
 
 
 def method_button_state(rule, k, p, centroid, majority_fraction) -> gr.Button:
@@ -60,12 +63,16 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
         engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
                "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": "", "verdict": ""}
-        record = None
-        for item in generation(studio, engine, settings, decode, rule):
+        record, reading, said = None, Reading(rule), False
+        for item in generation(studio, engine, settings, decode, rule, reading):
             if isinstance(item, RunRecord):
                 record = item
+            elif isinstance(item, str):  # how far the prompt is read; the next round puts "Running" back
+                said = True
+                yield {"status": item}
             else:
-                yield item
+                yield {"status": "Running …", **item} if said and "status" not in item else item
+                said = False
     except USER_ERRORS as error:
         gr.Warning(str(error))
         yield {"status": f"⚠️ {error}"}
