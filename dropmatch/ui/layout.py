@@ -20,7 +20,8 @@ SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", 
                     "rescue_argmax", "judge_threshold", "gamma_tuned_for_rule")
 SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
-# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it).
+# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
+# it opens below the token, or above it near the window's bottom, and never leaves the window.
 POPOVER_JS = """
 const pop = () => element.querySelector('.dm-pop');
 let pinned = null;
@@ -39,13 +40,20 @@ const show = (token) => {
     box.append(row);
   }
   box.hidden = false;
-  const host = box.offsetParent || element;
+  place(box, token);
+};
+// Under the token, or above it where the window has no room below; inside the column and the window.
+const place = (box, token) => {
+  const margin = 6, edge = 4, host = box.offsetParent || element;
+  box.style.maxHeight = (window.innerHeight - 2 * edge) + 'px';
   const t = token.getBoundingClientRect(), h = host.getBoundingClientRect();
-  const width = Math.min(box.offsetWidth, h.width);
-  let left = t.left - h.left;
-  left = Math.max(0, Math.min(left, h.width - width));
-  box.style.left = left + 'px';
-  box.style.top = (t.bottom - h.top + 6) + 'px';
+  const width = box.offsetWidth, height = box.offsetHeight;
+  const leftMost = Math.max(0, edge - h.left), rightMost = Math.min(h.width, window.innerWidth - edge - h.left) - width;
+  box.style.left = Math.max(leftMost, Math.min(t.left - h.left, rightMost)) + 'px';
+  const below = window.innerHeight - edge - (t.bottom + margin), above = t.top - margin - edge;
+  let top = height <= below || below >= above ? t.bottom + margin : t.top - margin - height;
+  top = Math.max(edge, Math.min(top, window.innerHeight - edge - height));  // a very tall box: inside all the same
+  box.style.top = (top - h.top) + 'px';
 };
 const hide = () => { const box = pop(); if (box) box.hidden = true; };
 element.addEventListener('mouseover', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
