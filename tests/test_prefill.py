@@ -53,11 +53,11 @@ class SlowReader(FakeEngine):
     """A fake pair whose target takes its time over a prompt, saying how far it read (as Engine does)."""
 
     def speculative(self, prompt_ids, decode, rule, stop_event=None, keep_states=False, progress=None):
-        for done in range(256, len(prompt_ids) + 1, 256):
+        for done in range(256, len(prompt_ids), 256):
             time.sleep(0.3)
             if progress is not None:
                 progress(done, len(prompt_ids))
-        return (yield from super().speculative(prompt_ids, decode, rule, stop_event, keep_states))
+        return (yield from super().speculative(prompt_ids, decode, rule, stop_event, keep_states, progress))
 
 
 def test_the_status_says_how_far_a_long_prompt_is_read_then_running_again(tmp_path):

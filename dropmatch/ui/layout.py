@@ -117,6 +117,7 @@ LAYOUT_CSS = """
 @media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
 #stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
 #theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
+#verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
 .dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
 """
 LAB_CONTROLS = ("lab_k", "lab_p", "lab_fraction", "lab_centroid", "lab_fixed_js", "lab_typical_eps", "lab_rescue")
