@@ -7,9 +7,10 @@ either one look slower.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .acceptance import RULES
 from .config import DecodeConfig, RuleConfig
@@ -52,17 +53,23 @@ class Comparison:
 
 def compare_stream(
     engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool = True,
-    stop_event: threading.Event | None = None,
+    stop_event: threading.Event | None = None, progress: Callable[[str, int, int], None] | None = None,
 ) -> Iterator[Comparison]:
-    """Yields the Comparison after every round of either run, then once more when done."""
+    """Yields the Comparison after every round of either run, then once more when done.
+    progress(column, tokens read, prompt tokens): how far each column's target has read the prompt
+    ("lossless" or "lossy"; Engine.speculative's progress)."""
     ids = engine.encode(prompt)
     engine.check_fits(ids, decode)
     state = Comparison(prompt, decode, rule, Column("lossless"), Column(rule.rule))
+
+    def reading(column: str) -> dict:
+        return {} if progress is None else {"progress": functools.partial(progress, column)}
+
     runs = {
         # The lossless column keeps its states: the rule lab re-judges its drafts under every rule.
         "lossless": (state.lossless, engine.speculative(ids, decode, replace(rule, rule="lossless"), stop_event,
-                                                        keep_states=True)),
-        "lossy": (state.lossy, engine.speculative(ids, decode, rule, stop_event)),
+                                                        keep_states=True, **reading("lossless"))),
+        "lossy": (state.lossy, engine.speculative(ids, decode, rule, stop_event, **reading("lossy"))),
     }
 
     def stopped() -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Generator
+from typing import Callable, Generator
 
 import torch
 
@@ -168,9 +168,11 @@ class Engine:
     def speculative(
         self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig,
         stop_event: threading.Event | None = None, keep_states: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Run:
         """Draft gamma tokens, run gamma + 1 positions in one target call, decide, commit, crop.
-        keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates)."""
+        keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates).
+        progress(tokens read, prompt tokens): how far the target has read the prompt (CausalLM.hidden)."""
         self.check_fits(prompt_ids, decode)
         check_mode(rule, decode)
         rule = self.services.with_judge(rule)
@@ -182,7 +184,7 @@ class Engine:
         prefill = PhaseTimer(self.device)
         prefill.mark("start")
         target_cache = self.target.new_cache()
-        prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache)
+        prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache, progress)
         first_logits = self.target.logits(prompt_hidden[-1:])
         prefill.mark("calibration")
         masks = mc_head.mask_seed(decode.seed, prompt_ids)  # the run's dropout masks: (seed, prompt, position)

@@ -21,6 +21,7 @@ MAX_HEATMAP_COLUMNS = 60
 
 
 WRAP_AT = 30  # characters a title line may hold: Plotly never wraps, and a phone's plot is ~350 px wide
+WRAP_Y_AT = 22  # a y axis's title line, upright along one panel (a phone's panel may be only ~220 px tall)
 
 
 def knob_short(name: str) -> str:
@@ -46,13 +47,18 @@ def wrapped(text: str, width: int = WRAP_AT) -> str:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
-    """The shared look; every title and axis title wrapped (WRAP_AT), so none is cut on a narrow screen."""
+    """The shared look, readable from a phone (about 330 px) to a projector: every title and axis title
+    wrapped (WRAP_AT); the title, the axes' labels and the legend each get their own room (Plotly's
+    automargin; the legend sits under the plot, in the figure's bottom margin, however many rows it
+    wraps into); an x axis's labels turn upright only when they do not fit side by side."""
     fig.update_layout(
-        title=dict(text=wrapped(title), font=dict(size=20)), font=FONT, template="plotly_white", height=height,
-        margin=dict(l=70, r=30, t=70 + 24 * wrapped(title).count("<br>"), b=60), legend=dict(orientation="h", y=-0.2),
+        title=dict(text=wrapped(title), font=dict(size=18), automargin=True, yref="paper", pad=dict(b=12)),
+        font=FONT, template="plotly_white", height=height, margin=dict(l=60, r=24, t=24, b=24),
+        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left"),
     )
     fig.for_each_xaxis(lambda axis: axis.update(title_text=wrapped(axis.title.text)) if axis.title.text else None)
-    fig.for_each_yaxis(lambda axis: axis.update(title_text=wrapped(axis.title.text)) if axis.title.text else None)
+    fig.for_each_yaxis(lambda axis: axis.update(title_text=wrapped(axis.title.text, WRAP_Y_AT)) if axis.title.text else None)
+    fig.update_xaxes(autotickangles=[0, -90])
     return fig
 
 
@@ -101,11 +107,12 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
         colorscale=[[0, "#eceff1"], [0.5, "#eceff1"], [0.5, "#43a047"], [1, "#43a047"]],
     ))
     for i, (_, _, d) in enumerate(cells):
+        # name "token": the page hides these where a cell is narrower than their line (assets/theme.js)
         fig.add_annotation(x=labels[i], y="draft", text=show(token_text(d.token))[:6], showarrow=False,
-                           font=dict(size=11, color="white"), textangle=-90)
-    fig.update_xaxes(title="judged drafted position (round · slot); exact matches need no paths", tickangle=-60,
-                     tickfont=dict(size=11))
-    return _layout(fig, title + "  (green = same token)", height=260 + 28 * len(rows))
+                           font=dict(size=11, color="white"), textangle=-90, name="token")
+    fig.update_xaxes(title="round · slot", tickfont=dict(size=11))  # short: it sits beside long row names
+    return _layout(fig, title + " at each judged position (green: the same token; exact matches need no paths)",
+                   height=260 + 28 * len(rows))
 
 
 def _majority_hover(d: DraftedToken, num_paths: int, needed: int, token_text: TokenText) -> str:
@@ -149,15 +156,14 @@ def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
                   f"<br>votes {d.draft_votes}/{len(d.path_tokens)} → {d.reason}" for _, r, j, d in group],
             hoverinfo="text",
         ))
-    fig.update_yaxes(title="JS (nats)", type="log")
+    fig.update_yaxes(title="JS (nats)", type="log", dtick="D2")  # 1, 2, 5 per decade: digits that never crowd
     fig.update_xaxes(title="drafted token (in order)")
     return _layout(fig, title)
 
 
 def acceptance_lengths(lossless: GenerationTrace, lossy: GenerationTrace) -> go.Figure:
     """Accepted draft tokens per round for both runs, and their histograms."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
-                        subplot_titles=(wrapped("accepted per round", 16), wrapped("how often each length", 16)))
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2)  # stacked: each panel the chart's full width
     for trace, key in ((lossless, "lossless"), (lossy, "lossy")):
         accepted = [r.num_accepted for r in trace.rounds]
         fig.add_trace(go.Scatter(x=list(range(1, len(accepted) + 1)), y=accepted, mode="lines+markers",
@@ -169,12 +175,13 @@ def acceptance_lengths(lossless: GenerationTrace, lossy: GenerationTrace) -> go.
                                      line=dict(color=RUN_COLORS[key], width=1, dash="dot", shape="hv")), row=1, col=1)
         fig.add_trace(go.Histogram(x=accepted, name=trace.label, marker_color=RUN_COLORS[key], opacity=0.7,
                                    xbins=dict(start=-0.5, end=max(lossless.gamma, lossy.gamma) + 0.5, size=1),
-                                   legendgroup=key, showlegend=False), row=1, col=2)
+                                   legendgroup=key, showlegend=False), row=2, col=1)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="round", row=1, col=1)
-    fig.update_yaxes(title="accepted draft tokens", row=1, col=1)
-    fig.update_xaxes(title="accepted draft tokens", dtick=1, row=1, col=2)
-    return _layout(fig, "Acceptance length")
+    fig.update_yaxes(title="accepted per round", row=1, col=1)
+    fig.update_xaxes(title="accepted draft tokens in a round", dtick=1, row=2, col=1)
+    fig.update_yaxes(title="rounds", row=2, col=1)
+    return _layout(fig, "Acceptance length", height=680)
 
 
 def tokens_vs_calls(lossless: GenerationTrace, lossy: GenerationTrace, ar: GenerationTrace | None = None) -> go.Figure:
@@ -212,9 +219,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     "off_nucleus_rate", "label"} drawn as a star."""
     if not points:
         return _empty(title, "no frontier points: run the benchmark with --frontier")
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
-                        subplot_titles=(wrapped("target NLL (nats/token)", 16),
-                                        wrapped("off the target's top-p 0.95 nucleus (%)", 16)))
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2)  # stacked: each panel the chart's full width
     groups: dict[str, list[dict]] = {}
     for point in points:
         label = run_label(point["rule"])
@@ -229,30 +234,31 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
                  f"{p['speed_vs_lossless'] or 0:.2f}x" + (f"<br>run of {p['run'][:10]}" if p.get("run") else "")
                  for p in group]
-        for col, key, scale in ((1, "target_nll", 1.0), (2, "off_nucleus_rate", 100.0)):
+        for row, key, scale in ((1, "target_nll", 1.0), (2, "off_nucleus_rate", 100.0)):
             fig.add_trace(go.Scatter(
                 x=[scale * (p[key] or 0.0) for p in group], y=[100 * (p["tau_gain"] or 0.0) for p in group],
-                mode="lines+markers", name=name, legendgroup=name, showlegend=col == 1, text=hover,
-                hoverinfo="text", line=dict(color=colour, dash=dash)), row=1, col=col)
+                mode="lines+markers", name=name, legendgroup=name, showlegend=row == 1, text=hover,
+                hoverinfo="text", line=dict(color=colour, dash=dash)), row=row, col=1)
     if lossless:
-        for col, x in ((1, lossless.get("target_nll") or 0.0), (2, 100 * (lossless.get("off_nucleus_rate") or 0.0))):
+        for row, x in ((1, lossless.get("target_nll") or 0.0), (2, 100 * (lossless.get("off_nucleus_rate") or 0.0))):
             fig.add_trace(go.Scatter(x=[x], y=[0.0], mode="markers", name="lossless SD", legendgroup="lossless",
-                                     showlegend=col == 1, marker=dict(symbol="square", size=12, color="#455a64")),
-                          row=1, col=col)
+                                     showlegend=row == 1, marker=dict(symbol="square", size=12, color="#455a64")),
+                          row=row, col=1)
     if current and current.get("tau_gain") is not None and current.get("target_nll") is not None:
-        for col, x in ((1, current["target_nll"]), (2, 100 * (current.get("off_nucleus_rate") or 0.0))):
+        for row, x in ((1, current["target_nll"]), (2, 100 * (current.get("off_nucleus_rate") or 0.0))):
             fig.add_trace(go.Scatter(x=[x], y=[100 * current["tau_gain"]], mode="markers",
                                      name=current.get("label", "this run"), legendgroup="current",
-                                     showlegend=col == 1, marker=dict(symbol="star", size=18, color="#d81b60")),
-                          row=1, col=col)
+                                     showlegend=row == 1, marker=dict(symbol="star", size=18, color="#d81b60")),
+                          row=row, col=1)
     if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
-        fig.add_vrect(x0=0, x1=reference["target_nll"], fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
-                      row=1, col=1, annotation_text=wrapped("within the target's own variation", 16),
-                      annotation_position="top left")
-        fig.add_vrect(x0=0, x1=100 * MAX_OFF_NUCLEUS, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below",
-                      row=1, col=2)
-    fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
-    return _layout(fig, title, height=520)
+        for row, x1 in ((1, reference["target_nll"]), (2, 100 * MAX_OFF_NUCLEUS)):
+            fig.add_vrect(x0=0, x1=x1, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below", row=row, col=1)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="shaded: within the target's own variation",
+                                 marker=dict(symbol="square", size=14, color="#a5d6a7")), row=1, col=1)  # the band's key
+    fig.update_xaxes(title="target NLL (nats/token)", row=1, col=1)
+    fig.update_xaxes(title="off the target's top-p 0.95 nucleus (%)", row=2, col=1)
+    fig.update_yaxes(title="tau gain over lossless SD (%)")
+    return _layout(fig, title, height=820)
 
 
 IN_DISTRIBUTION_KINDS = ("gsm8k",)  # the trained judge learned on GSM8K *train*; everything else is out
@@ -299,25 +305,23 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
         return _empty(title, "no robustness results: run the benchmark with the judge rules (docs/results.md)")
     order = list(dict.fromkeys(r["benchmark"] for r in sorted(rows, key=lambda r: r["place"] != "in")))
     names = {r["benchmark"]: f"{r['benchmark']} ({'in' if r['place'] == 'in' else 'out'})" for r in rows}
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=(wrapped("tau gain over lossless SD (%)", 16),
-                                        wrapped("target NLL change vs lossless (nats/token)", 16)))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)  # stacked, one benchmarks' axis
     for run in dict.fromkeys(r["run"] for r in rows):
         group = sorted((r for r in rows if r["run"] == run), key=lambda r: order.index(r["benchmark"]))
         rule = RULES.get(group[0]["rule"])
         inside = [not r["outside"] for r in group]
         hover = [_robustness_hover(r) for r in group]
-        for col, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
+        for row, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
             fig.add_trace(go.Scatter(
                 x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=wrapped(run_label(run), 28),
                 legendgroup=run,
-                showlegend=col == 1, text=hover, hoverinfo="text",
+                showlegend=row == 1, text=hover, hoverinfo="text",
                 line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
-                marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=1, col=col)
+                marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=row, col=1)
     fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
-    _layout(fig, title, height=560)
-    fig.update_layout(legend=dict(orientation="h", y=-0.45), margin=dict(b=150))  # under the slanted names
-    return fig
+    fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)
+    fig.update_yaxes(title="target NLL change vs lossless (nats/token)", row=2, col=1)
+    return _layout(fig, title, height=820)
 
 
 def _robustness_hover(row: dict) -> str:

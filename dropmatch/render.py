@@ -72,7 +72,7 @@ BASE_CSS = """
 .dm-clamp { margin-top: 4px; font-size: 0.9rem; color: #b71c1c; } .dark .dm-clamp { color: #ef9a9a; }
 .dm-pop { position: absolute; z-index: 50; max-width: min(30rem, 92vw); padding: 8px 12px; border-radius: 8px;
   font-size: 1.05rem; line-height: 1.45; background: #ffffff; color: #1a1a1a; border: 1px solid #90a4ae;
-  box-shadow: 0 4px 16px rgba(0, 0, 0, 0.25); white-space: normal; }
+  box-shadow: 0 4px 16px rgba(0, 0, 0, 0.25); white-space: normal; overflow-y: auto; }
 .dark .dm-pop { background: #1e272c; color: #f5f5f5; border-color: #78909c; }
 .dm-pop-token { font-weight: 700; font-size: 1.15rem; margin-bottom: 2px; }
 .dm-pop-why { margin-top: 6px; padding-top: 6px; border-top: 1px solid #cfd8dc; }
@@ -272,12 +272,18 @@ def _signed(value, digits: int = 3) -> str:
 
 def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
             speed_interval: tuple[float, float] | None = None, machine: str = "this machine") -> str:
-    """The comparison in plain sentences, machine-independent facts first: target calls per token (tau),
-    the tokens only the rule accepted, the text's change as the target sees it; then this run's wall clock,
-    labelled as one run on this machine, and called faster or slower only beyond the spread the run itself
-    shows (speed_interval: metrics.speed_ratio_interval, from resampling each column's rounds); and, when
-    both SD columns ran slower than the target alone, that they did."""
-    sentences = [_calls_sentence(lossless, lossy, rule_label), _rule_share_sentence(lossy), _quality_sentence(lossy)]
+    """The comparison in plain sentences: a headline of at most 30 words (target calls per token against
+    lossless SD, and whether the text changed), then, in a paragraph of its own, the details,
+    machine-independent facts first: the counts and tau, the tokens only the rule accepted, the text's
+    change as the target sees it; then this run's wall clock, labelled as one run on `machine` (this one,
+    or where a recorded run was made), and
+    called faster or slower only beyond the spread the run itself shows (speed_interval:
+    metrics.speed_ratio_interval, from resampling each column's rounds); and, when both SD columns ran
+    slower than the target alone, that they did."""
+    headline = f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
+    sentences = [_counts_sentence(lossless, lossy), _rule_share_sentence(lossy)]
+    if _quality_sentence(lossy):
+        sentences.append(_quality_sentence(lossy))
     if lossless.tokens_per_s and lossy.tokens_per_s:
         sentences.append(_speed_sentence(lossless, lossy, speed_interval, machine))
     slower = [m.speedup_vs_ar for m in (lossless, lossy)]
@@ -285,7 +291,7 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
         sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
                          f"{slower[1]:.2f}x): drafting and verifying cost more than the tokens the rounds added (short "
                          "rounds, a small target, or a busy machine).")
-    return " ".join(sentences)
+    return headline + "\n\n" + " ".join(sentences)
 
 
 def cannot_act(trace) -> str:
@@ -322,14 +328,23 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
 
 
 def _calls_sentence(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
+    """The headline's first clause: target calls per token against lossless SD's."""
     per_token = [m.target_calls / m.new_tokens if m.new_tokens else 0.0 for m in (lossless, lossy)]
     change = 1.0 - per_token[1] / per_token[0] if per_token[0] else 0.0
-    counts = (f"{lossy.target_calls} calls for {lossy.new_tokens} tokens against {lossless.target_calls} for "
-              f"{lossless.new_tokens}; tau {_fmt(lossy.tau)} against {_fmt(lossless.tau)}")
     if abs(change) < 0.005:
-        return f"{rule_label} needed as many target calls per token as lossless SD ({counts})."
-    return (f"{rule_label} needed {abs(change):.0%} {'fewer' if change > 0 else 'more'} target calls per token than "
-            f"lossless SD ({counts}).")
+        return f"{rule_label} needed as many target calls per token as lossless SD"
+    return f"{rule_label} needed {abs(change):.0%} {'fewer' if change > 0 else 'more'} target calls per token than lossless SD"
+
+
+def _text_clause(lossy: RunMetrics) -> str:
+    if lossy.first_divergence is None:
+        return "its text is lossless SD's, token for token"
+    return f"its text departs from lossless SD's at token {lossy.first_divergence + 1}"
+
+
+def _counts_sentence(lossless: RunMetrics, lossy: RunMetrics) -> str:
+    return (f"Target calls: {lossy.target_calls} for {lossy.new_tokens} tokens against {lossless.target_calls} for "
+            f"{lossless.new_tokens}; tau {_fmt(lossy.tau)} against {_fmt(lossless.tau)}.")
 
 
 def _rule_share_sentence(lossy: RunMetrics) -> str:
@@ -338,14 +353,12 @@ def _rule_share_sentence(lossy: RunMetrics) -> str:
 
 
 def _quality_sentence(lossy: RunMetrics) -> str:
-    if lossy.first_divergence is None:
-        return "Its text is lossless SD's, token for token."
+    """The changed text as the target sees it ("" when the text is lossless SD's or unscored)."""
     nll, off = lossy.delta_target_nll, lossy.delta_off_nucleus_rate
-    if nll is None or off is None:
-        return f"Its text departs from lossless SD's at token {lossy.first_divergence + 1}."
-    return (f"Its text departs from lossless SD's at token {lossy.first_divergence + 1}; as the target sees it, "
-            f"{_signed(nll)} nats/token and {_signed(100 * off, 1)} points off its top-p 0.95 nucleus against "
-            "lossless SD.")
+    if lossy.first_divergence is None or nll is None or off is None:
+        return ""
+    return (f"As the target sees its text: {_signed(nll)} nats/token and {_signed(100 * off, 1)} points off its "
+            "top-p 0.95 nucleus against lossless SD.")
 
 
 def _fmt(value: float | None) -> str:

@@ -18,7 +18,7 @@ import gc
 import os
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
@@ -156,11 +156,18 @@ class Studio:
         """fn(*args) on the model thread (work that reads the loaded models)."""
         return self._worker.submit(fn, *args).result()
 
-    def iterate(self, generator) -> Iterator:
-        """The items of a generator that runs the model, each computed on the model thread."""
+    def iterate(self, generator, waiting: Callable[[], object] | None = None, every_s: float = 0.5) -> Iterator:
+        """The items of a generator that runs the model, each computed on the model thread; while one
+        is being computed, every `every_s` seconds what waiting() says, where it says something (not
+        None): a long prompt's reading progress. The next item is asked for only when this one is taken."""
         finished = object()
         while True:
-            item = self._worker.submit(next, generator, finished).result()
+            future = self._worker.submit(next, generator, finished)
+            while waiting is not None and not wait([future], timeout=every_s).done:
+                note = waiting()
+                if note is not None:
+                    yield note
+            item = future.result()
             if item is finished:
                 return
             yield item

@@ -16,6 +16,15 @@ from pathlib import Path
 CHROMIUM = "/usr/bin/chromium"
 
 
+def open_tab(page, name: str) -> None:
+    """Open a tab by its label as a visitor does: its group's tab first (layout.TAB_GROUPS), then the tab."""
+    from dropmatch.ui.layout import TAB_GROUPS
+
+    group = next(label for label, _, names in TAB_GROUPS if name in names)
+    page.get_by_role("tab", name=group, exact=True).click()
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
 def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48, timeout_s: float = 300) -> dict:
     """Returns what the page showed: token counts per column, number of charts, status, file paths."""
     from playwright.sync_api import sync_playwright
@@ -29,11 +38,11 @@ def drive(url: str, out_dir: Path, example_prefix: str, max_new_tokens: int = 48
         found.update(_run_example(page, example_prefix, max_new_tokens, timeout_s))
         shots = {name: out_dir / f"{name}.png" for name in ("main", "step", "tradeoffs", "lab")}
         page.screenshot(path=str(shots["main"]), full_page=True)
-        page.get_by_role("tab", name="Step through").click()
+        open_tab(page, "Step through")
         page.wait_for_selector("#step-view .dm-step", timeout=30_000)
         found["step_text"] = page.inner_text("#step-view")
         page.locator("#step-view").screenshot(path=str(shots["step"]))
-        page.get_by_role("tab", name="Trade-offs").click()
+        open_tab(page, "Trade-offs")
         page.wait_for_selector("#plot-tradeoff .js-plotly-plot", timeout=30_000)
         page.wait_for_timeout(1000)
         found["tradeoff_text"] = page.inner_text("#plot-tradeoff")
@@ -51,10 +60,10 @@ def _first_visit_lab_rows(page) -> int:
     try:
         page.wait_for_function("() => /recorded run/i.test(document.querySelector('#status')?.innerText || '')",
                                timeout=15_000)
-        page.get_by_role("tab", name="Rule lab").click()
+        open_tab(page, "Rule lab")
         page.wait_for_selector("#lab-matrix table", timeout=15_000)
         rows = page.locator("#lab-matrix tr").count() - 1
-        page.get_by_role("tab", name="Charts").click()
+        open_tab(page, "Charts")
         return rows
     except Exception:  # noqa: BLE001 - no shipped runs: nothing to wait for
         return 0
@@ -68,8 +77,8 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
         page.locator("#settings").get_by_text("Settings").first.click()
     tokens_box.fill(str(max_new_tokens))
     tokens_box.press("Enter")
-    page.click("#method-button")  # the method's own settings, one click away
-    page.wait_for_function("() => /the method's own/.test(document.querySelector('#status').innerText)")
+    page.click("#method-button")  # the paper's own settings, one click away
+    page.wait_for_function("() => /the paper's own/.test(document.querySelector('#status').innerText)")
     method = {"method_p": page.get_by_label("dropout rate p", exact=False).first.input_value(),
               "method_k": page.get_by_label("K paths", exact=False).first.input_value()}
     page.click("#run-button")
@@ -92,7 +101,7 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
 
 def _rule_lab(page) -> dict:
     """The run's rule lab: its rows, a re-judge at p = 0.25, and the disagreements filter."""
-    page.get_by_role("tab", name="Rule lab").click()
+    open_tab(page, "Rule lab")
     page.wait_for_selector("#lab-matrix table", timeout=30_000)
     found = {"lab_rows": page.locator("#lab-matrix tr").count() - 1}
     p_box = page.locator("#lab-p input[type=number]")

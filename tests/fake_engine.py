@@ -67,9 +67,12 @@ class FakeEngine:
             yield rounds[-1]
         return self._trace("ar", RuleConfig("lossless"), None, decode, prompt_ids, answer, rounds)
 
-    def speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event=None, keep_states=False):
+    def speculative(self, prompt_ids, decode, rule: RuleConfig, stop_event=None, keep_states=False, progress=None):
         """Rounds of gamma drafts: lossless accepts half of each round, lossy rules all but the last.
-        It has no hidden states to keep (keep_states is ignored): the rule lab says so."""
+        It has no hidden states to keep (keep_states is ignored): the rule lab says so. The prompt is
+        read at once (progress, when given, hears it whole)."""
+        if progress is not None:
+            progress(len(prompt_ids), len(prompt_ids))
         self.runs_active += 1
         try:
             return (yield from self._speculative(prompt_ids, decode, rule, stop_event))

@@ -29,6 +29,15 @@ def serve_locally(demo: gradio.Blocks, **launch_kwargs) -> gradio.Blocks:
     raise AssertionError("unreachable")
 
 
+def open_tab(page, name: str) -> None:
+    """Open a tab by its label as a visitor does: its group's tab first (layout.TAB_GROUPS), then the tab."""
+    from dropmatch.ui.layout import TAB_GROUPS
+
+    group = next(label for label, _, names in TAB_GROUPS if name in names)
+    page.get_by_role("tab", name=group, exact=True).click()
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
 def wait_for(condition, timeout_s: float = 20.0, poll_s: float = 0.1) -> bool:
     """Whether `condition()` became true within `timeout_s` (asked every `poll_s`)."""
     deadline = time.monotonic() + timeout_s

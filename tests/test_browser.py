@@ -33,7 +33,7 @@ def embedded_app():
 
 
 def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embedded_app, tmp_path):
-    """Clicking an example, the method's settings and Run shows both columns, their stats, four charts, a round, the
+    """Clicking an example, the paper's settings and Run shows both columns, their stats, four charts, a round, the
     Trade-offs tab with the shipped frontier and this run's point, and the rule lab, which re-judges
     when a control moves; before that, the shipped run shown on first visit has its rule lab too."""
     if not Path("/usr/bin/chromium").exists():
@@ -47,13 +47,13 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((tmp_path / "found.json").read_text())
-    assert (found["method_p"], found["method_k"]) == ("0.3", "5")  # the method's settings button set them
+    assert (found["method_p"], found["method_k"]) == ("0.3", "5")  # the paper's-settings button set them
     assert found["status"].startswith("Done"), found["status"]
     assert found["lossless_tokens"] >= 5 and found["lossy_tokens"] >= 5
     assert found["charts"] == 4
     assert "tau" in found["lossless_stats"] and "MC-head share" in found["lossy_stats"]
     # The verdict line above the columns: its target calls and tokens are the stats tables' (the run's trace).
-    calls = re.search(r"\((\d+) calls for (\d+) tokens against (\d+) for (\d+); tau", found["verdict"])
+    calls = re.search(r"Target calls: (\d+) for (\d+) tokens against (\d+) for (\d+); tau", found["verdict"])
     assert calls, found["verdict"]
     stated = [int(x) for x in calls.groups()]
     shown = [int(re.search(rf"{row}\s+(\d+)", found[table]).group(1))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from local_server import open_tab
+
+from dropmatch.ui.layout import TAB_GROUPS
 
 
 
@@ -28,13 +31,15 @@ def _run_fake(page, url: str) -> None:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_stop_after_a_finished_run_changes_nothing(fake_app_page):
-    """Done stays Done, both stats tables and the verdict stay as they were."""
+    """Stop is inactive once the run is done; pressed all the same, Done stays Done, both stats tables and the
+    verdict stay as they were."""
     url, browser = fake_app_page
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     _run_fake(page, url)
     before = {name: page.inner_text(name) for name in ("#status", "#lossless-stats", "#lossy-stats", "#verdict")}
     assert before["#lossy-stats"].strip() and before["#verdict"].strip()
-    page.locator("#stop-button").click()
+    page.wait_for_function("() => document.querySelector('#stop-button').disabled")
+    page.locator("#stop-button").click(force=True)
     page.wait_for_timeout(1500)
     after = {name: page.inner_text(name) for name in before}
     assert after == before
@@ -70,8 +75,7 @@ def test_both_columns_numbers_arrive_before_the_autoregressive_baseline_runs():
     assert HeldBaseline.baseline_started  # and it did run afterwards
 
 
-TABS = ("Replay", "Lessons", "Charts", "Step through", "Rule lab", "Trade-offs", "Robustness", "Toy head",
-        "How it works", "Downloads", "Recorded runs")
+TABS = [name for _, _, names in TAB_GROUPS for name in names]
 
 
 @pytest.mark.slow
@@ -87,9 +91,7 @@ def test_no_tab_overflows_a_390_px_phone_screen(fake_app_page, scheme):
     page.wait_for_timeout(1500)
     wide = {}
     for tab in TABS:
-        # At 390 px most tabs sit in Gradio's overflow menu: press the tab's button as that menu would.
-        page.evaluate("""(name) => { const found = [...document.querySelectorAll('button')]
-            .filter((b) => b.innerText.trim() === name); found[found.length - 1].click(); }""", tab)
+        open_tab(page, tab)
         page.wait_for_timeout(400)
         overflow = page.evaluate("""() => {
             const width = document.documentElement.clientWidth;
@@ -227,9 +229,7 @@ def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(f
     "dropmatch_judge" or "ΔNLL"), and the command block wraps inside the page."""
     url, browser = fake_app_page
     page = _opened(browser, url, width=width)
-    page.wait_for_function("() => [...document.querySelectorAll('button')].some((b) => b.innerText.trim() === 'Robustness')")
-    page.evaluate("""() => { const found = [...document.querySelectorAll('button')]
-        .filter((b) => b.innerText.trim() === 'Robustness'); found[found.length - 1].click(); }""")
+    open_tab(page, "Robustness")
     table = page.locator("#robustness-table table")
     table.wait_for(timeout=10_000)
     tall = page.evaluate("""() => [...document.querySelectorAll('#robustness-table th, #robustness-table td')]

@@ -92,9 +92,13 @@ def lesson_page(fake_app_page):
 
 
 def _lessons_tab(page, lesson_id: str | None = None):
-    page.get_by_role("tab", name="Lessons").click()
+    from local_server import open_tab
+
+    open_tab(page, "Lessons")
     page.wait_for_selector(".dm-ls [data-score]", timeout=60_000)
-    if lesson_id is not None:
+    if lesson_id is not None:  # a lesson of the run shown comes with the first visit's view: wait for it
+        page.wait_for_function("(id) => JSON.parse(document.querySelector('.dm-lesson').dataset.lessons)"
+                               ".some((lesson) => lesson.id === id)", arg=lesson_id, timeout=60_000)
         lessons = json.loads(page.locator(".dm-lesson").get_attribute("data-lessons"))
         index = [lesson.get("id") for lesson in lessons].index(lesson_id)
         page.locator(f"[data-lesson='{index}']").click()

@@ -95,8 +95,9 @@ def test_the_verdict_says_target_calls_per_token_the_rules_own_share_and_the_tex
     lossy = _metrics(new_tokens=96, target_calls=67, tau=1.44, lossy_count=4, lossy_share=4 / 96, first_divergence=10,
                      delta_target_nll=0.05, delta_off_nucleus_rate=0.003)
     text = verdict(lossless, lossy, "DropMatch")
-    assert text.startswith("DropMatch needed 6% fewer target calls per token than lossless SD (67 calls for 96 tokens "
-                           "against 47 for 63; tau 1.44 against 1.35).")
+    assert text.startswith("DropMatch needed 6% fewer target calls per token than lossless SD, and its text departs "
+                           "from lossless SD's at token 11.\n\nTarget calls: 67 for 96 tokens against 47 for 63; tau "
+                           "1.44 against 1.35.")
     assert "4 of its 96 tokens (4%) were accepted only by the rule." in text
     assert "departs from lossless SD's at token 11" in text and "+0.050 nats/token" in text and "+0.3 points" in text
     assert "too few rounds to measure their spread" in text and "slower than the target alone" not in text
@@ -138,7 +139,7 @@ def test_the_verdict_says_when_both_sd_columns_ran_slower_than_the_target_alone(
     from dropmatch.render import verdict
 
     text = verdict(_metrics(speedup_vs_ar=0.75), _metrics(speedup_vs_ar=0.84, first_divergence=None), "DropMatch")
-    assert "as many target calls per token" in text and "Its text is lossless SD's, token for token." in text
+    assert "as many target calls per token" in text and "its text is lossless SD's, token for token." in text
     assert "Both SD columns ran slower than the target alone here (0.75x and 0.84x)" in text
 
 

@@ -13,7 +13,7 @@ from dropmatch.replay import replay_html, replay_payload
 from dropmatch.ui.views import shipped_run_title
 
 from fake_engine import FakeEngine
-from local_server import serve_locally
+from local_server import open_tab, serve_locally
 
 SHIPPED = recorded_runs()
 
@@ -237,7 +237,7 @@ def test_every_token_meets_a_4_5_contrast_ratio_in_both_themes(browser_app, them
 def test_charts_follow_the_pages_theme(browser_app, theme):
     url, browser, _ = browser_app
     page = _open(browser, url, f"?run={SHOWN_STEM}&__theme={theme}")
-    page.get_by_role("tab", name="Charts").click()
+    open_tab(page, "Charts")
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
     page.wait_for_function(
         f"() => [...document.querySelectorAll('.js-plotly-plot')].every(c => c._fullLayout && "

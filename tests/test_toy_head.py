@@ -11,7 +11,7 @@ import torch
 
 from toy_head import TOY_RULES, toy_numbers
 
-from local_server import TEXT_CONTRAST_JS, assert_contrast, assert_no_horizontal_scroll
+from local_server import TEXT_CONTRAST_JS, assert_contrast, assert_no_horizontal_scroll, open_tab
 
 RELATIVE = 1e-9
 FLOOR = 1e-15  # float64 rounding of values that are 0 in exact arithmetic (identical paths' JS)
@@ -105,7 +105,7 @@ def toy_page(fake_app_page):
 def _open(browser, url: str, width: int = 1400, theme: str = "light"):
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.goto(url + f"?__theme={theme}")
-    page.get_by_role("tab", name="Toy head").click()
+    open_tab(page, "Toy head")
     page.wait_for_selector(".dm-toy [data-verdict]", timeout=60_000)
     return page
 

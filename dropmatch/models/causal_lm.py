@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -15,6 +16,7 @@ from ..config import PairSpec
 from ..mc_head import masked_rows
 from .cpu_kernels import RowLinear, fast_dtype, onednn_chunks, row_linear
 
+PREFILL_CHUNK = 512  # rows a CPU reads at a time when the caller follows a long input's progress
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
@@ -108,14 +110,23 @@ class CausalLM:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+    def hidden(self, input_ids: torch.Tensor, cache, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """input_ids [n] (appended after what the cache holds) -> final hidden states [n, H].
         A long input to a model that multiplies through oneDNN goes in chunks of fixed sizes
-        (cpu_kernels.onednn_chunks: oneDNN keeps memory per row count it meets)."""
-        parts = []
-        for chunk in input_ids.split(onednn_chunks(int(input_ids.numel()), self.device, self.compute_dtype)):
+        (cpu_kernels.onednn_chunks: oneDNN keeps memory per row count it meets). progress(rows read,
+        n): called after each chunk; given it, a CPU reads in chunks of at most PREFILL_CHUNK rows, so
+        that a long prompt's reading can be followed (the same hidden states: tests/test_prefill.py)."""
+        total = int(input_ids.numel())
+        sizes = onednn_chunks(total, self.device, self.compute_dtype)
+        if progress is not None and self.device.type == "cpu":
+            sizes = [min(PREFILL_CHUNK, size - start) for size in sizes for start in range(0, size, PREFILL_CHUNK)]
+        parts, read = [], 0
+        for chunk in input_ids.split(sizes):
             out = self.decoder(input_ids=chunk.view(1, -1), past_key_values=cache, use_cache=True)
             parts.append(out.last_hidden_state[0])
+            read += int(chunk.numel())
+            if progress is not None:
+                progress(read, total)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()

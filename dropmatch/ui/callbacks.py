@@ -13,23 +13,41 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..config import DEFAULTS, ConfigError, DecodeConfig, RuleConfig, Settings
+from ..config import DEFAULTS, METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
 from ..record import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
-from . import views, zerogpu
-from .streaming import stream_comparison
+from . import layout, views, zerogpu
+from .streaming import Reading, stream_comparison
 
 # Errors a user's input or the hub can cause: shown as one line, never as a traceback.
 USER_ERRORS = (ConfigError, RuntimeError, ValueError, OSError)
 
 
-def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig):
+def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig,
+               reading: Reading | None = None):
     """The views of one comparison's generation: on ZeroGPU from the module-level GPU function
     (its arguments are the settings only; the worker reaches the models through zerogpu's state),
-    else computed on the studio's model thread."""
+    else computed on the studio's model thread, with reading's status lines (str) while a long
+    prompt is read."""
     if zerogpu.serves(studio):
         return zerogpu.compare_on_gpu(settings)
-    return studio.iterate(stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive)))
+    stream = stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive), reading)
+    return studio.iterate(stream, waiting=reading.note if reading else None)
+
+
+def method_button_state(shown: dict) -> gr.Button:
+    """The paper's-settings button: inactive, and saying so, while the controls (shown: the values of the
+    METHOD_SETTINGS controls, by name) hold those settings."""
+    in_use = all(_same(shown[name], value) for name, value in METHOD_SETTINGS.items())
+    return gr.Button(layout.method_button_label(in_use), interactive=not in_use)
+
+
+def _same(shown, wanted) -> bool:
+    """A control's value equals a setting's: as numbers where both are numbers ("0.30" is 0.3), else as text."""
+    try:
+        return float(shown) == float(wanted)
+    except (TypeError, ValueError):
+        return str(shown).strip() == str(wanted)
 
 
 def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
@@ -45,12 +63,16 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
         engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
                "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": "", "verdict": ""}
-        record = None
-        for item in generation(studio, engine, settings, decode, rule):
+        record, reading, said = None, Reading(rule), False
+        for item in generation(studio, engine, settings, decode, rule, reading):
             if isinstance(item, RunRecord):
                 record = item
+            elif isinstance(item, str):  # how far the prompt is read; the next round puts "Running" back
+                said = True
+                yield {"status": item}
             else:
-                yield item
+                yield {"status": "Running …", **item} if said and "status" not in item else item
+                said = False
     except USER_ERRORS as error:
         gr.Warning(str(error))
         yield {"status": f"⚠️ {error}"}

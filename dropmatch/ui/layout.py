@@ -10,7 +10,7 @@ import gradio as gr
 from .. import plots
 from ..acceptance import KNOBS, RULES, Knob
 from ..assets import how_it_works, load_robustness, lessons_js, replay_js, theme_js, toy_head_js
-from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, PRESETS
+from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
 from . import views
@@ -21,7 +21,8 @@ SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", 
 LAB_PREFIX = "lab_"  # a rule-lab control's name in a view: lab_<knob name>
 SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
-# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it).
+# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
+# it opens below the token, or above it near the window's bottom, and never leaves the window.
 POPOVER_JS = """
 const pop = () => element.querySelector('.dm-pop');
 let pinned = null;
@@ -40,13 +41,20 @@ const show = (token) => {
     box.append(row);
   }
   box.hidden = false;
-  const host = box.offsetParent || element;
+  place(box, token);
+};
+// Under the token, or above it where the window has no room below; inside the column and the window.
+const place = (box, token) => {
+  const margin = 6, edge = 4, host = box.offsetParent || element;
+  box.style.maxHeight = (window.innerHeight - 2 * edge) + 'px';
   const t = token.getBoundingClientRect(), h = host.getBoundingClientRect();
-  const width = Math.min(box.offsetWidth, h.width);
-  let left = t.left - h.left;
-  left = Math.max(0, Math.min(left, h.width - width));
-  box.style.left = left + 'px';
-  box.style.top = (t.bottom - h.top + 6) + 'px';
+  const width = box.offsetWidth, height = box.offsetHeight;
+  const leftMost = Math.max(0, edge - h.left), rightMost = Math.min(h.width, window.innerWidth - edge - h.left) - width;
+  box.style.left = Math.max(leftMost, Math.min(t.left - h.left, rightMost)) + 'px';
+  const below = window.innerHeight - edge - (t.bottom + margin), above = t.top - margin - edge;
+  let top = height <= below || below >= above ? t.bottom + margin : t.top - margin - height;
+  top = Math.max(edge, Math.min(top, window.innerHeight - edge - height));  // a very tall box: inside all the same
+  box.style.top = (top - h.top) + 'px';
 };
 const hide = () => { const box = pop(); if (box) box.hidden = true; };
 element.addEventListener('mouseover', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
@@ -92,6 +100,27 @@ if (!window.dmClampNotes) {
   }, true);
 }
 """
+# The tabs by what a visitor came for: (group, its id, its tabs' labels). The groups' row sits right under the
+# status line, so it is on the first screen of a projector and of a phone; tab rows wrap instead of hiding tabs.
+TAB_GROUPS = (("Watch", "watch", ("Replay", "Step through", "Charts")),
+              ("Compare", "compare", ("Rule lab", "Trade-offs", "Robustness")),
+              ("Learn", "learn", ("Lessons", "Toy head", "How it works")),
+              ("Files", "files", ("Downloads", "Recorded runs")))
+# Where a newcomer first meets these words (under the colour legend): one line each.
+TERMS_HTML = ('<div class="dm-terms"><span><b>tau</b>: tokens per target call (round), the correction or bonus '
+              'included; higher is fewer expensive calls.</span><span><b>JS</b>: Jensen-Shannon divergence, how far '
+              'apart two next-token distributions are (0 = the same, at most ln 2 ≈ 0.69).</span><span><b>centroid'
+              '</b>: the mean of the K dropout paths\' distributions, the point the draft is measured against.</span>'
+              '</div>')
+# The group row reads as the page's navigation; Stop looks inactive until a run goes on.
+LAYOUT_CSS = """
+#tabs > .tab-wrapper button[role=tab] { font-size: 1.1rem; font-weight: 600; }
+@media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
+#stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
+#theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
+#verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
+.dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
+"""
 
 
 @dataclass
@@ -135,6 +164,10 @@ class Ui:
     replay_out: gr.HTML
     lesson_out: gr.HTML
     tabs: gr.Tabs
+    watch_tabs: gr.Tabs
+    compare_tabs: gr.Tabs
+    learn_tabs: gr.Tabs
+    files_tabs: gr.Tabs
     download_trace: gr.File
     download_metrics: gr.File
     recorded_choice: gr.Dropdown
@@ -189,19 +222,28 @@ def build_layout() -> Ui:
     # The status sits right under Run, above Settings: open settings must not push it off the first screen.
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
-    _examples(parts)
-    _settings(parts)
-    gr.HTML(legend_html(), js_on_load=theme_js())  # the legend is on every page: it carries the charts' theme
-    _columns(parts)
-    with gr.Tabs(elem_id="tabs") as parts["tabs"]:
-        for tab in (_replay_tab, _lessons_tab, _charts_tab, _step_tab, _lab_tab, _tradeoff_tab, _robustness_tab, _toy_tab, _how_tab,
-                    _downloads_tab, _recorded_tab):
-            tab(parts)
+    gr.HTML("", js_on_load=theme_js(), elem_id="theme-js", padding=False)  # charts follow the theme and the width
+    with gr.Tabs(elem_id="tabs", overflow_behavior="wrap") as parts["tabs"]:
+        for group, group_id, names in TAB_GROUPS:
+            with gr.Tab(group, id=group_id, elem_id=f"{group_id}-group"):
+                if group_id == "watch":
+                    _run_view(parts)
+                with gr.Tabs(elem_id=f"{group_id}-tabs", overflow_behavior="wrap") as parts[f"{group_id}_tabs"]:
+                    for name in names:
+                        TAB_BUILDERS[name](parts)
     # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
     parts["last_run"] = gr.State(None, time_to_live=SESSION_TTL_S)
     parts["lab_matrix"] = gr.State(None, time_to_live=SESSION_TTL_S)
     assert {f.name for f in fields(Ui)} == set(parts), "every Ui field is built exactly once"
     return Ui(**parts)
+
+
+def _run_view(parts: dict) -> None:
+    """The Watch group above its tabs: examples, settings, the legend with its terms, the verdict, both columns."""
+    _examples(parts)
+    _settings(parts)
+    gr.HTML(legend_html() + TERMS_HTML, elem_id="legend")
+    _columns(parts)
 
 
 def _prompt_and_pair(parts: dict) -> None:
@@ -215,10 +257,17 @@ def _prompt_and_pair(parts: dict) -> None:
             parts["target_id"] = gr.Textbox(DEFAULTS.target_id, label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
             parts["draft_id"] = gr.Textbox(DEFAULTS.draft_id, label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
             with gr.Row():
-                parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button")
-                parts["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop-button")
-            parts["method_button"] = gr.Button("Method's settings: DropMatch, K 5, p 0.3", size="sm",
-                                               elem_id="method-button")
+                parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button", min_width=100)
+                # Inactive until a run goes on (listeners.py switches it on and off).
+                parts["stop_button"] = gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop-button",
+                                                 min_width=100)
+            parts["method_button"] = gr.Button(method_button_label(False), size="sm", elem_id="method-button")
+
+
+def method_button_label(in_use: bool) -> str:
+    """The paper's-settings button: what a click does, or that they are the ones in use."""
+    k, p = METHOD_SETTINGS["k"], METHOD_SETTINGS["p"]
+    return f"✓ Using the paper's settings: K {k}, p {p}" if in_use else f"Use the paper's settings: K {k}, p {p}"
 
 
 def _examples(parts: dict) -> None:
@@ -318,11 +367,11 @@ def _lessons_tab(parts: dict) -> None:
 def _charts_tab(parts: dict) -> None:
     with gr.Tab("Charts"):
         with gr.Row():
-            parts["plot_agreement"] = gr.Plot(label="MC-path agreement", elem_id="plot-agreement")
-            parts["plot_js"] = gr.Plot(label="JS vs threshold", elem_id="plot-js")
+            parts["plot_agreement"] = gr.Plot(show_label=False, label="MC-path agreement", elem_id="plot-agreement")
+            parts["plot_js"] = gr.Plot(show_label=False, label="JS vs threshold", elem_id="plot-js")
         with gr.Row():
-            parts["plot_acceptance"] = gr.Plot(label="Acceptance length", elem_id="plot-acceptance")
-            parts["plot_calls"] = gr.Plot(label="Tokens vs target calls", elem_id="plot-calls")
+            parts["plot_acceptance"] = gr.Plot(show_label=False, label="Acceptance length", elem_id="plot-acceptance")
+            parts["plot_calls"] = gr.Plot(show_label=False, label="Tokens vs target calls", elem_id="plot-calls")
 
 
 def _step_tab(parts: dict) -> None:
@@ -357,7 +406,7 @@ def _tradeoff_tab(parts: dict) -> None:
                     "round keeps (tau gain over lossless SD) against the quality the target itself sees. Shaded: "
                     "where the target's own samples (temperature 0.7, top-p 0.95) lie. The star is your last run. "
                     "A point's hover names the run it comes from (docs/results.md has both commands).")
-        parts["plot_tradeoff"] = gr.Plot(label="Trade-off frontier", elem_id="plot-tradeoff")
+        parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
 def _robustness_tab(parts: dict) -> None:
@@ -369,7 +418,7 @@ def _robustness_tab(parts: dict) -> None:
                     "nothing; GSM8K test is the judge's distribution, chat, code, instructions and other languages "
                     "are out of it. Each line is one rule across the benchmarks; a filled marker stays inside the "
                     "band of the target's own samples on NLL, off-nucleus rate and repetition, an open one leaves it.")
-        parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness",
+        parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
 
@@ -405,3 +454,9 @@ def _recorded_tab(parts: dict) -> None:
                                                    elem_id="recorded-choice")
             parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
                                                elem_id="recorded-upload")
+
+
+# Each tab's builder by its label (TAB_GROUPS names them).
+TAB_BUILDERS = {"Replay": _replay_tab, "Step through": _step_tab, "Charts": _charts_tab, "Rule lab": _lab_tab,
+                "Trade-offs": _tradeoff_tab, "Robustness": _robustness_tab, "Lessons": _lessons_tab, "Toy head": _toy_tab,
+                "How it works": _how_tab, "Downloads": _downloads_tab, "Recorded runs": _recorded_tab}

@@ -20,7 +20,7 @@ RUN_TIME_LIMIT_S = 600
 CHEAP_CONCURRENCY = 8  # a run past this is cancelled, so one user cannot hold the model forever
 
 
-METHOD_NOTE = ("Settings: the method's own (DropMatch, K 5 paths, p 0.3, the mean of the path distributions as "
+METHOD_NOTE = ("Settings: the paper's own (DropMatch, K 5 paths, p 0.3, the mean of the path distributions as "
                "centroid, 4 of 5 votes). Press **Run**.")
 
 
@@ -63,12 +63,11 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     _control_listeners(ui)
     ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
                      trigger_mode="always_last", api_visibility="private", show_progress="hidden")
-    # A shipped run is shown at once on first visit; a Run cancels that display if it is still on its way.
-    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.prompt], api_visibility="private")
+    # A shipped run is shown at once on first visit.
+    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.watch_tabs, ui.learn_tabs, ui.prompt],
+                            api_visibility="private")
     demo.unload(on_tab_closed)
-    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
-                                    api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
-    ui.stop_button.click(views.status_after_stop, ui.status, ui.status, cancels=[run_event], api_visibility="private")
+    _run_listeners(ui, on_run, first_visit)
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
@@ -84,14 +83,35 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
            concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
 
 
+def _run_listeners(ui: Ui, on_run, first_visit) -> None:
+    """Run (cancelling the first visit's display if it is still on its way) and Stop. Run shows the columns
+    (the Watch group) and makes Stop active until the run ends, fails or is stopped."""
+    ui.run_button.click(lambda: (gr.Tabs(selected="watch"), _stop_button(active=True)), None, [ui.tabs, ui.stop_button],
+                        api_visibility="private", queue=False)
+    run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
+                                    api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
+    run_event.then(_stop_button, None, ui.stop_button, api_visibility="private", queue=False)
+    ui.stop_button.click(views.status_after_stop, ui.status, ui.status, cancels=[run_event], api_visibility="private"
+                         ).then(_stop_button, None, ui.stop_button, api_visibility="private", queue=False)
+
+
+def _stop_button(active: bool = False) -> gr.Button:
+    """Stop as it looks while a run goes on (red, active), and while none does (grey, inactive)."""
+    return gr.Button(variant="stop" if active else "secondary", interactive=active)
+
+
 def _control_listeners(ui: Ui) -> None:
     """The custom pair's hub ids shown when asked for; the method's settings button: its values into the
     controls, and a line saying so."""
     ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
                    [ui.target_id, ui.draft_id], api_visibility="private")
     names = tuple(METHOD_SETTINGS)
+    controls = [ui.component(name) for name in names]
     ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), METHOD_NOTE], None,
-                           [*(ui.component(name) for name in names), ui.status], api_visibility="private")
+                           [*controls, ui.status], api_visibility="private")
+    for control in controls:  # the button says when the controls hold the paper's settings
+        control.change(lambda *values: callbacks.method_button_state(dict(zip(names, values))), controls,
+                       ui.method_button, api_visibility="private", show_progress="hidden", queue=False)
     # Settings shows the chosen rule's knobs only (the rule table says which it reads).
     ui.rule.change(lambda rule: [gr.update(visible=knob_shown(knob.name, rule)) for knob in _knobs_of(ui)],
                    ui.rule, list(ui.rule_knobs.values()), api_visibility="private", show_progress="hidden")
@@ -132,12 +152,12 @@ def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: st
     """The first view with what a link asked: ?run=NAME opens that shipped run in Replay, ?lesson=NAME the
     Lessons tab (lessons.js opens that lesson and scrolls to it); an unknown name is said in the status."""
     if asked and title:
-        view["tabs"] = gr.Tabs(selected="replay")
+        view["tabs"], view["watch_tabs"] = gr.Tabs(selected="watch"), gr.Tabs(selected="replay")
     elif asked:
         view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
                           + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
     if lesson in SPECS:
-        view["tabs"] = gr.Tabs(selected="lessons")
+        view["tabs"], view["learn_tabs"] = gr.Tabs(selected="learn"), gr.Tabs(selected="lessons")
     elif lesson:
         view["status"] = f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. " + view.get("status", "")
     return view

@@ -165,7 +165,7 @@ def early_stats(state, shown: set) -> dict:
     return update
 
 
-RUNNING_STATUSES = ("Running", "Loading", "Both runs done")  # what the status line says while a run goes on
+RUNNING_STATUSES = ("Running", "Reading", "Loading", "Both runs done")  # what the status line says while a run goes on
 
 
 def status_after_stop(status: str):
