@@ -61,18 +61,22 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
             yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
                              "GGUF once, about 20 s)"}
         engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
-        yield {"status": "Running …", "lossy_header": views.lossy_title(rule.rule), "load_timer": gr.Timer(active=False),
-               "lossless_out": "", "lossy_out": "", "lossless_stats": "", "lossy_stats": "", "verdict": ""}
+        yield {"status": "Running …", "load_timer": gr.Timer(active=False)}
+        # The previous run stays on screen until this one has started: a run refused at its start (its rule,
+        # its prompt's length) leaves it there, with the refusal in the status line.
+        cleared = {"lossy_header": views.lossy_title(rule.rule), "lossless_out": "", "lossy_out": "",
+                   "lossless_stats": "", "lossy_stats": "", "verdict": "", "fix_button": gr.update(visible=False)}
         record, reading, said = None, Reading(rule), False
         for item in generation(studio, engine, settings, decode, rule, reading):
             if isinstance(item, RunRecord):
                 record = item
-            elif isinstance(item, str):  # how far the prompt is read; the next round puts "Running" back
-                said = True
-                yield {"status": item}
-            else:
-                yield {"status": "Running …", **item} if said and "status" not in item else item
-                said = False
+                continue
+            if isinstance(item, str):  # how far the prompt is read; the next round puts "Running" back
+                said, item = True, {"status": item}
+            elif said and "status" not in item:
+                said, item = False, {"status": "Running …", **item}
+            yield {**cleared, **item}
+            cleared = {}
     except USER_ERRORS as error:
         gr.Warning(str(error))
         yield {"status": f"⚠️ {error}"}

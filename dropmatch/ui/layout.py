@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from .. import plots
-from ..acceptance import KNOBS, RULES, Knob
+from ..acceptance import KNOBS, MAX_GAMMA, RULES, Knob
 from ..assets import how_it_works, load_robustness, lessons_js, replay_js, theme_js, toy_head_js
 from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..record import recorded_runs
@@ -23,6 +23,12 @@ SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
 # Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
 # it opens below the token, or above it near the window's bottom, and never leaves the window.
+# The switch under a column that hides or shows the struck-through rejected drafts, in both columns at once.
+REJECTED_TOGGLE_JS = """
+element.addEventListener('click', (e) => {
+  if (e.target.closest('.dm-rejected-toggle')) document.body.classList.toggle('dm-hide-rejected');
+});
+"""
 POPOVER_JS = """
 const pop = () => element.querySelector('.dm-pop');
 let pinned = null;
@@ -147,6 +153,8 @@ class Ui:
     stop_button: gr.Button
     status: gr.Markdown
     verdict: gr.Markdown
+    fix_button: gr.Button
+    fix_settings: gr.State
     lossy_header: gr.Markdown
     lossless_out: gr.HTML
     lossy_out: gr.HTML
@@ -205,7 +213,7 @@ class Ui:
         names = ("status", "verdict", "lossy_header", "lossless_out", "lossy_out", "lossless_stats", "lossy_stats",
                  "plot_agreement", "plot_js", "plot_acceptance", "plot_calls", "plot_tradeoff", "step_round",
                  "step_out", "replay_out", "lesson_out", "last_run", "download_trace", "download_metrics", "load_timer",
-                 "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements")
+                 "lab_status", "lab_out", "lab_summary", "lab_matrix", "lab_disagreements", "fix_button", "fix_settings")
         return [getattr(self, name) for name in names] + self.lab_controls()
 
     def bind(self, view: dict) -> dict:
@@ -282,7 +290,7 @@ def _settings(parts: dict) -> None:
     gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
     with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
         with gr.Row():
-            parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, 13))], value=DEFAULTS.gamma, label="draft length γ",
+            parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, MAX_GAMMA + 1))], value=DEFAULTS.gamma, label="draft length γ",
                                          info="auto: each round drafts the length with the most expected tokens "
                                               "per second (costs measured here)")
             parts["draft_source"] = gr.Radio(list(DRAFT_SOURCES), value=DEFAULTS.draft_source, label="drafts from",
@@ -333,14 +341,17 @@ def knob_shown(name: str, rule: str) -> bool:
 
 def _columns(parts: dict) -> None:
     parts["verdict"] = gr.Markdown("", elem_id="verdict")
+    # A rule that could not act at these settings: the fix it names, one click away (views.fix_view).
+    parts["fix_button"] = gr.Button("", visible=False, size="sm", elem_id="fix-button")
+    parts["fix_settings"] = gr.State({})
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
-            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=POPOVER_JS)
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
             parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
         with gr.Column(elem_id="lossy-column"):
             parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
-            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=POPOVER_JS)
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
             parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
 
 

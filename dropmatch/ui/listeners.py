@@ -112,6 +112,10 @@ def _control_listeners(ui: Ui) -> None:
     for control in controls:  # the button says when the controls hold the paper's settings
         control.change(lambda *values: callbacks.method_button_state(dict(zip(names, values))), controls,
                        ui.method_button, api_visibility="private", show_progress="hidden", queue=False)
+    # The fix a rule that could not act names (views.fix_view): its settings into the controls, and a line saying so.
+    ui.fix_button.click(lambda fix: [fix.get("gamma", gr.skip()), gr.update(visible=False),
+                                     f"Set: draft length γ {fix.get('gamma')}. Press **Run**." if fix else gr.skip()],
+                        ui.fix_settings, [ui.gamma, ui.fix_button, ui.status], api_visibility="private")
     # Settings shows the chosen rule's knobs only (the rule table says which it reads).
     ui.rule.change(lambda rule: [gr.update(visible=knob_shown(knob.name, rule)) for knob in _knobs_of(ui)],
                    ui.rule, list(ui.rule_knobs.values()), api_visibility="private", show_progress="hidden")

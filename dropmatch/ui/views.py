@@ -16,8 +16,8 @@ from ..plots import all_figures, frontier_figure
 from ..metrics import speed_ratio_interval, summarize
 from ..record import Downloads, RunRecord
 from ..config import DecodeConfig, RuleConfig
-from ..render import (explainer, lab_html, lab_summary_html, stats_html, step_html, text_html, token_spans,
-                      verdict)
+from ..render import (cannot_act, explainer, lab_html, lab_summary_html, stats_html, step_html, text_html,
+                      token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
@@ -103,6 +103,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
     return {
         "status": _finished_note(record, recorded_from),
         "verdict": verdict_markdown(record, lossless_metrics, lossy_metrics, recorded_from),
+        **fix_view(record.lossy),
         "lossy_header": lossy_title(record.rule),
         "lossless_out": trace_html(record.lossless, record),
         "lossy_out": trace_html(record.lossy, record),
@@ -143,7 +144,26 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     spread = speed_ratio_interval(record.lossless, record.lossy)
     machine = f"recorded on {record.made}" if recorded_from and record.made else \
         "a recorded run's machine" if recorded_from else "this machine"
-    return f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine)}"
+    return with_cannot_act(f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine)}", record.lossy)
+
+
+def with_cannot_act(text: str, trace) -> str:
+    """The verdict with, after its headline, why the rule could not act at these settings (render.cannot_act)."""
+    note = cannot_act(trace)
+    if not note:
+        return text
+    headline, _, rest = text.partition("\n\n")
+    return f"{headline}\n\n**{note}**" + (f"\n\n{rest}" if rest else "")
+
+
+def fix_view(trace) -> dict:
+    """The fix button under the verdict: shown with the settings it applies where the rule could not act."""
+    rule = RULES.get(trace.rule)
+    if not cannot_act(trace) or rule is None or not rule.authors_gamma:
+        return {"fix_button": gr.update(visible=False), "fix_settings": {}}
+    return {"fix_button": gr.update(visible=True, value=f"Use {rule.column_title}'s authors' draft length "
+                                                       f"(γ {rule.authors_gamma})"),
+            "fix_settings": {"gamma": str(rule.authors_gamma)}}
 
 
 def early_stats(state, shown: set) -> dict:
@@ -160,8 +180,10 @@ def early_stats(state, shown: set) -> dict:
         update["lossy_stats"] = stats_html(lossy, p_auto=state.rule.p is None,
                                            p_auto_reached=state.lossy.trace.p_auto_reached)
         label = RULES[state.rule.rule].label
-        update["verdict"] = verdict(lossless, lossy, label,
-                                    speed_ratio_interval(state.lossless.trace, state.lossy.trace))
+        update["verdict"] = with_cannot_act(verdict(lossless, lossy, label,
+                                                    speed_ratio_interval(state.lossless.trace, state.lossy.trace)),
+                                            state.lossy.trace)
+        update.update(fix_view(state.lossy.trace))
     return update
 
 
