@@ -26,8 +26,9 @@ class FakeServices:
 
 
 class FakeEngine:
-    def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None):
+    def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None, auto_gamma: int | None = None):
         self.reason_for = reason_for or {}  # the reason a lossy rule gives (default "js")
+        self.auto_gamma = auto_gamma  # the drafts a round makes under gamma = auto (None: the cap, decode.gamma)
         self.words = ["<eos>"]
         self.ids: dict[str, int] = {}
         self.stop_ids = frozenset({EOS})
@@ -89,7 +90,8 @@ class FakeEngine:
                 break
             time.sleep(self.delay_s)
             self.rounds_made += 1
-            gamma = min(decode.gamma, len(answer) - position)
+            cap = self.auto_gamma if decode.gamma_auto and self.auto_gamma else decode.gamma
+            gamma = min(cap, len(answer) - position)
             accept = gamma - 1 if lossy else gamma // 2
             drafted = []
             for j in range(gamma):
