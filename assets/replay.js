@@ -42,7 +42,13 @@
     let tokens = 1, calls = 1, emitted = 0, lossy = 0;
     column.rounds.forEach((r, i) => {
       out.push({html, tokens, calls, emitted, lossy, rounds: i});
-      r.emitted.forEach((e) => { if (e.x) html += tokenSpan(e.x, e.kind, e.tip); });
+      r.emitted.forEach((e, j) => {
+        const refused = r.drafted[j];  // the rejected draft, struck through just before its correction (as the columns show it)
+        if (j === r.accepted && r.extra === "correction" && refused && refused.reason === "rejected") {
+          html += tokenSpan(refused.x, "rejected", `round ${r.index}: rejected draft (${refused.verdict}); the correction follows`);
+        }
+        if (e.x) html += tokenSpan(e.x, e.kind, e.tip);
+      });
       tokens += r.emitted.length; calls += 1; emitted += r.emitted.length;
       lossy += r.drafted.filter((d) => lossyKinds.has(d.reason)).length;
     });

@@ -86,7 +86,7 @@ BASE_CSS = """
 .dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
-.dm-tok.dm-rejected { opacity: 0.8; } body.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
+body.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
 .dm-rejected-toggle { margin-top: 4px; font-size: 0.85rem; padding: 2px 8px; border-radius: 6px; border: 1px solid #90a4ae;
   background: transparent; color: inherit; cursor: pointer; }
 .dm-rejected-toggle .dm-when-hidden, body.dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }

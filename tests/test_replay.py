@@ -110,8 +110,12 @@ def test_replay_of_a_shipped_run_ends_on_its_texts_and_metrics(browser_app):
     for index, (trace, metrics) in enumerate(zip((record.lossless, record.lossy), record.metrics())):
         stop = set(trace.output_ids[-1:]) if trace.stop_reason == "eos" else set()
         expected = "".join(record.token_text(t) for t in trace.output_ids if t not in stop)
-        shown = page.locator(f"[data-text='{index}']").evaluate("e => e.textContent")
+        shown = page.locator(f"[data-text='{index}']").evaluate(  # the emitted text: rejected drafts struck aside
+            "e => { const c = e.cloneNode(true); c.querySelectorAll('.dm-rejected').forEach((r) => r.remove()); "
+            "return c.textContent; }")
         assert shown.replace("⏎\n", "\n") == expected
+        refused = sum(r.extra_kind == "correction" and r.num_accepted < len(r.drafted) for r in trace.rounds)
+        assert page.locator(f"[data-text='{index}'] .dm-rejected").count() == refused
         counters = {name: page.locator(f"[data-counters='{index}'] [data-counter={name}]").inner_text()
                     for name in ("tokens", "calls", "tau", "lossy")}
         assert counters == {"tokens": str(metrics.new_tokens), "calls": str(metrics.target_calls),
