@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 ROBUSTNESS_FILE = ROOT / "assets" / "results" / "robustness.json"
+SAME_DRAFTS_FILE = ROOT / "assets" / "results" / "same_drafts.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
@@ -31,6 +32,11 @@ def load_frontier(path: Path = FRONTIER_FILE) -> dict | None:
         return None
     document = json.loads(path.read_text(encoding="utf-8"))
     return document if document.get("frontier") else None
+
+
+def load_same_drafts(path: Path = SAME_DRAFTS_FILE) -> dict | None:
+    """The shipped comparison on the same drafts (scripts/merge_same_drafts.py), or None."""
+    return load_robustness(path)
 
 
 def load_robustness(path: Path = ROBUSTNESS_FILE) -> dict | None:

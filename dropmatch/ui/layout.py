@@ -9,7 +9,7 @@ import gradio as gr
 
 from .. import plots
 from ..acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import how_it_works, load_robustness, lessons_js, replay_js, theme_js, toy_head_js
+from ..assets import how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js, theme_js, toy_head_js
 from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -423,12 +423,18 @@ def _tradeoff_tab(parts: dict) -> None:
 def _robustness_tab(parts: dict) -> None:
     with gr.Tab("Robustness", elem_id="robustness-tab"):
         document = load_robustness()
-        gr.Markdown("DropMatch against the field on the same drafts, in and out of distribution: a trained judge "
-                    "(AutoJudge-style, trained on GSM8K *train* with this pair, assets/judge) and the training-free "
-                    "rivals FLy and MARS, each at its default, against DropMatch, which trains on "
-                    "nothing; GSM8K test is the judge's distribution, chat, code, instructions and other languages "
-                    "are out of it. Each line is one rule across the benchmarks; a filled marker stays inside the "
-                    "band of the target's own samples on NLL, off-nucleus rate and repetition, an open one leaves it.")
+        gr.Markdown("### On lossless SD's drafts\nEvery rule re-judges the drafts lossless SD made on each prompt "
+                    "(the rule lab's code): the tau it would reach on them, the share of drafted tokens it accepts "
+                    "beyond the exact test, and how the target sees what it accepted (its probability and rank). "
+                    "The same drafts for every rule, so the figures measure the rule alone; at the Studio's draft "
+                    "policy and at a long fixed draft (15, FLy's authors'), where a windowed rule has room. GSM8K "
+                    "test is the trained judge's distribution (it learned on GSM8K *train*); chat, code, "
+                    "instructions and other languages are out of it.")
+        gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
+        gr.Markdown("### Each rule's own text\nEach rule decodes the prompt itself: after its first lossy token "
+                    "it writes another text, with other drafts, so its tau and speed measure the rule and the text "
+                    "it led to. Each line is one rule across the benchmarks; a filled marker stays inside the band "
+                    "of the target's own text on NLL, off-nucleus rate and repetition, an open one leaves it.")
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")

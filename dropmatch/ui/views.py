@@ -56,6 +56,26 @@ def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
 
 
+def same_drafts_markdown(document: dict | None) -> str:
+    """The comparison on lossless SD's drafts (bench --same-drafts): per draft policy, a sentence saying what it
+    measures and one row per prompt set and rule, each figure with its 95% interval."""
+    from ..bench.tables import SAME_DRAFTS_HEADER, same_drafts_caption, same_drafts_rows
+
+    if not document or not document.get("same_drafts"):
+        return "No comparison on the same drafts is shipped with this build."
+    parts = []
+    for policy in document["same_drafts"]:
+        lines = ["| " + " | ".join(SAME_DRAFTS_HEADER) + " |", "|" + "---|" * len(SAME_DRAFTS_HEADER)]
+        lines += ["| " + " | ".join(html.escape(cell) for cell in row) + " |" for row in same_drafts_rows(document, policy)]
+        parts.append(f"{same_drafts_caption(document, policy)}\n\n"
+                     '<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>")
+    settings = document.get("settings") or {}
+    commands = settings.get("commands") or [settings.get("command")]
+    note = ("\n\n*Interrupted: each set's label says how many of its prompts ran.*" if document.get("interrupted") else "")
+    shown = "".join(f'<pre class="dm-command">{html.escape(c)}</pre>' for c in commands if c)
+    return "\n\n".join(parts) + note + (f"\n\nMeasured with:\n\n{shown}" if shown else "")
+
+
 def robustness_markdown(document: dict | None) -> str:
     """The robustness experiment's numbers under its chart: one row per benchmark and lossy run."""
     rows = plots.robustness_rows(document)
