@@ -3,11 +3,13 @@
     python scripts/deploy_generate.py --dry-run
     python scripts/deploy_generate.py --stage DIR                # write it into DIR, to read or to load
     python scripts/deploy_generate.py --repo you/dropmatch      # needs HF_TOKEN (write) or `hf auth login`
+    python scripts/deploy_generate.py --docs                     # rewrite docs/generate.md's rule table
 
 The repository stands alone: `custom_generate/` holds generate.py and the decoding core it needs (settings,
 rules, masks, verify, drafting, the engine, the transformers adapter), each module written at stage time
 from the package's own file, and a requirements.txt that names torch and transformers only; a model card
-(README.md) is written from docs/generate.md. The core is found, not listed: the module-level imports of
+(README.md) is written from docs/generate.md, its table of rules and knobs derived from the rule table
+(acceptance.RULES, their Knobs) at that moment, as `--docs` writes it into the guide. The core is found, not listed: the module-level imports of
 dropmatch.hf_generate, followed. transformers' loader copies (and from the Hub downloads) the modules named
 in `from .module import` lines beside generate.py, one folder deep, so every module goes in one folder and
 every relative import is rewritten to name its module there (`from ..config import` becomes
@@ -56,6 +58,9 @@ The method: DropMatch, arXiv 2603.03333 (https://arxiv.org/abs/2603.03333); cite
 This implementation: DropMatch Studio (Apache-2.0).
 """
 IMPORT_FROM = re.compile(r"from\s+(\.+[\w.]*)\s+import")
+GUIDE = Path("docs") / "generate.md"
+TABLE_START = "<!-- rules and knobs: written from the rule table by `python scripts/deploy_generate.py --docs` -->"
+TABLE_END = "<!-- end of the rule table -->"
 
 
 @dataclass(frozen=True)
@@ -204,9 +209,44 @@ def staged_modules(root: Path = ROOT) -> dict[str, str]:
     return files
 
 
+def rule_table(root: Path = ROOT) -> str:
+    """The markdown table of dropmatch_rule and every knob generate() accepts, from the rule table: each
+    rule's label and modes, each knob's key, the rules that read it, generate()'s default and its help."""
+    sys.path.insert(0, str(root))
+    try:
+        from dropmatch.acceptance import KNOBS, RULES
+        from dropmatch.hf_generate import DEFAULT_RULE, PREFIX
+    finally:
+        sys.path.remove(str(root))
+    rules = "; ".join(f"`{rule.name}`: {rule.label}{_rule_note(rule)}" for rule in RULES.values())
+    lines = ["| argument | default | meaning | read by |", "|---|---|---|---|",
+             f"| `{PREFIX}rule` | `{DEFAULT_RULE.rule}` | {rules} | |"]
+    for knob in KNOBS.values():
+        default = getattr(DEFAULT_RULE, knob.name)
+        readers = ", ".join(rule.name for rule in RULES.values() if knob in rule.knobs)
+        lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if default is None else default}` | "
+                     f"{knob.help.replace('|', '/')} | {readers} |")
+    return "\n".join(lines)
+
+
+def _rule_note(rule) -> str:
+    """What limits a rule in generate(): one decoding mode, or a trained judge (none ships for other targets)."""
+    notes = [f"{rule.modes[0]} only"] if len(rule.modes) == 1 else []
+    if rule.uses_judge:
+        notes.append("needs a trained judge: only the embedded pair ships one")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def with_rule_table(guide: str, root: Path = ROOT) -> str:
+    """The guide with the text between TABLE_START and TABLE_END replaced by rule_table()."""
+    head, rest = guide.split(TABLE_START + "\n", 1)
+    return head + TABLE_START + "\n" + rule_table(root) + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1]
+
+
 def model_card(root: Path = ROOT) -> str:
-    """The model card: the header, docs/generate.md's body (its title dropped), the citation."""
-    guide = (root / "docs" / "generate.md").read_text(encoding="utf-8").split("\n", 1)[1]
+    """The model card: the header, docs/generate.md's body (its title dropped; its rule table derived now),
+    the citation."""
+    guide = with_rule_table((root / GUIDE).read_text(encoding="utf-8"), root).split("\n", 1)[1]
     return CARD_HEADER + guide.strip() + "\n" + CITATION
 
 
@@ -235,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", help="the model repository, owner/name")
     parser.add_argument("--dry-run", action="store_true", help="list the files and their sizes; upload nothing")
     parser.add_argument("--stage", metavar="DIR", help="write the repository's files into DIR; upload nothing")
+    parser.add_argument("--docs", action="store_true", help="rewrite docs/generate.md's table of rules and knobs")
     args = parser.parse_args(argv)
+    if args.docs:
+        (ROOT / GUIDE).write_text(with_rule_table((ROOT / GUIDE).read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
     if args.stage:
         _list(Path(args.stage), staged(Path(args.stage)))
         return 0

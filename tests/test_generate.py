@@ -499,13 +499,14 @@ def _drain(run) -> tuple[list, tuple]:
 # ---------------------------------------------------------------- the documentation
 
 
-def test_the_argument_table_lists_every_rule_and_every_knob_generate_accepts():
-    """docs/generate.md's table against the rule table and RuleConfig.from_mapping's names: it cannot go stale."""
+def test_the_argument_tables_list_every_rule_and_knob_generate_accepts_as_the_rule_table_declares_them(deploy):
+    """docs/generate.md's rule table is the one --docs derives from acceptance.RULES now, and its arguments are
+    exactly RuleConfig.from_mapping's names and generate()'s own: it cannot go stale."""
     from dropmatch.hf_generate import OWN_KEYS
 
     guide = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
-    table = guide[guide.index("## Arguments"):].split("\n## ")[0]
-    missing = [f"dropmatch_{key}" for key in (*rule_keys(), *OWN_KEYS) if f"`dropmatch_{key}`" not in table]
-    assert not missing, missing
-    rule_row = next(line for line in table.splitlines() if line.startswith("| `dropmatch_rule`"))
+    assert deploy.with_rule_table(guide) == guide, "run `python scripts/deploy_generate.py --docs`"
+    listed = re.findall(r"^\| `dropmatch_(\w+)`", guide[guide.index("## Arguments"):], re.M)
+    assert sorted(listed) == sorted((*rule_keys(), *OWN_KEYS))
+    rule_row = next(line for line in guide.splitlines() if line.startswith("| `dropmatch_rule`"))
     assert not [name for name in rule_names() if f"`{name}`" not in rule_row]
