@@ -7,14 +7,16 @@
 
 The repository stands alone: `custom_generate/` holds generate.py and the decoding core it needs (settings,
 rules, masks, verify, drafting, the engine, the transformers adapter), each module written at stage time
-from the package's own file, and a requirements.txt that names torch and transformers only; a model card
-(README.md) is written from docs/generate.md, its table of rules and knobs derived from the rule table
-(acceptance.RULES, their Knobs) at that moment, as `--docs` writes it into the guide. The core is found, not listed: the module-level imports of
-dropmatch.hf_generate, followed. transformers' loader copies (and from the Hub downloads) the modules named
-in `from .module import` lines beside generate.py, one folder deep, so every module goes in one folder and
-every relative import is rewritten to name its module there (`from ..config import` becomes
-`from .config import`): nothing else of a module changes. Staging refuses a core that imports anything but
-the standard library, torch and transformers (and numpy, which transformers requires).
+from the package's own file, and a requirements.txt that names torch and transformers only. The model
+card (README.md) is docs/generate.md with its table of rules and knobs derived from the rule table
+(acceptance.RULES and their Knobs) at that moment, as `--docs` writes it into the guide.
+
+The core is found, not listed: the module-level imports of dropmatch.hf_generate, followed. transformers'
+loader copies (and from the Hub downloads) the modules named in `from .module import` lines beside
+generate.py, one folder deep, so every module goes in one folder and every relative import is rewritten
+to name its module there (`from ..config import` becomes `from .config import`): nothing else of a module
+changes. Staging refuses a core that imports anything but the standard library, torch and transformers
+(and numpy, which transformers requires).
 """
 
 from __future__ import annotations
