@@ -41,7 +41,8 @@ OWN_KEYS = ("gamma", "seed")
 # Under sampling the default is one draw from torch's global generator (torch.manual_seed makes a call
 # repeatable, as it does transformers' own sampling).
 GREEDY_SEED = 0
-DEFAULT_RULE = RuleConfig("dropmatch", p=0.3)  # the method's operating point (K 5, p 0.3)
+
+
 # GenerationConfig values that change which tokens come out, with the value that changes nothing.
 NEUTRAL = {"num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "penalty_alpha": None,
            "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
@@ -65,6 +66,12 @@ class Request:
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
     return_dict: bool
+
+
+def default_rule() -> RuleConfig:
+    """generate()'s rule when the call names none: the method's operating point (dropmatch, K 5, p 0.3), with
+    every knob of the rule table as it is now (a rule registered after import brings its knobs)."""
+    return RuleConfig("dropmatch", p=0.3)
 
 
 def generate(model, inputs=None, generation_config=None, assistant_model=None, streamer=None, **kwargs):
@@ -95,7 +102,7 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
     if unknown:
         raise ConfigError(f"unknown argument {PREFIX}{unknown[0]}; DropMatch's are "
                           f"{', '.join(PREFIX + k for k in (*rule_keys(), *OWN_KEYS))}")
-    rule = RuleConfig.from_mapping(knobs, DEFAULT_RULE)
+    rule = RuleConfig.from_mapping(knobs, default_rule())
     prompt_ids = _prompt_ids(inputs, kwargs)
     config = _generation_config(model, generation_config, kwargs)
     _check_pair(model, assistant_model, kwargs)

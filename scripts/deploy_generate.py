@@ -217,16 +217,17 @@ def rule_table(root: Path = ROOT) -> str:
     sys.path.insert(0, str(root))
     try:
         from dropmatch.acceptance import KNOBS, RULES
-        from dropmatch.hf_generate import DEFAULT_RULE, PREFIX
+        from dropmatch.hf_generate import PREFIX, default_rule
     finally:
         sys.path.remove(str(root))
+    default = default_rule()
     rules = "; ".join(f"`{rule.name}`: {rule.label}{_rule_note(rule)}" for rule in RULES.values())
     lines = ["| argument | default | meaning | read by |", "|---|---|---|---|",
-             f"| `{PREFIX}rule` | `{DEFAULT_RULE.rule}` | {rules} | |"]
+             f"| `{PREFIX}rule` | `{default.rule}` | {rules} | |"]
     for knob in KNOBS.values():
-        default = getattr(DEFAULT_RULE, knob.name)
+        value = getattr(default, knob.name)
         readers = ", ".join(rule.name for rule in RULES.values() if knob in rule.knobs)
-        lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if default is None else default}` | "
+        lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if value is None else value}` | "
                      f"{knob.help.replace('|', '/')} | {readers} |")
     return "\n".join(lines)
 
