@@ -1,11 +1,12 @@
-"""DropMatch for transformers' `generate(custom_generate=...)`: this folder is what transformers loads from
-a repository (a local path or a Hub id), with trust_remote_code=True.
+"""DropMatch for transformers' `generate(custom_generate=...)` from a clone of DropMatch Studio, where the
+package is installed: `custom_generate="."` at the repository's root, with trust_remote_code=True.
 
-    out = target.generate(**inputs, assistant_model=draft, custom_generate="owner/dropmatch",
+    out = target.generate(**inputs, assistant_model=draft, custom_generate=".",
                           trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch", dropmatch_p=0.3)
 
-The work is the DropMatch Studio package's (dropmatch.hf_generate), installed beside transformers
-(requirements.txt here); this file only hands transformers' call to it.
+This file only hands transformers' call to the installed package (dropmatch.hf_generate; requirements.txt
+here names it). The Hub repository is another folder, written by `python scripts/deploy_generate.py --stage
+DIR` from the same package: generate.py and the decoding core beside it, needing torch and transformers only.
 """
 
 from dropmatch.hf_generate import generate as _dropmatch_generate

@@ -21,7 +21,7 @@ import torch
 
 from . import acceptance, drafting, verifying, mc_head
 from .config import ConfigError, DecodeConfig, RuleConfig
-from .models import CausalLM, LoadedPair, encode_prompt, stop_token_ids
+from .models.causal_lm import CausalLM, LoadedPair, encode_prompt, stop_token_ids
 from .pair_services import PairServices
 from .recording import drafted_records, emitted_view, to_host, top_tokens
 from .sampling import draw, sampling_probs
@@ -76,24 +76,51 @@ class _RunState:
 
 
 @dataclass
-class _Verification:
-    """A round's verdict, the tokens it emits (accepted drafts, then the extra token), the host copies of
-    what it read (for the records), and its path rows."""
+class _Step:
+    """A round's phases 1-4 done: the sequence length before it (committed), the draft, the target's
+    hidden [g + 1, H] and clean_logits [g + 1, V] at the verified positions, the verification, and the
+    tokens it emitted (cut at a stop token or max_new_tokens)."""
 
-    verdict: acceptance.Verdict
+    committed: int
+    draft: drafting.Draft
+    hidden: torch.Tensor
+    clean_logits: torch.Tensor
+    verified: verifying.Verified
     emitted: list[int]
-    host: dict
-    path_rows: int
+
+
+@dataclass(frozen=True)
+class _Prefill:
+    """What a speculative run's prefill leaves for its trace: the first token's logits [1, V], the
+    prefill's and p = auto's calibration's seconds, and whether calibration reached its target."""
+
+    first_logits: torch.Tensor
+    t_prefill: float
+    t_calibration: float
+    p_auto_reached: bool | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round of Engine.speculative_tokens: the token fed first (the last one emitted before), the
+    tokens it emitted (accepted drafts, then the extra token, cut at a stop token or max_new_tokens),
+    and each drafted slot's reason (acceptance's vocabulary: exact, a lossy reason, rejected, unchecked)."""
+
+    context_token: int
+    emitted: tuple[int, ...]
+    reasons: tuple[str, ...]
 
 
 class Engine:
     """Speculative and autoregressive decoding over one loaded pair, batch size 1. The pair's services
     (token text, fingerprints, the trained judge, step costs, the rule lab) are `engine.services`."""
 
-    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None, stop_ids=None):
+    def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None, stop_ids=None, prepare_paths: bool = True):
         """judge: the trained judge for the judge rules (default: PairServices'). stop_ids: the tokens
         that end a run (default: the tokenizer's and the chat template's). A pair without a tokenizer
-        (generate() given only ids) runs on ids; its traces hold no text."""
+        (generate() given only ids) runs on ids; its traces hold no text. prepare_paths: make the head's
+        copies for the Monte-Carlo paths now (a server's memory stays flat); False: on first use (an
+        engine for one call, generate()'s, whose rule may read no paths)."""
         self.pair = pair
         self.target: CausalLM = pair.target
         self.draft: CausalLM = pair.draft
@@ -101,7 +128,8 @@ class Engine:
         self.device = pair.target.device
         self.stop_ids = frozenset(stop_token_ids(pair.tokenizer, pair.target.model) if stop_ids is None else stop_ids)
         self.services = PairServices(pair, judge)
-        self.target.prepare_paths()  # at load, not inside some later request
+        if prepare_paths:
+            self.target.prepare_paths()  # at load, not inside some later request
 
     # ------------------------------------------------------------ prompts
 
@@ -170,9 +198,46 @@ class Engine:
         stop_event: threading.Event | None = None, keep_states: bool = False,
         progress: Callable[[int, int], None] | None = None,
     ) -> Run:
-        """Draft gamma tokens, run gamma + 1 positions in one target call, decide, commit, crop.
+        """Draft gamma tokens, run gamma + 1 positions in one target call, decide, commit, crop, record.
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates).
         progress(tokens read, prompt tokens): how far the target has read the prompt (CausalLM.hidden)."""
+        run, start = self._start(prompt_ids, decode, rule, keep_states, progress)
+        stop_reason = self._stop_reason(run.seq, decode, stop_event)
+        while stop_reason is None:
+            run.rounds.append(self._round(run, limit=self._limit(run)))
+            yield run.rounds[-1]
+            stop_reason = self._stop_reason(run.seq, decode, stop_event)
+        return self._finish("sd", run.rule, run.p, decode, run.seq, run.rounds, stop_reason, start.t_prefill,
+                            first_view=emitted_view(start.first_logits, [run.seq.output[0]]),
+                            t_calibration=start.t_calibration, p_auto_reached=start.p_auto_reached,
+                            states=tuple(run.states or ()))
+
+    def speculative_tokens(
+        self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig, stop_event: threading.Event | None = None,
+        one_pass: bool | None = None,
+    ) -> Generator[Step, None, tuple[int, ...]]:
+        """The same run as `speculative` (the same tokens, reasons and random streams) without its records:
+        no top-token lists, no host copies beyond the verify step's own reads, no token texts or
+        fingerprints. Yields one Step per round; returns the output ids (the first token included).
+        What generate() runs: a caller that keeps no trace pays for none. one_pass: the verify step's
+        paths at every drafted slot in one head pass and one host read a round (verifying.verify's
+        staged False: the same verdicts); default: on an accelerator, where each read is a sync."""
+        one_pass = self.device.type != "cpu" if one_pass is None else one_pass
+        run, _ = self._start(prompt_ids, decode, rule, keep_states=False)
+        stop_reason = self._stop_reason(run.seq, decode, stop_event)
+        while stop_reason is None:
+            timer = PhaseTimer(self.device) if decode.gamma_tuned_for_rule else None  # gamma reads the verify cost
+            step = self._step(run, self._limit(run), timer, staged=not one_pass)
+            if timer is not None:
+                self._learn_verify_cost(run, step.verified.verdict, timer, timer.read())
+            yield Step(run.seq.tokens[step.committed - 1], tuple(step.emitted), step.verified.verdict.reasons)
+            stop_reason = self._stop_reason(run.seq, decode, stop_event)
+        return tuple(run.seq.output)
+
+    def _start(self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig, keep_states: bool,
+               progress: Callable[[int, int], None] | None = None) -> tuple[_RunState, _Prefill]:
+        """Checks, the prefill (the prompt through both models, p = auto's calibration, the first token)
+        and the run's state: what both kinds of run share."""
         self.check_fits(prompt_ids, decode)
         check_mode(rule, decode)
         rule = self.services.with_judge(rule)
@@ -196,77 +261,90 @@ class Engine:
         prefill.mark("end")
         seconds = prefill.read()
         t_calibration = prefill.between("calibration", "calibrated", seconds)
-        t_prefill = seconds["end"] - t_calibration
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
                         masks, space.verify_cost, states=[] if keep_states else None)
-        stop_reason = self._stop_reason(run.seq, decode, stop_event)
-        while stop_reason is None:
-            remaining = decode.max_new_tokens - len(run.seq.output)
-            run.rounds.append(self._round(run, limit=min(decode.gamma, remaining - 1)))  # never past max_new_tokens
-            yield run.rounds[-1]
-            stop_reason = self._stop_reason(run.seq, decode, stop_event)
-        return self._finish("sd", rule, p, decode, run.seq, run.rounds, stop_reason, t_prefill,
-                            first_view=emitted_view(first_logits, [first]), t_calibration=t_calibration,
-                            p_auto_reached=None if calibration is None else calibration.reached,
-                            states=tuple(run.states or ()))
+        return run, _Prefill(first_logits, seconds["end"] - t_calibration, t_calibration,
+                             None if calibration is None else calibration.reached)
+
+    @staticmethod
+    def _limit(run: _RunState) -> int:
+        """The most tokens the next round may draft: gamma, and never past max_new_tokens."""
+        return min(run.decode.gamma, run.decode.max_new_tokens - len(run.seq.output) - 1)
 
     # ------------------------------------------------------------ one round
 
     def _round(self, run: _RunState, limit: int) -> RoundTrace:
+        """One round, phases 1-4 (_step), then 5. Record: one device -> host copy of what the records
+        read, the drafted slots' records, the round's times."""
         timer = PhaseTimer(self.device)  # the round's phases, read once at its end
-        timer.mark("start")
+        step = self._step(run, limit, timer)
+        verdict, draft, hidden = step.verified.verdict, step.draft, step.hidden
+        host = to_host({**vars(step.verified.signals),
+                        **top_tokens(draft.q_signal, step.verified.p_signal, step.verified.path_probs, draft.num_drafted)})
+        records = drafted_records(host, verdict.reasons)
+        timer.mark("end")
+        t = timer.read()
+        t_mc = self._learn_verify_cost(run, verdict, timer, t)
+        if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
+            run.states.append(RoundStates.from_tensors(step.committed, hidden, draft.hidden, host["exact"],
+                                                       host.get("coin")))
+        return RoundTrace(
+            index=len(run.rounds), context_token=run.seq.tokens[step.committed - 1], drafted=records,
+            emitted=tuple(step.emitted), extra_kind=verdict.next_kind,
+            num_accepted=min(verdict.num_accepted, len(step.emitted)),
+            t_draft=t["drafted"], t_forward=t["verified"] - t["drafted"], t_head=t["head"] - t["verified"],
+            t_mc=t_mc, t_round=t["end"], head_rows=hidden.shape[0] + step.verified.path_rows,
+            **emitted_view(step.clean_logits[: len(step.emitted)], step.emitted), gamma=draft.requested,
+            draft_source=draft.source,
+        )
+
+    def _step(self, run: _RunState, limit: int, timer: PhaseTimer | None, staged: bool = True) -> _Step:
+        """A round's phases 1-4 (timer: marks their ends, or None to time nothing; staged: verifying.verify's)."""
+        mark = timer.mark if timer is not None else (lambda name: None)
+        mark("start")
         # 1. Draft: at most `limit` tokens, from the run's drafter (prompt lookup or the draft model).
         draft = run.drafter.propose(run.seq.tokens, limit)
-        timer.mark("drafted")
+        mark("drafted")
         # 2. Target call: one call over [last emitted token] + drafts, then the clean head rows.
         committed = len(run.seq.tokens)
         context = self._ids(run.seq.pending(self.target.cached_length(run.target_cache)))
         hidden = self.target.hidden(torch.cat([context, draft.tokens]), run.target_cache)  # [g + 1, H]
-        timer.mark("verified")
+        mark("verified")
         clean_logits = self.target.logits(hidden)  # [g + 1, V], fp32: lossless decisions read these
-        timer.mark("head")
+        mark("head")
         # 3. Decide: the lossless test, then the verify step (Monte-Carlo paths only where the rule reads them).
-        verification = self._decide(run, draft, hidden, clean_logits, timer)
+        verified = self._decide(run, draft, hidden, clean_logits, timer, staged)
         # 4. Commit and crop: the accepted drafts and the extra token; caches keep what was accepted.
-        verdict = verification.verdict
-        emitted = self._commit(run.seq, verification.emitted, run.decode)
-        keep = committed + verdict.num_accepted
+        emitted = self._commit(run.seq, verified.emitted, run.decode)
+        keep = committed + verified.verdict.num_accepted
         self.target.crop(run.target_cache, min(keep, self.target.cached_length(run.target_cache)))
-        run.drafter.learn(draft, verdict.num_accepted, keep)
-        records = drafted_records(verification.host, verdict.reasons)
-        timer.mark("end")
-        t = timer.read()
-        t_mc = timer.between("mc_start", "mc_end", t)
+        run.drafter.learn(draft, verified.verdict.num_accepted, keep)
+        return _Step(committed, draft, hidden, clean_logits, verified, emitted)
+
+    @staticmethod
+    def _learn_verify_cost(run: _RunState, verdict: acceptance.Verdict, timer: PhaseTimer, seconds: dict) -> float:
+        """Record the round's Monte-Carlo seconds and its judged and reached slots (gamma = auto reads
+        them); returns those seconds."""
+        t_mc = timer.between("mc_start", "mc_end", seconds)
         reached = verdict.reasons[: verdict.num_accepted + 1]
         run.verify_cost.record(t_mc, acceptance.judged_count(reached), len(reached))
-        if run.states is not None:  # outside the round's time: the lab's copy is not the method's cost
-            run.states.append(RoundStates.from_tensors(committed, hidden, draft.hidden, verification.host["exact"],
-                                                       verification.host.get("coin")))
-        # 5. Record.
-        return RoundTrace(
-            index=len(run.rounds), context_token=run.seq.tokens[committed - 1], drafted=records,
-            emitted=tuple(emitted), extra_kind=verdict.next_kind, num_accepted=min(verdict.num_accepted, len(emitted)),
-            t_draft=t["drafted"], t_forward=t["verified"] - t["drafted"], t_head=t["head"] - t["verified"],
-            t_mc=t_mc, t_round=t["end"], head_rows=hidden.shape[0] + verification.path_rows,
-            **emitted_view(clean_logits[: len(emitted)], emitted), gamma=draft.requested, draft_source=draft.source,
-        )
+        return t_mc
 
     def _decide(self, run: _RunState, draft: drafting.Draft, hidden: torch.Tensor,
-                clean_logits: torch.Tensor, timer: PhaseTimer) -> _Verification:
-        """The lossless test at every drafted position, then the one verify step (a batch of one:
-        the rule's paths where it reads them, the scan, the extra token), then one device -> host
-        copy of everything the records read."""
+                clean_logits: torch.Tensor, timer: PhaseTimer | None, staged: bool) -> verifying.Verified:
+        """The lossless test at every drafted position, then the one verify step (a batch of one: the
+        rule's paths where it reads them, the scan, the extra token)."""
         decode = run.decode
-        gamma = draft.num_drafted
         p_sample = sampling_probs(clean_logits, decode.temperature, decode.top_p)
-        test = acceptance.lossless_test(draft.tokens, draft.q_sample, p_sample[:gamma], decode.greedy, run.generator)
+        test = acceptance.lossless_test(draft.tokens, draft.q_sample, p_sample[: draft.num_drafted], decode.greedy,
+                                        run.generator)
         inputs = verifying.VerifyInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits,
                                         test.exact, decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x,
                                         q_sample=draft.q_sample, p_sample=p_sample)
-        verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=True, judge=self.services.judge,
+        judge = self.services.judge if run.rule.uses_judge else None
+        verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=staged, judge=judge,
                                      generator=run.generator, timer=timer)
-        host = to_host({**vars(verified.signals), **top_tokens(draft.q_signal, verified.p_signal, verified.path_probs, gamma)})
-        return _Verification(verified.verdict, verified.emitted, host, verified.path_rows)
+        return verified
 
     def _commit(self, seq: _Sequence, tokens: list[int], decode: DecodeConfig) -> list[int]:
         """Append tokens to the output, cut after a stop token and at max_new_tokens."""

@@ -10,6 +10,11 @@ plugin's) and go through the same settings code, so a bad value is the same one-
 the engine cannot honour (beams, a batch, logits processors, a draft on another tokenizer or device,
 sampling filters other than temperature and top-p) is refused in one line naming the argument, never
 silently ignored. docs/generate.md has the argument table.
+
+No surprises in the caller's process: the models are used as given and left as they were (training flag,
+requires_grad, attributes: nothing is stored on them); torch's global generator is read only under sampling
+without a dropmatch_seed, as transformers' own sampling reads it; a greedy call is a function of its
+inputs and dropmatch_seed. The run keeps no records beyond each drafted slot's reason.
 """
 
 from __future__ import annotations
@@ -18,20 +23,26 @@ import copy
 import dataclasses
 import functools
 import threading
+import weakref
+from collections import Counter
 
 import torch
 
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
-from .metrics import reason_counts, reason_summary
-from .models import CausalLM, LoadedPair
+from .models.causal_lm import CausalLM, LoadedPair
+from .recording import reason_summary
 
 PREFIX = "dropmatch_"
 # Not the rule's: how many tokens a round drafts ("auto": from this machine's measured costs) and the
-# seed of the run's sampling stream (default under sampling: a draw from torch's global generator, so
-# torch.manual_seed makes a call repeatable as it does transformers' own sampling).
+# seed that keys the dropout masks (with the prompt and each position) and the run's sampling stream.
 OWN_KEYS = ("gamma", "seed")
-DEFAULT_RULE = RuleConfig("dropmatch", p=0.3)  # the method's operating point (K 5, p 0.3)
+# dropmatch_seed's default under greedy: the masks, hence the output, are then a function of the inputs.
+# Under sampling the default is one draw from torch's global generator (torch.manual_seed makes a call
+# repeatable, as it does transformers' own sampling).
+GREEDY_SEED = 0
+
+
 # GenerationConfig values that change which tokens come out, with the value that changes nothing.
 NEUTRAL = {"num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "penalty_alpha": None,
            "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
@@ -57,6 +68,12 @@ class Request:
     return_dict: bool
 
 
+def default_rule() -> RuleConfig:
+    """generate()'s rule when the call names none: the method's operating point (dropmatch, K 5, p 0.3), with
+    every knob of the rule table as it is now (a rule registered after import brings its knobs)."""
+    return RuleConfig("dropmatch", p=0.3)
+
+
 def generate(model, inputs=None, generation_config=None, assistant_model=None, streamer=None, **kwargs):
     """transformers' generate() with DropMatch's verification: the target `model`, the draft
     `assistant_model`. Returns the sequences [1, prompt + new] (LongTensor on the model's device) or,
@@ -65,13 +82,14 @@ def generate(model, inputs=None, generation_config=None, assistant_model=None, s
     try:
         request = parse_request(model, inputs, generation_config, assistant_model, kwargs)
         engine = engine_for(model, assistant_model, request.stop_ids, kwargs.get("tokenizer"))
-        trace, new_tokens = _run(engine, request, streamer, kwargs.get("tokenizer"))
+        reasons, new_tokens = _run(engine, request, streamer, kwargs.get("tokenizer"))
+        _keep_costs(engine, model, assistant_model)
     except ConfigError as error:  # a setting, or a run the pair cannot make (a judge rule without a judge)
         raise ValueError(str(error)) from None
     sequences = torch.tensor([request.prompt_ids + new_tokens], dtype=torch.long, device=engine.device)
     if not request.return_dict:
         return sequences
-    return DropMatchGenerateOutput(sequences=sequences, dropmatch=reason_summary(reason_counts(trace)))
+    return DropMatchGenerateOutput(sequences=sequences, dropmatch=reason_summary(dict(reasons)))
 
 
 def parse_request(model, inputs, generation_config, assistant_model, kwargs: dict) -> Request:
@@ -84,7 +102,7 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
     if unknown:
         raise ConfigError(f"unknown argument {PREFIX}{unknown[0]}; DropMatch's are "
                           f"{', '.join(PREFIX + k for k in (*rule_keys(), *OWN_KEYS))}")
-    rule = RuleConfig.from_mapping(knobs, DEFAULT_RULE)
+    rule = RuleConfig.from_mapping(knobs, default_rule())
     prompt_ids = _prompt_ids(inputs, kwargs)
     config = _generation_config(model, generation_config, kwargs)
     _check_pair(model, assistant_model, kwargs)
@@ -99,7 +117,7 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
     decode = DecodeConfig(**DecodeConfig.parse_gamma(own.get("gamma", "auto")), max_new_tokens=max_new,
                           temperature=0.0 if greedy else (config.temperature if config.temperature is not None else 1.0),
                           top_p=config.top_p if config.top_p is not None else 1.0,
-                          seed=own["seed"] if "seed" in own else int(torch.randint(0, 2**62, (1,))),
+                          seed=_seed(own, greedy),
                           draft_source="model")
     stop_strings = config.stop_strings or ()
     stop_strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
@@ -107,6 +125,14 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
         raise ConfigError("stop_strings needs the tokenizer: pass tokenizer=... as transformers' generate() asks")
     return Request(prompt_ids, decode, rule, frozenset(_ids(config.eos_token_id)), stop_strings,
                    bool(config.return_dict_in_generate))
+
+
+def _seed(own: dict, greedy: bool) -> int:
+    """dropmatch_seed as given; else GREEDY_SEED under greedy (torch's global generator untouched), one
+    draw from torch's global generator under sampling."""
+    if "seed" in own:
+        return own["seed"]
+    return GREEDY_SEED if greedy else int(torch.randint(0, 2**62, (1,)))
 
 
 def _prompt_ids(inputs, kwargs: dict) -> list[int]:
@@ -178,48 +204,66 @@ def _ids(value) -> list[int]:
     return [int(value)] if isinstance(value, int) else [int(v) for v in value]
 
 
+# gamma = auto's measured step costs per (target, draft) pair, kept between calls beside the models and
+# weakly (never on them): an entry goes with either model. Keyed by what the costs depend on.
+_MEASURED_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def engine_for(model, assistant_model, stop_ids: frozenset[int], tokenizer=None) -> Engine:
-    """The engine over the user's two models, kept on the target between calls (the adapters' head
-    copies and fingerprints are made once); a new one when the draft or the stop tokens change."""
-    key = (id(assistant_model), stop_ids, id(tokenizer))
-    kept = model.__dict__.get("_dropmatch_engine")
-    if kept is not None and kept[0] == key:
-        return kept[1]
+    """An engine over the user's two models as they are, for this call only (an engine kept between
+    calls would keep the models alive); gamma = auto's costs measured on an earlier call are reused."""
     vocab_size = min(_head_size(m) for m in (model, assistant_model))
     names = [getattr(m, "name_or_path", "") or type(m).__name__ for m in (model, assistant_model)]
     pair = LoadedPair(target=CausalLM(model, names[0], vocab_size), draft=CausalLM(assistant_model, names[1], vocab_size),
                       tokenizer=tokenizer, spec=PairSpec(*names), source="transformers generate()")
-    engine = Engine(pair, stop_ids=stop_ids)
-    model.__dict__["_dropmatch_engine"] = (key, engine)
+    engine = Engine(pair, stop_ids=stop_ids, prepare_paths=False)  # the head's path copies only if the rule reads paths
+    kept = _MEASURED_COSTS.get(model, {}).get(assistant_model)
+    if kept is not None and kept[0] == _cost_key(engine):
+        engine.services.adopt_costs(kept[1])
     return engine
 
 
-def _run(engine: Engine, request: Request, streamer, tokenizer) -> tuple:
+def _cost_key(engine: Engine) -> tuple:
+    """What measured step costs depend on besides the two models: the device and both dtypes."""
+    return engine.device, engine.target.compute_dtype, engine.draft.compute_dtype
+
+
+def _keep_costs(engine: Engine, model, assistant_model) -> None:
+    """Remember the costs the call measured (gamma = auto) for the next call on this pair."""
+    costs = engine.services.measured_costs
+    if costs is not None:
+        per_draft = _MEASURED_COSTS.setdefault(model, weakref.WeakKeyDictionary())
+        per_draft[assistant_model] = (_cost_key(engine), costs)
+
+
+def _run(engine: Engine, request: Request, streamer, tokenizer) -> tuple[Counter, list[int]]:
     """The run, its new tokens streamed round by round (the prompt first, as transformers does), cut
-    where a stop string completes. Returns (trace, new token ids)."""
+    where a stop string completes. Returns (the count of each drafted slot's reason, new token ids)."""
     stop = threading.Event()
-    run = engine.speculative(request.prompt_ids, request.decode, request.rule, stop_event=stop)
+    run = engine.speculative_tokens(request.prompt_ids, request.decode, request.rule, stop_event=stop)
     if streamer is not None:
         streamer.put(torch.tensor([request.prompt_ids]))
     new_tokens: list[int] = []
+    reasons: Counter = Counter()
     while True:
         try:
-            round_trace = next(run)
+            step = next(run)
         except StopIteration as done:
-            trace = done.value
+            output_ids = done.value
             break
-        fresh = ([round_trace.context_token] if not new_tokens else []) + list(round_trace.emitted)
+        reasons.update(step.reasons)
+        fresh = ([step.context_token] if not new_tokens else []) + list(step.emitted)
         fresh, ended = _until_stop_string(new_tokens, fresh, request.stop_strings, tokenizer)
         _stream(streamer, fresh)
         new_tokens += fresh
         if ended:
             stop.set()
     if not new_tokens:  # the run ended at its first token (an EOS, or max_new_tokens 1)
-        new_tokens = [trace.first_token]
+        new_tokens = [output_ids[0]]
         _stream(streamer, new_tokens)
     if streamer is not None:
         streamer.end()
-    return trace, new_tokens
+    return reasons, new_tokens
 
 
 def _stream(streamer, tokens: list[int]) -> None:

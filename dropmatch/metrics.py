@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from .acceptance import RULES, judged_count, lossy_reasons
 from .quality import distinct2
+from .recording import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
 from .trace import GenerationTrace
 
 # A lossy run stays within the target's own variation (the reference band) when its target NLL is at
@@ -146,15 +147,6 @@ def reason_counts(trace: GenerationTrace) -> dict[str, int]:
         for d in r.drafted:
             counts[d.reason] = counts.get(d.reason, 0) + 1
     return counts
-
-
-def reason_summary(reasons: dict[str, int]) -> dict:
-    """Reason counts -> the one shape every entry point reports them in (the vLLM plugin's per-request
-    `dropmatch` object, generate()'s `out.dropmatch`): drafted = every reason counted."""
-    lossy = set(lossy_reasons())
-    return {"drafted": sum(reasons.values()), "accepted_exactly": reasons.get("exact", 0),
-            "accepted_lossy": sum(count for reason, count in reasons.items() if reason in lossy),
-            "reasons": dict(sorted(reasons.items()))}
 
 
 def lossy_count(trace: GenerationTrace) -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import drafting, lab
+from . import drafting
 from .config import AUTO_GAMMA_CAP, ConfigError, RuleConfig
-from .models import CausalLM, LoadedPair
+from .models.causal_lm import CausalLM, LoadedPair
 from .timing import PhaseTimer
 from .trace import GenerationTrace
 from .trained_judge import TrainedJudge, judge_for
@@ -31,10 +31,24 @@ class PairServices:
         self.draft: CausalLM = pair.draft
         self.tokenizer = pair.tokenizer
         self.source_label = pair.source or pair.spec.label
-        self.weights = f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
-        self.judge = judge or judge_for(self.target.name, self.target.hidden_size)
+        self._judge = judge  # None: the shipped one where it fits, looked up on first use
+        self._judge_looked_up = judge is not None
         self._token_texts: dict[int, str] = {}
         self._costs: drafting.StepCosts | None = None
+
+    @property
+    def judge(self) -> TrainedJudge | None:
+        """The trained judge of the judge rules: the one given, else the shipped one where it was trained on this
+        target (read on first use: a run of another rule never opens the file)."""
+        if not self._judge_looked_up:
+            self._judge = judge_for(self.target.name, self.target.hidden_size)
+            self._judge_looked_up = True
+        return self._judge
+
+    @property
+    def weights(self) -> str:
+        """The weights fingerprint "target+draft" (CausalLM.fingerprint: computed on first use, once per adapter)."""
+        return f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
 
     @property
     def names(self) -> tuple[str, str]:
@@ -71,7 +85,10 @@ class PairServices:
         return self.judge.filled(rule)
 
     def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
-        """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads."""
+        """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads.
+        The Studio's: lab is imported here, so that the decoding core (what generate() stages) does not carry it."""
+        from . import lab
+
         prepared = lab.prepare(trace, self.target, self.draft)
         return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
 
@@ -81,6 +98,10 @@ class PairServices:
     def measured_costs(self) -> drafting.StepCosts | None:
         """step_costs if they were measured already, else None (never measures)."""
         return self._costs
+
+    def adopt_costs(self, costs: drafting.StepCosts) -> None:
+        """Costs measured earlier for this very pair on this device (generate() keeps them between calls)."""
+        self._costs = costs
 
     def step_costs(self) -> drafting.StepCosts:
         """gamma = auto's cost model for this pair on this machine, measured on first use."""

@@ -1,12 +1,15 @@
 """From a round's tensors to its records: the emitted tokens' view under the clean target, the top
 tokens the step-through view shows, one device -> host copy, and one DraftedToken per drafted position.
-The engine records each round through these, outside the verify step and after it.
+The engine records each round through these, outside the verify step and after it; a run that keeps
+no records (Engine.speculative_tokens, generate()'s) calls none of them. reason_summary: the one shape
+every entry point reports a run's reason counts in.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .acceptance import lossy_reasons
 from .sampling import target_view
 from .trace import DraftedToken
 
@@ -98,3 +101,12 @@ def drafted_records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken,
                            for k in range(host["path_top_id"].shape[0])) if has_paths and "path_top_id" in host else (),
         ))
     return tuple(records)
+
+
+def reason_summary(reasons: dict[str, int]) -> dict:
+    """Reason counts -> the one shape every entry point reports them in (the vLLM plugin's per-request
+    `dropmatch` object, generate()'s `out.dropmatch`): drafted = every reason counted."""
+    lossy = set(lossy_reasons())
+    return {"drafted": sum(reasons.values()), "accepted_exactly": reasons.get("exact", 0),
+            "accepted_lossy": sum(count for reason, count in reasons.items() if reason in lossy),
+            "reasons": dict(sorted(reasons.items()))}

@@ -379,7 +379,7 @@ def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: flo
     one head pass; stage 2: every later reachable slot of the requests whose stage 1 the rule
     accepted, in one more. At p = 0 every path is the clean row: no head work."""
     judged = acceptance.judged_by_paths(signals, rule)
-    exact_host, judged_host = signals.exact.tolist(), judged.tolist()
+    exact_host, judged_host = torch.stack([signals.exact, judged.to(torch.bool)]).tolist()  # one host read
     reach = [[a + i for i in reachable_judged(exact_host[a:b], judged_host[a:b])] for a, b in spans]
     work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     stage = [positions[:1] for positions in reach]

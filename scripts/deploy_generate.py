@@ -1,22 +1,42 @@
-"""Upload DropMatch's `custom_generate/` to a Hugging Face model repository, or say what would go there.
+"""Stage DropMatch's `generate(custom_generate=...)` repository, upload it to the Hugging Face Hub, or list it.
 
     python scripts/deploy_generate.py --dry-run
+    python scripts/deploy_generate.py --stage DIR                # write it into DIR, to read or to load
     python scripts/deploy_generate.py --repo you/dropmatch      # needs HF_TOKEN (write) or `hf auth login`
+    python scripts/deploy_generate.py --docs                     # rewrite docs/generate.md's rule table
 
-The repository gets custom_generate/generate.py and its requirements.txt (what transformers loads with
-`custom_generate="you/dropmatch"`) and a model card (README.md) written from docs/generate.md: what it
-does, the arguments, an example, the method's citation.
+The repository stands alone: `custom_generate/` holds generate.py and the decoding core it needs (settings,
+rules, masks, verify, drafting, the engine, the transformers adapter), each module written at stage time
+from the package's own file, and a requirements.txt that names torch and transformers only. The model
+card (README.md) is docs/generate.md with its table of rules and knobs derived from the rule table
+(acceptance.RULES and their Knobs) at that moment, as `--docs` writes it into the guide.
+
+The core is found, not listed: the module-level imports of dropmatch.hf_generate, followed. transformers'
+loader copies (and from the Hub downloads) the modules named in `from .module import` lines beside
+generate.py, one folder deep, so every module goes in one folder and every relative import is rewritten
+to name its module there (`from ..config import` becomes `from .config import`): nothing else of a module
+changes. Staging refuses a core that imports anything but the standard library, torch and transformers
+(and numpy, which transformers requires).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import re
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("custom_generate/generate.py", "custom_generate/requirements.txt")
+ENTRY = "dropmatch.hf_generate"  # the module whose `generate` transformers calls
+FOLDER = "custom_generate"
+REQUIREMENTS = ("torch>=2.6", "transformers>=5.0")  # lower bounds only: never replace a user's torch
+ALLOWED = {"torch", "transformers", "numpy"}  # besides the standard library (numpy: transformers requires it)
+# Imports inside a core function that reach the Studio on purpose, never called by generate(): (module,
+# what it imports) -> why. They are not staged; a test holds generate() to working without them.
+STUDIO_DOORS = {("dropmatch.pair_services", "dropmatch.lab"): "PairServices.rule_lab, the Studio's rule lab"}
 CARD_HEADER = """---
 library_name: transformers
 tags:
@@ -30,7 +50,7 @@ license: apache-2.0
 A `custom_generate` decoding method for transformers: Monte-Carlo dropout on the target's LM head gives K
 slightly different opinions; a draft token they agree with is accepted even when it is not the target's
 exact choice (arXiv 2603.03333). At `dropmatch_p=0` or `dropmatch_rule="lossless"` it is lossless speculative
-decoding.
+decoding. It needs torch and transformers only.
 
 """
 CITATION = """
@@ -39,39 +59,238 @@ CITATION = """
 The method: DropMatch, arXiv 2603.03333 (https://arxiv.org/abs/2603.03333); cite the paper for the method.
 This implementation: DropMatch Studio (Apache-2.0).
 """
+IMPORT_FROM = re.compile(r"from\s+(\.+[\w.]*)\s+import")
+GUIDE = Path("docs") / "generate.md"
+TABLE_START = "<!-- rules and knobs: written from the rule table by `python scripts/deploy_generate.py --docs` -->"
+TABLE_END = "<!-- end of the rule table -->"
+
+
+@dataclass(frozen=True)
+class Relative:
+    """One relative import of a module: the statement, the modules it reaches (dotted names) and
+    whether it runs inside a function (lazy) rather than when the module loads."""
+
+    node: ast.ImportFrom
+    targets: tuple[str, ...]
+    lazy: bool
+
+
+def module_file(name: str, root: Path = ROOT) -> Path | None:
+    """The file of a dotted module name (a package's __init__.py), None when there is none."""
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def relative_imports(name: str, root: Path = ROOT) -> list[Relative]:
+    """Every relative import of module `name`, with the modules each reaches."""
+    path = module_file(name, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node, lazy in _import_froms(ast.parse(path.read_text(encoding="utf-8"))):
+        if not node.level:
+            continue
+        parts = package.split(".")
+        base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        submodules = [f"{base}.{alias.name}" for alias in node.names if module_file(f"{base}.{alias.name}", root)]
+        found.append(Relative(node, tuple(submodules) if submodules else (base,), lazy))
+    return found
+
+
+def _import_froms(tree: ast.AST, lazy: bool = False):
+    """(ImportFrom node, whether it sits inside a function) for every `from ... import` of a tree."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.ImportFrom):
+            yield child, lazy
+        inside = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from _import_froms(child, inside)
+
+
+def core_modules(entry: str = ENTRY, root: Path = ROOT) -> list[str]:
+    """The decoding core: `entry` and every module its module-level relative imports reach, followed
+    (sorted dotted names). A lazy import must reach the core too, or be one of STUDIO_DOORS."""
+    found, todo = set(), [entry]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        todo += [target for rel in relative_imports(name, root) if not rel.lazy for target in rel.targets]
+    for name in found:
+        for rel in relative_imports(name, root):
+            stray = [t for t in rel.targets if t not in found and (name, t) not in STUDIO_DOORS]
+            if rel.lazy and stray:
+                raise ValueError(f"{name} imports {stray[0]} inside a function: stage it or name it in STUDIO_DOORS")
+    return sorted(found)
+
+
+def flat_name(name: str) -> str:
+    """A module's file name in the staged folder: the last part of its dotted name."""
+    return name.rpartition(".")[2]
+
+
+def absolute_imports(source: str) -> set[str]:
+    """The top-level names of every absolute import in a module, wherever it is written (transformers'
+    loader checks them all)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def flattened(name: str, root: Path = ROOT) -> str:
+    """Module `name`'s source with each relative import naming its module in the one staged folder;
+    every other character as in the package. ValueError for an import the folder cannot express."""
+    lines = module_file(name, root).read_text(encoding="utf-8").splitlines(keepends=True)
+    for rel in relative_imports(name, root):
+        node = rel.node
+        if node.module is not None and len(rel.targets) == 1 and rel.targets[0].endswith("." + node.module.split(".")[-1]):
+            spec = "." + flat_name(rel.targets[0])  # from ..config import X -> from .config import X
+        elif node.module is None and all(flat_name(t) == alias.name for t, alias in zip(rel.targets, node.names)):
+            spec = "."  # from . import acceptance, mc_head: siblings already
+        else:
+            raise ValueError(f"{name} line {node.lineno}: a relative import the flat folder cannot express")
+        line = lines[node.lineno - 1]
+        match = IMPORT_FROM.match(line, node.col_offset)
+        lines[node.lineno - 1] = line[: match.start(1)] + spec + line[match.end(1):]
+    return "".join(lines)
+
+
+def header(name: str, root: Path = ROOT) -> str:
+    """The comment a staged module starts with: where it came from."""
+    source = module_file(name, root).relative_to(root).as_posix()
+    return (f"# Generated by scripts/deploy_generate.py from DropMatch Studio's {source}: edit that file and\n"
+            "# stage again, never this one.\n")
+
+
+def generate_module(modules: list[str]) -> str:
+    """custom_generate/generate.py: `generate` from the entry module, and one `from .module import` line per
+    staged module (transformers' loader follows only such lines; `from . import x` escapes it)."""
+    named = "\n".join(f"from .{flat_name(m)} import __name__ as _  # noqa: E402,F401" for m in modules
+                      if m != ENTRY)
+    return (f'''"""DropMatch for transformers' `generate(custom_generate=...)`: what transformers loads from this
+repository with trust_remote_code=True. It needs torch and transformers only.
+
+    out = target.generate(**inputs, assistant_model=draft, custom_generate="owner/dropmatch",
+                          trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch", dropmatch_p=0.3)
+
+Generated by scripts/deploy_generate.py from DropMatch Studio's package; the modules beside it are the
+package's own, each relative import naming its module in this folder.
+"""
+
+from .{flat_name(ENTRY)} import generate
+
+# Every module of this folder, so that transformers' loader copies (from the Hub: downloads) each one.
+{named}
+
+__all__ = ["generate"]
+''')
+
+
+def staged_modules(root: Path = ROOT) -> dict[str, str]:
+    """{file name in custom_generate/: text}: generate.py, the core's modules, requirements.txt.
+    ValueError when two modules would share a file name or a module imports beyond ALLOWED."""
+    modules = core_modules(root=root)
+    files: dict[str, str] = {}
+    for name in modules:
+        text = flattened(name, root)
+        outside = sorted(n for n in absolute_imports(text) if n not in ALLOWED and n not in sys.stdlib_module_names)
+        if outside:
+            raise ValueError(f"{name} imports {outside[0]}: the decoding core needs torch and transformers only")
+        file = f"{flat_name(name)}.py"
+        if file in files or file == "generate.py":
+            raise ValueError(f"{name}: a second module named {file} in the one staged folder")
+        files[file] = header(name, root) + text
+    files["generate.py"] = generate_module(modules)
+    files["requirements.txt"] = "".join(line + "\n" for line in REQUIREMENTS)
+    return files
+
+
+def rule_table(root: Path = ROOT) -> str:
+    """The markdown table of dropmatch_rule and every knob generate() accepts, from the rule table: each
+    rule's label and modes, each knob's key, the rules that read it, generate()'s default and its help."""
+    sys.path.insert(0, str(root))
+    try:
+        from dropmatch.acceptance import KNOBS, RULES
+        from dropmatch.hf_generate import PREFIX, default_rule
+    finally:
+        sys.path.remove(str(root))
+    default = default_rule()
+    rules = "; ".join(f"`{rule.name}`: {rule.label}{_rule_note(rule)}" for rule in RULES.values())
+    lines = ["| argument | default | meaning | read by |", "|---|---|---|---|",
+             f"| `{PREFIX}rule` | `{default.rule}` | {rules} | |"]
+    for knob in KNOBS.values():
+        value = getattr(default, knob.name)
+        readers = ", ".join(rule.name for rule in RULES.values() if knob in rule.knobs)
+        lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if value is None else value}` | "
+                     f"{knob.help.replace('|', '/')} | {readers} |")
+    return "\n".join(lines)
+
+
+def _rule_note(rule) -> str:
+    """What limits a rule in generate(): one decoding mode, or a trained judge (none ships for other targets)."""
+    notes = [f"{rule.modes[0]} only"] if len(rule.modes) == 1 else []
+    if rule.uses_judge:
+        notes.append("needs a trained judge: only the embedded pair ships one")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def with_rule_table(guide: str, root: Path = ROOT) -> str:
+    """The guide with the text between TABLE_START and TABLE_END replaced by rule_table()."""
+    head, rest = guide.split(TABLE_START + "\n", 1)
+    return head + TABLE_START + "\n" + rule_table(root) + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1]
 
 
 def model_card(root: Path = ROOT) -> str:
-    """The model card: the header, docs/generate.md's body (its title dropped), the citation."""
-    guide = (root / "docs" / "generate.md").read_text(encoding="utf-8").split("\n", 1)[1]
+    """The model card: the header, docs/generate.md's body (its title dropped; its rule table derived now),
+    the citation."""
+    guide = with_rule_table((root / GUIDE).read_text(encoding="utf-8"), root).split("\n", 1)[1]
     return CARD_HEADER + guide.strip() + "\n" + CITATION
 
 
 def staged(folder: Path, root: Path = ROOT) -> list[Path]:
-    """The repository's files written into `folder`; returns their relative paths."""
-    for name in FILES:
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes((root / name).read_bytes())
+    """The repository's files written into `folder`; returns their relative paths (generate.py and
+    requirements.txt first, the core's modules, the card)."""
+    files = staged_modules(root)
+    order = ["generate.py", "requirements.txt"] + sorted(set(files) - {"generate.py", "requirements.txt"})
+    written = []
+    for name in order:
+        path = Path(FOLDER) / name
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(files[name], encoding="utf-8")
+        written.append(path)
     (folder / "README.md").write_text(model_card(root), encoding="utf-8")
-    return [Path(name) for name in (*FILES, "README.md")]
+    return written + [Path("README.md")]
+
+
+def _list(folder: Path, files: list[Path]) -> None:
+    for path in files:
+        print(f"{(folder / path).stat().st_size / 1e3:8.1f} kB  {path.as_posix()}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", help="the model repository, owner/name")
     parser.add_argument("--dry-run", action="store_true", help="list the files and their sizes; upload nothing")
-    parser.add_argument("--stage", metavar="DIR", help="write the repository's files into DIR to read; upload nothing")
+    parser.add_argument("--stage", metavar="DIR", help="write the repository's files into DIR; upload nothing")
+    parser.add_argument("--docs", action="store_true", help="rewrite docs/generate.md's table of rules and knobs")
     args = parser.parse_args(argv)
+    if args.docs:
+        (ROOT / GUIDE).write_text(with_rule_table((ROOT / GUIDE).read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
     if args.stage:
-        for path in staged(Path(args.stage)):
-            print(f"{(Path(args.stage) / path).stat().st_size / 1e3:8.1f} kB  {path}")
+        _list(Path(args.stage), staged(Path(args.stage)))
         return 0
     if not args.dry_run and not args.repo:
         parser.error("give --repo owner/name, --dry-run or --stage DIR")
     with tempfile.TemporaryDirectory() as folder:
         files = staged(Path(folder))
-        for path in files:
-            print(f"{(Path(folder) / path).stat().st_size / 1e3:8.1f} kB  {path}")
+        _list(Path(folder), files)
         if args.dry_run:
             return 0
         from huggingface_hub import HfApi

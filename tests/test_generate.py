@@ -1,31 +1,47 @@
-"""DropMatch through transformers' own door: `target.generate(..., custom_generate=<this repository>)`."""
+"""DropMatch through transformers' own door: `target.generate(..., custom_generate=<this repository>)`, and the
+Hub folder scripts/deploy_generate.py stages from the package (it needs torch and transformers only)."""
 
 from __future__ import annotations
 
+import gc
+import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 from test_exactness import PROMPT, TEMPERATURE, TOKENS, chi_square, chi_square_quantile, detectable_bias, exact_joint
 
-from dropmatch.config import DecodeConfig
+from dropmatch.config import DecodeConfig, RuleConfig, rule_keys, rule_names
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = str(ROOT)  # the repository transformers loads custom_generate/generate.py from
+PACKAGE = ROOT / "dropmatch"
 
 
 @pytest.fixture(scope="module")
-def hf_pair(tmp_path_factory):
-    """(target, draft, tokenizer) as plain transformers models: a random tiny Llama and a noisy copy."""
+def pair_dirs(tmp_path_factory):
+    """(target folder, draft folder): a random tiny Llama and a noisy copy, with one tokenizer."""
     from tiny_models import save_pair
+
+    return save_pair(tmp_path_factory.mktemp("generate"), noise=0.3)
+
+
+def _load(pair_dirs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target_dir, draft_dir = save_pair(tmp_path_factory.mktemp("generate"), noise=0.3)
-    return (AutoModelForCausalLM.from_pretrained(target_dir), AutoModelForCausalLM.from_pretrained(draft_dir),
-            AutoTokenizer.from_pretrained(target_dir))
+    return (*(AutoModelForCausalLM.from_pretrained(d) for d in pair_dirs), AutoTokenizer.from_pretrained(pair_dirs[0]))
+
+
+@pytest.fixture(scope="module")
+def hf_pair(pair_dirs):
+    """(target, draft, tokenizer) as plain transformers models."""
+    return _load(pair_dirs)
 
 
 def _prompt(tokenizer, text="what is two plus three?"):
@@ -184,3 +200,313 @@ def test_the_readmes_generate_example_runs_as_written(tmp_path):
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "'drafted':" in done.stdout and "'reasons':" in done.stdout, done.stdout[-2000:]
+
+
+# ---------------------------------------------------------------- the Hub folder: staged from the package, alone
+
+
+def _deploy_script():
+    """scripts/deploy_generate.py as a module (what --stage runs)."""
+    spec = importlib.util.spec_from_file_location("deploy_generate", ROOT / "scripts" / "deploy_generate.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def deploy():
+    return _deploy_script()
+
+
+@pytest.fixture(scope="module")
+def staged_folder(deploy, tmp_path_factory):
+    """The Hub repository as `--stage` writes it, from this working tree."""
+    folder = tmp_path_factory.mktemp("staged")
+    deploy.staged(folder)
+    return folder
+
+
+# Runs in a fresh interpreter (-I, a temporary cwd) where `dropmatch` cannot be imported, wherever it is installed.
+STAGED_RUN = r"""
+import importlib.abc, json, pathlib, sys
+
+class NoDropmatch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "dropmatch":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoDropmatch())
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.dynamic_module_utils import check_imports, get_relative_imports
+
+folder, target_dir, draft_dir = sys.argv[1:4]
+code = pathlib.Path(folder, "custom_generate")
+target, draft = (AutoModelForCausalLM.from_pretrained(d) for d in (target_dir, draft_dir))
+inputs = AutoTokenizer.from_pretrained(target_dir)("the quick brown fox", return_tensors="pt")
+own = target.generate(**inputs, max_new_tokens=40, do_sample=False)
+ours = dict(assistant_model=draft, custom_generate=folder, trust_remote_code=True, do_sample=False)
+at_p0 = target.generate(**inputs, max_new_tokens=40, dropmatch_p=0.0, **ours)
+lossy = target.generate(**inputs, max_new_tokens=64, dropmatch_p=0.3, dropmatch_gamma=4, return_dict_in_generate=True,
+                        **ours)
+for module in code.glob("*.py"):  # what transformers checks of each module it downloads from the Hub
+    check_imports(module)
+print(json.dumps({"own": own.tolist(), "p0": at_p0.tolist(), "counts": lossy.dropmatch,
+                  "named": sorted(get_relative_imports(code / "generate.py")),
+                  "dropmatch": sorted(m for m in sys.modules if m.partition(".")[0] == "dropmatch")}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter loading transformers
+def test_the_staged_folder_runs_where_the_dropmatch_package_cannot_be_imported(staged_folder, pair_dirs, tmp_path):
+    """custom_generate=<the staged folder>: greedy at p 0 is the target's own generate(), p 0.3 counts lossy
+    acceptances; generate.py names every module beside it (what transformers downloads from the Hub)."""
+    script = tmp_path / "run.py"
+    script.write_text(STAGED_RUN, encoding="utf-8")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-I", str(script), str(staged_folder), *map(str, pair_dirs)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["p0"] == found["own"] and found["dropmatch"] == []
+    assert found["counts"]["accepted_lossy"] > 0
+    modules = {path.stem for path in (staged_folder / "custom_generate").glob("*.py")} - {"generate"}
+    assert set(found["named"]) == modules
+
+
+def test_the_staged_requirements_name_torch_and_transformers_only_with_lower_bounds(staged_folder):
+    lines = (staged_folder / "custom_generate" / "requirements.txt").read_text().split()
+    assert [re.match(r"[a-z]+", line).group() for line in lines] == ["torch", "transformers"]
+    assert all(re.fullmatch(r"[a-z]+>=[\d.]+", line) for line in lines)
+
+
+IMPORT_LINE = re.compile(r"(?P<indent>\s*)from (?P<module>\.+[\w.]*) import (?P<names>.*)")
+
+
+def test_the_staged_modules_are_the_packages_own_files_with_only_their_relative_imports_renamed(deploy, staged_folder):
+    """Each staged module is its package file under a comment naming it; a line differs only where a relative
+    import names its module in the one folder (from ..config import X -> from .config import X)."""
+    core = deploy.core_modules()
+    staged = {path.name for path in (staged_folder / "custom_generate").glob("*.py")}
+    assert staged == {f"{deploy.flat_name(name)}.py" for name in core} | {"generate.py"}
+    for name in core:
+        source_file = deploy.module_file(name)
+        source = source_file.read_text(encoding="utf-8").splitlines()
+        copy = (staged_folder / "custom_generate" / f"{deploy.flat_name(name)}.py").read_text(encoding="utf-8").splitlines()
+        header, body = copy[: len(copy) - len(source)], copy[len(copy) - len(source):]
+        assert header and all(line.startswith("#") for line in header)
+        assert source_file.relative_to(ROOT).as_posix() in header[0]
+        for ours, theirs in zip(source, body):
+            if ours != theirs:
+                was, now = IMPORT_LINE.fullmatch(ours), IMPORT_LINE.fullmatch(theirs)
+                assert was and now and (was["indent"], was["names"]) == (now["indent"], now["names"]), (name, ours)
+                assert now["module"] == "." + was["module"].lstrip(".").rpartition(".")[2], (name, ours)
+
+
+STUDIO = {"dropmatch.lab", "dropmatch.metrics", "dropmatch.quality", "dropmatch.models", "dropmatch.models.loading",
+          "dropmatch.models.generation", "dropmatch.models.references", "dropmatch.plots", "dropmatch.render",
+          "dropmatch.studio", "dropmatch.record", "dropmatch.compare"}
+STUDIO_PACKAGES = ("dropmatch.ui", "dropmatch.bench", "dropmatch.serving")
+
+
+def test_the_core_imports_the_standard_library_torch_and_transformers_only_and_no_studio_module(deploy):
+    """What generate() stages: the engine's module-level import closure, cut where it reached the Studio;
+    numpy is transformers' own requirement."""
+    core = set(deploy.core_modules())
+    assert {"dropmatch.hf_generate", "dropmatch.engine", "dropmatch.verifying", "dropmatch.config",
+            "dropmatch.acceptance", "dropmatch.mc_head", "dropmatch.models.causal_lm"} <= core
+    assert not core & STUDIO and not [name for name in core if name.startswith(STUDIO_PACKAGES)]
+    for name in core:
+        outside = deploy.absolute_imports(deploy.module_file(name).read_text()) - set(sys.stdlib_module_names)
+        assert outside <= {"torch", "transformers", "numpy"}, (name, outside)
+    for (module, reached), why in deploy.STUDIO_DOORS.items():  # each door is real, and stays out of the core
+        assert module in core and reached not in core and why
+        assert any(rel.lazy and reached in rel.targets for rel in deploy.relative_imports(module))
+
+
+# ---------------------------------------------------------------- no surprises in the caller's process
+
+
+def _model_state(model) -> tuple:
+    """What a call must leave as it was: each module's training flag and attributes (names, values by
+    identity), each parameter's and buffer's identity and requires_grad."""
+    modules = [(name, module.training, {key: id(value) for key, value in vars(module).items()})
+               for name, module in model.named_modules()]
+    tensors = [(name, id(t), t.requires_grad) for name, t in (*model.named_parameters(), *model.named_buffers())]
+    return modules, tensors
+
+
+def test_a_call_leaves_the_models_training_flags_requires_grad_and_attributes_as_they_were(pair_dirs):
+    """A target in training mode with a frozen embedding, a draft as loaded: both as they were after a lossy
+    call, a sampled one and gamma = auto's first (measuring) call; no gradient was recorded."""
+    target, draft, tokenizer = _load(pair_dirs)
+    target.train()
+    target.get_input_embeddings().weight.requires_grad_(False)
+    before = _model_state(target), _model_state(draft)
+    inputs = _prompt(tokenizer, "the quick brown fox")
+    _dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=False, dropmatch_p=0.3)
+    _dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=True, dropmatch_p=0.3, top_k=0, dropmatch_gamma=3)
+    assert (_model_state(target), _model_state(draft)) == before
+    assert target.training and all(p.grad is None for p in (*target.parameters(), *draft.parameters()))
+
+
+def test_no_engine_is_kept_on_the_models_or_keeps_them_alive(pair_dirs, monkeypatch):
+    """gamma = auto's measured costs are kept beside the models, weakly: the second call measures nothing,
+    and the models go when the caller drops them."""
+    from dropmatch import pair_services
+
+    measured = []
+    real = pair_services.measure_step_costs
+    monkeypatch.setattr(pair_services, "measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
+    target, draft, tokenizer = _load(pair_dirs)
+    keys = set(vars(target)), set(vars(draft))
+    for _ in range(2):
+        _dropmatch(target, draft, _prompt(tokenizer), max_new_tokens=10, do_sample=False, dropmatch_p=0.3)
+    assert (set(vars(target)), set(vars(draft))) == keys and measured == [1]
+    alive = weakref.ref(target), weakref.ref(draft)
+    del target, draft
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]
+
+
+def test_greedy_at_p_0_3_is_a_function_of_the_inputs_and_dropmatch_seed(hf_pair):
+    """Whatever torch's global generator holds, the same call gives the same text; dropmatch_seed (default 0)
+    keys the dropout masks, so another seed may accept other drafts."""
+    target, draft, tokenizer = hf_pair
+    inputs = _prompt(tokenizer, "the quick brown fox")
+
+    def call(**seed):
+        return _dropmatch(target, draft, inputs, max_new_tokens=48, do_sample=False, dropmatch_p=0.3,
+                          dropmatch_gamma=4, **seed)[0].tolist()
+
+    outputs = []
+    for global_seed in (1, 2, 3):
+        torch.manual_seed(global_seed)
+        outputs.append(call())
+    assert outputs[0] == outputs[1] == outputs[2] == call(dropmatch_seed=0)
+    assert len({tuple(call(dropmatch_seed=seed)) for seed in range(1, 6)} | {tuple(outputs[0])}) > 1
+
+
+def test_torch_global_generator_is_untouched_by_greedy_calls_and_by_sampled_calls_given_a_seed(hf_pair):
+    target, draft, tokenizer = hf_pair
+    inputs = _prompt(tokenizer)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    _dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=False, dropmatch_p=0.3)
+    _dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=False, dropmatch_rule="lossless")
+    _dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=True, top_k=0, dropmatch_p=0.3, dropmatch_seed=4)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_sampled_call_without_a_seed_draws_it_from_torchs_generator_as_transformers_sampling_does(hf_pair):
+    """torch.manual_seed makes it repeatable; the draw moves the global generator, as transformers' own sampling does."""
+    target, draft, tokenizer = hf_pair
+    inputs = _prompt(tokenizer)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        before = torch.get_rng_state()
+        runs.append(_dropmatch(target, draft, inputs, max_new_tokens=20, do_sample=True, top_k=0, dropmatch_p=0.3)[0].tolist())
+        assert not torch.equal(torch.get_rng_state(), before)
+    assert runs[0] == runs[1]
+
+
+# ---------------------------------------------------------------- only the work the call needs
+
+
+class DropMatchHostReads(torch.overrides.TorchFunctionMode):
+    """Counts the tensor operations DropMatch's own code makes that read a value on the host (a sync on an
+    accelerator): the caller's frame lies in the package. The models' forward passes read what they read in
+    any generate()."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])
+        if (name in self.READS or to_host) and str(PACKAGE) in sys._getframe(1).f_code.co_filename:
+            self.reads.append(f"{name} {Path(sys._getframe(1).f_code.co_filename).name}:{sys._getframe(1).f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+PER_CALL_READS = 3  # the prompt's ids and its attention mask, the first token
+
+
+@pytest.mark.parametrize("knobs, per_round", [
+    (dict(dropmatch_rule="lossless"), 1),  # the scan's one copy
+    (dict(dropmatch_p=0.3), 6),  # + the slots to judge, and per stage (at most two) the close calls and its verdicts
+])
+def test_host_reads_per_round_are_bounded(hf_pair, knobs, per_round):
+    target, draft, tokenizer = hf_pair
+    streamer = RecordingStreamer()
+    with DropMatchHostReads() as counted:
+        _dropmatch(target, draft, _prompt(tokenizer, "the quick brown fox"), max_new_tokens=40, do_sample=False,
+                   dropmatch_gamma=4, streamer=streamer, **knobs)
+    rounds = len(streamer.puts) - 1
+    assert rounds >= 10 and len(counted.reads) <= PER_CALL_READS + per_round * rounds, counted.reads
+
+
+def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
+    """No top-token lists, host copies, token views or weight fingerprints: out.dropmatch needs the reasons only."""
+    from dropmatch import engine
+    from dropmatch.models.causal_lm import CausalLM
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a record generate() does not return")
+
+    for name in ("top_tokens", "to_host", "drafted_records", "emitted_view"):
+        monkeypatch.setattr(engine, name, refused)
+    monkeypatch.setattr(CausalLM, "fingerprint", refused)
+    target, draft, tokenizer = hf_pair
+    out = _dropmatch(target, draft, _prompt(tokenizer, "the quick brown fox"), max_new_tokens=40, do_sample=False,
+                     dropmatch_p=0.3, dropmatch_gamma=4, return_dict_in_generate=True)
+    assert out.dropmatch["accepted_lossy"] > 0
+
+
+@pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("lossless")])
+def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule):
+    """Engine.speculative_tokens (generate()'s) emits the recorded run's tokens with its reasons, staged and in
+    one pass; one pass reads the host once a round."""
+    from dropmatch.engine import run_to_end
+    from dropmatch.hf_generate import engine_for
+
+    target, draft, tokenizer = hf_pair
+    engine = engine_for(target, draft, frozenset())
+    ids = _prompt(tokenizer, "the quick brown fox")["input_ids"][0].tolist()
+    decode = DecodeConfig(max_new_tokens=40, gamma=4, seed=0)
+    trace = run_to_end(engine.speculative(ids, decode, rule))
+    recorded = [tuple(d.reason for d in r.drafted) for r in trace.rounds]
+    for one_pass in (False, True):
+        with DropMatchHostReads() as counted:
+            steps, output = _drain(engine.speculative_tokens(ids, decode, rule, one_pass=one_pass))
+        assert output == trace.output_ids and [step.reasons for step in steps] == recorded
+        if one_pass:
+            assert len(counted.reads) == 1 + len(steps), counted.reads  # the first token, then the scan's copy
+
+
+def _drain(run) -> tuple[list, tuple]:
+    steps = []
+    while True:
+        try:
+            steps.append(next(run))
+        except StopIteration as done:
+            return steps, done.value
+
+
+# ---------------------------------------------------------------- the documentation
+
+
+def test_the_argument_tables_list_every_rule_and_knob_generate_accepts_as_the_rule_table_declares_them(deploy):
+    """docs/generate.md's rule table is the one --docs derives from acceptance.RULES now, and its arguments are
+    exactly RuleConfig.from_mapping's names and generate()'s own: it cannot go stale."""
+    from dropmatch.hf_generate import OWN_KEYS
+
+    guide = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
+    assert deploy.with_rule_table(guide) == guide, "run `python scripts/deploy_generate.py --docs`"
+    listed = re.findall(r"^\| `dropmatch_(\w+)`", guide[guide.index("## Arguments"):], re.M)
+    assert sorted(listed) == sorted((*rule_keys(), *OWN_KEYS))
+    rule_row = next(line for line in guide.splitlines() if line.startswith("| `dropmatch_rule`"))
+    assert not [name for name in rule_names() if f"`{name}`" not in rule_row]

@@ -77,24 +77,76 @@ def test_dropmatch_on_the_gpu_runs_paths_only_where_judged_and_p0_is_lossless(cu
         assert all(not d.path_tokens for d in r.drafted if d.reason == "exact")
 
 
-def test_generate_through_custom_generate_on_the_gpu_equals_the_targets_greedy_and_counts_lossy(tiny_dirs):
-    """transformers' door on CUDA: the pair on one device, p = 0 equals the target's greedy generate(),
-    p 0.3 returns its counts per reason (docs/generate.md)."""
-    from pathlib import Path
-
+@pytest.fixture(scope="module")
+def cuda_hf_pair(tiny_dirs):
+    """(target, draft, tokenizer): the tiny pair as plain transformers models in bf16 on the GPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    root = str(Path(__file__).resolve().parent.parent)
-    target_dir, draft_dir = tiny_dirs
     target, draft = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to("cuda") for d in tiny_dirs)
-    inputs = AutoTokenizer.from_pretrained(target_dir)("what is two plus three?", return_tensors="pt").to("cuda")
-    expected = target.generate(**inputs, max_new_tokens=32, do_sample=False)
-    got = target.generate(**inputs, assistant_model=draft, custom_generate=root, trust_remote_code=True,
-                          max_new_tokens=32, do_sample=False, dropmatch_p=0.0)
+    return target, draft, AutoTokenizer.from_pretrained(tiny_dirs[0])
+
+
+def _generate(pair, text, **kwargs):
+    from pathlib import Path
+
+    target, draft, tokenizer = pair
+    inputs = tokenizer(text, return_tensors="pt").to("cuda")
+    return target.generate(**inputs, assistant_model=draft, custom_generate=str(Path(__file__).resolve().parent.parent),
+                           trust_remote_code=True, **kwargs)
+
+
+def test_generate_through_custom_generate_on_the_gpu_equals_the_targets_greedy_and_counts_lossy(cuda_hf_pair):
+    """transformers' door on CUDA: the pair on one device, p = 0 equals the target's greedy generate(),
+    p 0.3 returns its counts per reason (docs/generate.md)."""
+    target, _, tokenizer = cuda_hf_pair
+    expected = target.generate(**tokenizer("what is two plus three?", return_tensors="pt").to("cuda"), max_new_tokens=32,
+                               do_sample=False)
+    got = _generate(cuda_hf_pair, "what is two plus three?", max_new_tokens=32, do_sample=False, dropmatch_p=0.0)
     assert got.device.type == "cuda" and got.tolist() == expected.tolist()
-    out = target.generate(**inputs, assistant_model=draft, custom_generate=root, trust_remote_code=True,
-                          max_new_tokens=32, do_sample=False, dropmatch_p=0.3, return_dict_in_generate=True)
+    out = _generate(cuda_hf_pair, "what is two plus three?", max_new_tokens=32, do_sample=False, dropmatch_p=0.3,
+                    return_dict_in_generate=True)
     assert out.dropmatch["drafted"] == sum(out.dropmatch["reasons"].values()) > 0
+
+
+@pytest.mark.parametrize("knobs", [dict(dropmatch_rule="lossless"), dict(dropmatch_p=0.3)])
+def test_generate_on_the_gpu_reads_the_host_once_a_round(cuda_hf_pair, knobs):
+    """On an accelerator the verify step runs its paths in one head pass: DropMatch's own code reads the
+    host (a sync) once a round, for lossless and for a path rule alike (greedy)."""
+    from test_generate import PER_CALL_READS, DropMatchHostReads, RecordingStreamer
+
+    streamer = RecordingStreamer()
+    with DropMatchHostReads() as counted:
+        _generate(cuda_hf_pair, "the quick brown fox", max_new_tokens=40, do_sample=False, dropmatch_gamma=4,
+                  streamer=streamer, **knobs)
+    rounds = len(streamer.puts) - 1
+    assert rounds >= 5 and len(counted.reads) <= PER_CALL_READS + rounds, counted.reads
+
+
+def test_greedy_generate_on_the_gpu_is_repeatable_and_leaves_torchs_generators_alone(cuda_hf_pair):
+    """p 0.3, greedy: the same text whatever the global generators hold; neither the CPU's nor the GPU's moved."""
+    outputs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state(), torch.cuda.get_rng_state()
+        outputs.append(_generate(cuda_hf_pair, "the quick brown fox", max_new_tokens=40, do_sample=False,
+                                 dropmatch_p=0.3, dropmatch_gamma=4).tolist())
+        assert all(torch.equal(a, b) for a, b in zip(before, (torch.get_rng_state(), torch.cuda.get_rng_state())))
+    assert outputs[0] == outputs[1]
+
+
+def test_the_unrecorded_one_pass_run_on_the_gpu_emits_the_recorded_staged_runs_tokens(cuda_engine):
+    """Engine.speculative_tokens (generate()'s: one pass on CUDA) against Engine.speculative (staged, recorded)."""
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+    from test_generate import _drain
+
+    ids = cuda_engine.encode("the quick brown fox")
+    decode = DecodeConfig(gamma=4, max_new_tokens=32)
+    for rule in (RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4)):
+        trace = run_to_end(cuda_engine.speculative(ids, decode, rule))
+        steps, output = _drain(cuda_engine.speculative_tokens(ids, decode, rule))
+        assert output == trace.output_ids
+        assert [step.reasons for step in steps] == [tuple(d.reason for d in r.drafted) for r in trace.rounds]
 
 
 def test_a_rounds_timer_syncs_once_when_read_on_the_gpu(cuda_engine, monkeypatch):

@@ -52,10 +52,14 @@ class RestrictedHead(torch.nn.Module):
 
 
 class CausalLM:
-    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits."""
+    """A causal LM seen as: ids -> final hidden states (with a KV cache), hidden -> logits.
+
+    The model is used as it is given and never changed: its training flag, requires_grad and attributes
+    stay the caller's (generate() wraps the user's own model; the Studio's loader hands over models it
+    froze itself). Every product runs under torch.inference_mode, so no autograd graph is ever built."""
 
     def __init__(self, model, name: str, vocab_size: int):
-        self.model = model.eval().requires_grad_(False)
+        self.model = model
         self.name = name
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device

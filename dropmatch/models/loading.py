@@ -55,6 +55,12 @@ def _load_tokenizer(name: str, trust_remote_code: bool):
         raise ModelLoadError(f"could not load the tokenizer of {name!r}: {_first_line(error)}") from error
 
 
+def frozen(model):
+    """A model the Studio loaded for itself, in evaluation mode and without gradients (CausalLM never
+    changes a model: generate() hands it the user's own)."""
+    return model.eval().requires_grad_(False)
+
+
 def _load_model(name: str, device: torch.device, trust_remote_code: bool):
     from transformers import AutoModelForCausalLM
 
@@ -138,8 +144,8 @@ def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedP
     prepare_for_cpu(target_model, available_memory(device))
     prepare_for_cpu(draft_model, available_memory(device))
     return LoadedPair(
-        target=CausalLM(target_model, spec.target, vocab_size),
-        draft=CausalLM(draft_model, spec.draft, vocab_size),
+        target=CausalLM(frozen(target_model), spec.target, vocab_size),
+        draft=CausalLM(frozen(draft_model), spec.draft, vocab_size),
         tokenizer=tokenizer,
         spec=spec,
     )
@@ -317,8 +323,8 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
     prepare_for_cpu(target_model, available_memory(device))
     prepare_for_cpu(draft_model, available_memory(device))
     return LoadedPair(
-        target=CausalLM(target_model, "SmolLM2-135M-Instruct", vocab_size),
-        draft=CausalLM(draft_model, "dropmatch-draft", vocab_size),
+        target=CausalLM(frozen(target_model), "SmolLM2-135M-Instruct", vocab_size),
+        draft=CausalLM(frozen(draft_model), "dropmatch-draft", vocab_size),
         tokenizer=tokenizer,
         spec=PairSpec(),
         source=f"embedded: SmolLM2-135M-Instruct ({source}) + shipped draft",
