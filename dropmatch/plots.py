@@ -268,7 +268,7 @@ BAND_AXES = ("nll", "off_nucleus", "repetition")
 def run_label(run: str) -> str:
     """A benchmark run's key as a reader names it: "dropmatch@p=0.3" -> "DropMatch (JS, then majority), p = 0.3"."""
     rule, _, setting = run.partition("@")
-    label = RULES[rule].label if rule in RULES else rule
+    label = RULES[rule].label if rule in RULES else f"{rule} (a rule this version no longer has)"
     return f"{label}, {setting.replace('=', ' = ')}" if setting else label
 
 

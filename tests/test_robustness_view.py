@@ -50,9 +50,12 @@ def test_without_results_the_view_says_so_instead_of_drawing_nothing():
 
 
 def test_the_table_has_a_row_per_benchmark_and_run_with_its_band_and_command():
-    table = robustness_markdown(DOCUMENT)
-    assert "| mt_bench (out) | DropMatch (JS, then majority) | +20.0% | 1.20x |" in table and "no: repetition" in table
-    assert "| gsm8k_test_100 (in) | trained judge (AutoJudge) | +30.0% |" in table and "0.100 (0.100)" in table
+    """Sets named as a reader counts them (how many of the file's prompts ran, where the file says its count)."""
+    document = {**DOCUMENT, "benchmarks": {name: {**b, "prompts": 10} for name, b in DOCUMENT["benchmarks"].items()}}
+    table = robustness_markdown(document)
+    assert "| MT-Bench, 10 prompts (out) | DropMatch (JS, then majority) | +20.0% | 1.20x |" in table
+    assert "no: repetition" in table
+    assert "| GSM8K test, 10 of 100 (in) | trained judge (AutoJudge) | +30.0% |" in table and "0.100 (0.100)" in table
     assert "python -m dropmatch.bench --rules lossless,dropmatch,judge" in table
 
 

@@ -434,7 +434,9 @@ def _robustness_tab(parts: dict) -> None:
         gr.Markdown("### Each rule's own text\nEach rule decodes the prompt itself: after its first lossy token "
                     "it writes another text, with other drafts, so its tau and speed measure the rule and the text "
                     "it led to. Each line is one rule across the benchmarks; a filled marker stays inside the band "
-                    "of the target's own text on NLL, off-nucleus rate and repetition, an open one leaves it.")
+                    "of the target's own text (NLL and off-nucleus rate against its samples, repetition against its "
+                    "greedy text) on every axis, an open one leaves it. This run predates MARS: its *margin* row is "
+                    "the project's own p2/p1 rule that was shown under MARS's name, not MARS.")
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")

@@ -76,6 +76,15 @@ def same_drafts_markdown(document: dict | None) -> str:
     return "\n\n".join(parts) + note + (f"\n\nMeasured with:\n\n{shown}" if shown else "")
 
 
+def _set_label(name: str, ran: int | None) -> str:
+    """A prompt set as a reader counts it: "GSM8K test, 10 of 100" (of how many: the file's trailing count)."""
+    from ..bench.prompts import set_title
+
+    total = name.rsplit("_", 1)[-1]
+    return f"{set_title(name)}, {ran} of {total}" if total.isdigit() and ran else \
+        f"{set_title(name)}, {ran} prompts" if ran else set_title(name)
+
+
 def robustness_markdown(document: dict | None) -> str:
     """The robustness experiment's numbers under its chart: one row per benchmark and lossy run."""
     rows = plots.robustness_rows(document)
@@ -83,10 +92,13 @@ def robustness_markdown(document: dict | None) -> str:
         return "No robustness results are shipped with this build."
     lines = ["| benchmark | run | tau gain | speed vs lossless | ΔNLL | Δoff-nucleus | Δdistinct-2 | inside the band | task score (lossless) |",
              "|---|---|---|---|---|---|---|---|---|"]
+    prompts = {name: b.get("prompts") for name, b in ((document or {}).get("benchmarks") or {}).items()}
     for r in rows:
         band = "no: " + ", ".join(r["outside"]) if r["outside"] else "yes"
-        score = "–" if r["score"] is None else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
-        lines.append(f"| {r['benchmark']} ({r['place']}) | {plots.run_label(r['run'])} | {100 * r['tau_gain']:+.1f}% | "
+        score = "–" if r["score"] is None or r["lossless_score"] is None else "– (lossless SD scores 0 here)" \
+            if r["lossless_score"] == 0 else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
+        lines.append(f"| {_set_label(r['benchmark'], prompts.get(r['benchmark']))} ({r['place']}) | "
+                     f"{plots.run_label(r['run'])} | {100 * r['tau_gain']:+.1f}% | "
                      f"{r['speed'] or 0:.2f}x | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
                      f"{r['delta_distinct2'] or 0:+.3f} | {band} | {score} |")
     command = ((document or {}).get("settings") or {}).get("command")
