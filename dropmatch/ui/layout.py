@@ -413,7 +413,8 @@ def _lab_tab(parts: dict) -> None:
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
         gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair), the training-free rivals FLy and MARS among them: how many more tokens a "
+                    "embedded pair; it predates MARS: its *margin* line is the project's earlier p2/p1 rule, not "
+                    "MARS), the training-free rival FLy among them: how many more tokens a "
                     "round keeps (tau gain over lossless SD) against the quality the target itself sees. Shaded: "
                     "where the target's own samples (temperature 0.7, top-p 0.95) lie. The star is your last run. "
                     "A point's hover names the run it comes from (docs/results.md has both commands).")
