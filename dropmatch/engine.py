@@ -249,7 +249,9 @@ class Engine:
         prefill = PhaseTimer(self.device)
         prefill.mark("start")
         target_cache = self.target.new_cache()
-        prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache, progress)
+        # The progress callback only where a caller asked (a head given to the engine may not take it).
+        read = {"progress": progress} if progress is not None else {}
+        prompt_hidden = self.target.hidden(self._ids(prompt_ids), target_cache, **read)
         first_logits = self.target.logits(prompt_hidden[-1:])
         prefill.mark("calibration")
         masks = mc_head.mask_seed(decode.seed, prompt_ids)  # the run's dropout masks: (seed, prompt, position)

@@ -174,6 +174,11 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
         spans.append((token_text(first_token), "first", "first token, from the prefill call"))
     for r in rounds:
         for j, token in enumerate(r.emitted):
+            refused = rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted)
+            if refused:  # shown even where the correction is a stop token (which is not)
+                d = r.drafted[j]
+                tip = tooltip(d, token_text, r.index, r.draft_source)
+                spans.append((token_text(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
             if token in stop_ids:
                 continue
             if j < r.num_accepted:
@@ -181,10 +186,6 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 tip = tooltip(d, token_text, r.index, r.draft_source)
                 spans.append((token_text(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
             else:
-                if rejected and r.extra_kind == "correction" and r.num_accepted < len(r.drafted):
-                    d = r.drafted[r.num_accepted]
-                    tip = tooltip(d, token_text, r.index, r.draft_source)
-                    spans.append((token_text(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
                 spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
     return spans
 

@@ -79,8 +79,8 @@ def _run_example(page, example_prefix: str, max_new_tokens: int, timeout_s: floa
     tokens_box.press("Enter")
     page.click("#method-button")  # the paper's own settings, one click away
     page.wait_for_function("() => /the paper's own/.test(document.querySelector('#status').innerText)")
-    method = {"method_p": page.get_by_label("dropout rate p", exact=False).first.input_value(),
-              "method_k": page.get_by_label("K paths", exact=False).first.input_value()}
+    method = {"method_p": page.get_by_label("p (dropout rate)", exact=False).first.input_value(),
+              "method_k": page.get_by_label("K (paths)", exact=False).first.input_value()}
     page.click("#run-button")
     page.wait_for_function(
         "() => { const s = document.querySelector('#status'); return s && /Done|⚠️/.test(s.innerText); }",

@@ -157,10 +157,12 @@ def test_each_column_has_a_colour_key_that_counts_its_tokens(fake_app_page):
     url, browser = fake_app_page
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     _run_fake(page, url)
-    for column in ("#lossless-text", "#lossy-text"):
-        tokens = page.locator(f"{column} .dm-text .dm-tok").count()
+    for column in ("#lossless-text", "#lossy-text"):  # the key counts the emitted tokens; rejected drafts apart
+        tokens = page.locator(f"{column} .dm-text .dm-tok:not(.dm-rejected)").count()
         key = page.locator(f"{column} .dm-key span").all_inner_texts()
         assert key and sum(int(chip.rsplit(" ", 1)[1]) for chip in key) == tokens
+        rejected = page.locator(f"{column} .dm-text .dm-tok.dm-rejected").count()
+        assert rejected and f"the {rejected} rejected draft" in page.locator(f"{column} .dm-rejected-toggle").inner_text()
     assert any(chip.startswith("JS ") for chip in page.locator("#lossy-text .dm-key span").all_inner_texts())
     page.close()
 

@@ -117,7 +117,7 @@ def test_the_papers_settings_button_says_what_it_does_and_when_they_are_in_use(f
     page.wait_for_function("() => /Using the paper's settings/.test(document.querySelector('#method-button').innerText)")
     assert button.is_disabled()
     page.locator("#settings").get_by_text("Settings").first.click()
-    k = page.get_by_label("number input for K paths", exact=True)
+    k = page.get_by_label("number input for K (paths)", exact=True)
     k.fill("6")
     k.press("Tab")
     page.wait_for_function("() => /^Use the paper's settings/.test(document.querySelector('#method-button').innerText.trim())")
