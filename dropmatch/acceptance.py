@@ -661,7 +661,7 @@ for _rule in (
          checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
     Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
-         reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1,
+         reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1, title="FLy",
          authors_gamma=15,
          port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
