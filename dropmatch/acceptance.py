@@ -655,6 +655,7 @@ for _rule in (
          lab_line=_fixed_js_line),
     Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, colour="#ad1457", check=_judge,
          knob="judge_threshold", knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",),
+         title="trained judge",
          numbers=_judge_numbers),
     Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
          check=_dropmatch_judge, knob="p", knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True,
@@ -667,10 +668,11 @@ for _rule in (
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
+         title="static ensemble",
          replaces_exact=_ensemble_replaces, correction_rows=ensemble_rows),
     Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#5d4037", check=_mars,
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
-         numbers=_mars_numbers, replaces_exact=_mars_replaces,
+         numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS",
          port="greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port"),
 ):
     register_rule(_rule)

@@ -77,3 +77,21 @@ def test_the_shipped_results_show_the_rivals_lines_in_both_tabs():
     swept = {point["rule"] for point in frontier["frontier"] if point["benchmark"] == "all"}
     assert {"dropmatch", "fly", "margin", "judge", "typical", "fixed_js"} <= swept
     assert all(point.get("run") for point in frontier["frontier"])
+
+
+def test_the_shipped_same_drafts_comparison_covers_every_set_in_full_at_both_policies_with_intervals():
+    """The Robustness tab's first table: every shipped prompt set in full at the Studio's policy and at 15, each
+    rival's gain against DropMatch with its interval, and what each added as the target sees it; at gamma 15
+    FLy accepts beyond the exact test on HumanEval."""
+    from dropmatch.assets import load_same_drafts
+    from dropmatch.ui.views import same_drafts_markdown
+
+    document = load_same_drafts()
+    labels = {info["label"] for info in document["same_drafts_info"]["sets"].values()}
+    assert labels == {"GSM8K test, 100 of 100", "HumanEval, 40 of 40", "MT-Bench, 80 of 80", "IFEval, 20 of 20",
+                      "multilingual chat, 20 of 20"}
+    assert set(document["same_drafts"]) == {"studio", "long"}
+    assert document["same_drafts"]["long"]["humaneval_40"]["fly"]["beyond_exact"]["value"] > 0
+    table = same_drafts_markdown(document)
+    assert "| fixed 15 | HumanEval, 40 of 40 |" in table and "MARS vs DropMatch" in table
+    assert "[" in table and ("leads" in table or "trails" in table) and "<details>" in table

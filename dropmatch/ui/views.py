@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..acceptance import KNOBS, RULES
+from ..acceptance import KNOBS, METHOD, RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
@@ -56,24 +56,44 @@ def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
 
 
+FIELD = ("dropmatch", "mars", "ensemble", "judge", "fly")  # the tab's short table: DropMatch and the field
+POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15"}
+
+
 def same_drafts_markdown(document: dict | None) -> str:
-    """The comparison on lossless SD's drafts (bench --same-drafts): per draft policy, a sentence saying what it
-    measures and one row per prompt set and rule, each figure with its 95% interval."""
-    from ..bench.tables import SAME_DRAFTS_HEADER, same_drafts_caption, same_drafts_rows
+    """The comparison on lossless SD's drafts (bench --same-drafts): a short table first (per draft policy and
+    set, DropMatch's gain over lossless SD and each rival's against DropMatch, with 95% intervals, and the
+    target's probability of what each accepted beyond the exact test), then every rule's rows, folded."""
+    from ..bench.tables import SAME_DRAFTS_HEADER, gain_text, same_drafts_caption, same_drafts_rows
 
     if not document or not document.get("same_drafts"):
         return "No comparison on the same drafts is shipped with this build."
-    parts = []
+    shown = [rule for rule in FIELD if rule in RULES]
+    head = ["draft policy", "prompt set", *(f"{RULES[r].column_title} vs {'lossless' if r == METHOD else 'DropMatch'}"
+                                             for r in shown), "target p of the added tokens"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    sets = document.get("same_drafts_info", {}).get("sets", {})
+    for policy, by_set in document["same_drafts"].items():
+        for name, rules in by_set.items():
+            gains = [gain_text(rules.get(r, {}).get("gain" if r == METHOD else "against_method")) for r in shown]
+            probs = " / ".join(f"{rules[r]['target_prob']['value']:.2f}" if rules.get(r, {}).get("target_prob") else "–"
+                               for r in shown)
+            lines.append("| " + " | ".join([POLICY_NAMES.get(policy, policy), sets.get(name, {}).get("label", name),
+                                            *gains, probs]) + " |")
+    full = []
     for policy in document["same_drafts"]:
-        lines = ["| " + " | ".join(SAME_DRAFTS_HEADER) + " |", "|" + "---|" * len(SAME_DRAFTS_HEADER)]
-        lines += ["| " + " | ".join(html.escape(cell) for cell in row) + " |" for row in same_drafts_rows(document, policy)]
-        parts.append(f"{same_drafts_caption(document, policy)}\n\n"
-                     '<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>")
+        rows = ["| " + " | ".join(SAME_DRAFTS_HEADER) + " |", "|" + "---|" * len(SAME_DRAFTS_HEADER)]
+        rows += ["| " + " | ".join(html.escape(cell) for cell in row) + " |" for row in same_drafts_rows(document, policy)]
+        full.append(f"{same_drafts_caption(document, policy)}\n\n" + "\n".join(rows))
     settings = document.get("settings") or {}
     commands = settings.get("commands") or [settings.get("command")]
-    note = ("\n\n*Interrupted: each set's label says how many of its prompts ran.*" if document.get("interrupted") else "")
-    shown = "".join(f'<pre class="dm-command">{html.escape(c)}</pre>' for c in commands if c)
-    return "\n\n".join(parts) + note + (f"\n\nMeasured with:\n\n{shown}" if shown else "")
+    shown_commands = "".join(f'<pre class="dm-command">{html.escape(c)}</pre>' for c in commands if c)
+    note = "\n\n*Interrupted: each set's label says how many of its prompts ran.*" if document.get("interrupted") else ""
+    return ('<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>" + note
+            + "\n\nThe probabilities are DropMatch's / MARS's / the ensemble's / the judge's / FLy's, in that order."
+            + '\n\n<details><summary>Every rule, set and policy</summary>\n\n<div class="dm-scroll dm-nowrap-table">\n\n'
+            + "\n\n".join(full) + "\n\n</div></details>"
+            + (f"\n\nMeasured with:\n\n{shown_commands}" if shown_commands else ""))
 
 
 def _set_label(name: str, ran: int | None) -> str:
