@@ -26,7 +26,9 @@ class FakeServices:
 
 
 class FakeEngine:
-    def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None, auto_gamma: int | None = None):
+    def __init__(self, delay_s: float = 0.0, reason_for: dict[str, str] | None = None, auto_gamma: int | None = None,
+                 max_context: int = 4096):
+        self.max_context = max_context  # prompt + new tokens it holds (check_fits refuses more)
         self.reason_for = reason_for or {}  # the reason a lossy rule gives (default "js")
         self.auto_gamma = auto_gamma  # the drafts a round makes under gamma = auto (None: the cap, decode.gamma)
         self.words = ["<eos>"]
@@ -52,7 +54,7 @@ class FakeEngine:
         return [self._id(w) for w in prompt.split()]
 
     def check_fits(self, prompt_ids, decode: DecodeConfig) -> None:
-        if len(prompt_ids) + decode.max_new_tokens > 4096:
+        if len(prompt_ids) + decode.max_new_tokens > self.max_context:
             raise ConfigError("too long for the fake engine")
 
     def answer(self, prompt_ids) -> list[int]:
