@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_serving import HostReads
 from test_exactness import PROMPT, TEMPERATURE, TOKENS, chi_square, chi_square_quantile, detectable_bias, exact_joint
 
 from dropmatch.config import DecodeConfig, RuleConfig, rule_keys, rule_names
@@ -413,23 +414,16 @@ def test_a_sampled_call_without_a_seed_draws_it_from_torchs_generator_as_transfo
 # ---------------------------------------------------------------- only the work the call needs
 
 
-class DropMatchHostReads(torch.overrides.TorchFunctionMode):
+class DropMatchHostReads(HostReads):
     """Counts the tensor operations DropMatch's own code makes that read a value on the host (a sync on an
     accelerator): the caller's frame lies in the package. The models' forward passes read what they read in
-    any generate()."""
+    any generate(). Kept as "operation file:line"."""
 
-    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+    def counts(self, frame) -> bool:
+        return str(PACKAGE) in frame.f_code.co_filename
 
-    def __init__(self):
-        super().__init__()
-        self.reads: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        to_host = name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])
-        if (name in self.READS or to_host) and str(PACKAGE) in sys._getframe(1).f_code.co_filename:
-            self.reads.append(f"{name} {Path(sys._getframe(1).f_code.co_filename).name}:{sys._getframe(1).f_lineno}")
-        return func(*args, **(kwargs or {}))
+    def entry(self, name: str, frame) -> str:
+        return f"{name} {Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
 
 
 PER_CALL_READS = 3  # the prompt's ids and its attention mask, the first token

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -161,10 +162,20 @@ class HostReads(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.reads: list[str] = []
 
+    def counts(self, frame) -> bool:
+        """Whether a read made from this caller's frame counts (every one here; a subclass may narrow it)."""
+        return True
+
+    def entry(self, name: str, frame) -> str:
+        """What a counted read is kept as: its operation's name."""
+        return name
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in self.READS or (name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])):
-            self.reads.append(name)
+        to_host = name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])
+        frame = sys._getframe(1)
+        if (name in self.READS or to_host) and self.counts(frame):
+            self.reads.append(self.entry(name, frame))
         return func(*args, **(kwargs or {}))
 
 
