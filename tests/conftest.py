@@ -127,15 +127,22 @@ def fake_app_page():
     """(url, browser): the app on a model-free FakeEngine, served on loopback, and Debian's Chromium
     driving it, for the page tests that need no model (Toy head, Lessons). Per module: Playwright's
     sync API allows one running instance per thread, and other modules start their own."""
+    from fake_engine import FakeEngine
+
+    yield from fake_app_served(FakeEngine())
+
+
+def fake_app_served(engine):
+    """Yields (url, browser): the app on a model-free `engine`, served on loopback, and Debian's Chromium
+    driving it; both closed after (a fixture's body: `yield from fake_app_served(...)`)."""
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     import app
     from dropmatch.studio import Studio
-    from fake_engine import FakeEngine
     from local_server import serve_locally
     from playwright.sync_api import sync_playwright
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
     serve_locally(demo, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])

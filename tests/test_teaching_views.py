@@ -4,8 +4,6 @@ saying why with its fix one click away, and a run refused at its start leaving t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -15,23 +13,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 def fly_app_page():
     """(url, browser): the app on a FakeEngine whose FLy accepts only exact drafts and whose gamma = auto drafts
     3 a round (as on this CPU), served on loopback, with Debian's Chromium."""
-    import app
-    from dropmatch.studio import Studio
+    from conftest import fake_app_served
     from fake_engine import FakeEngine
-    from local_server import serve_locally
-    from playwright.sync_api import sync_playwright
 
-    assert Path("/usr/bin/chromium").exists(), "Debian's chromium is missing: apt-get install -y chromium"
-    engine = FakeEngine(reason_for={"fly": "exact"}, auto_gamma=3, max_context=400)  # 400: a long prompt is refused
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
-    serve_locally(demo, css=app.css())
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield demo.local_url, browser
-        finally:
-            browser.close()
-            demo.close()
+    yield from fake_app_served(FakeEngine(reason_for={"fly": "exact"}, auto_gamma=3, max_context=400))
 
 
 def _first_view(browser, url: str):
