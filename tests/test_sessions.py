@@ -90,6 +90,18 @@ def test_an_open_tab_keeps_its_session_and_a_reconnect_keeps_a_closed_one():
     assert janitor.sweep() == 1 and "open-tab" not in holder.session_data
 
 
+def test_what_a_user_did_is_kept_with_their_session_and_goes_with_it():
+    demo, state, holder = blocks_with_state()
+    janitor = SessionJanitor(demo, closed_grace_s=0.0)
+    janitor.page_opened("tab")
+    holder["tab"][state._id] = "a run"
+    janitor.user_did("tab", "typed")
+    janitor.user_did("tab", "ran")
+    assert janitor.done_by("tab") == {"typed", "ran"} and janitor.done_by("another-tab") == frozenset()
+    janitor.page_closed("tab")
+    assert "tab" not in holder.session_data and janitor.done_by("tab") == frozenset() and not janitor.acts
+
+
 def test_a_closed_tab_keeps_its_session_for_the_grace_period():
     demo, state, holder = blocks_with_state()
     janitor = SessionJanitor(demo, closed_grace_s=3600.0)

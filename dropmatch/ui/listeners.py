@@ -55,19 +55,28 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         title = views.shipped_run_title(shipped, asked)
         view = _copy(shipped_view(title or next(iter(shipped))))
         view["prompt"] = view["last_run"].prompt  # the recorded run's prompt: Run runs it live
-        return ui.bind(_linked(view, shipped, asked, title, query.get("lesson") or ""))
+        view = _linked(view, shipped, asked, title, query.get("lesson") or "")
+        return ui.bind(_unless_overtaken(view, janitor.done_by(request.session_hash if request else None)))
 
     def on_tab_closed(request: gr.Request):
         janitor.page_closed(request.session_hash)
 
+    def on_prompt_changed(prompt: str, request: gr.Request):
+        """The box starts empty: text in it before the first visit landed is the visitor's (typed, pasted or
+        an example picked). Gradio's .input misses a paste, so this listens to every change."""
+        if prompt:
+            janitor.user_did(request.session_hash, "typed")
+
     _control_listeners(ui)
+    ui.prompt.change(on_prompt_changed, ui.prompt, None, api_visibility="private", queue=False,
+                     show_progress="hidden", trigger_mode="always_last")
     ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
                      trigger_mode="always_last", api_visibility="private", show_progress="hidden")
     # A shipped run is shown at once on first visit.
     first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.watch_tabs, ui.learn_tabs, ui.prompt],
                             api_visibility="private")
     demo.unload(on_tab_closed)
-    _run_listeners(ui, on_run, first_visit)
+    _run_listeners(ui, on_run, first_visit, janitor)
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
@@ -83,11 +92,15 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
            concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
 
 
-def _run_listeners(ui: Ui, on_run, first_visit) -> None:
-    """Run (cancelling the first visit's display if it is still on its way) and Stop. Run shows the columns
-    (the Watch group) and makes Stop active until the run ends, fails or is stopped."""
-    ui.run_button.click(lambda: (gr.Tabs(selected="watch"), _stop_button(active=True)), None, [ui.tabs, ui.stop_button],
-                        api_visibility="private", queue=False)
+def _run_listeners(ui: Ui, on_run, first_visit, janitor: SessionJanitor) -> None:
+    """Run (cancelling the first visit's display if it is still on its way, and noting the press so that a
+    first visit that had not yet reached the queue lands nothing) and Stop. Run shows the columns (the Watch
+    group) and makes Stop active until the run ends, fails or is stopped."""
+    def on_press(request: gr.Request):
+        janitor.user_did(request.session_hash, "ran")
+        return gr.Tabs(selected="watch"), _stop_button(active=True)
+
+    ui.run_button.click(on_press, None, [ui.tabs, ui.stop_button], api_visibility="private", queue=False)
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
     run_event.then(_stop_button, None, ui.stop_button, api_visibility="private", queue=False)
@@ -164,6 +177,16 @@ def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: st
         view["tabs"], view["learn_tabs"] = gr.Tabs(selected="learn"), gr.Tabs(selected="lessons")
     elif lesson:
         view["status"] = f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. " + view.get("status", "")
+    return view
+
+
+def _unless_overtaken(view: dict, done: frozenset[str]) -> dict:
+    """The first view, less what the user overtook while it was on its way: nothing at all once they pressed
+    Run (their run's columns stand), the prompt once they typed (their words stay)."""
+    if "ran" in done:
+        return {name: gr.skip() for name in view}
+    if "typed" in done:
+        return {name: value for name, value in view.items() if name != "prompt"}
     return view
 
 

@@ -13,6 +13,10 @@ The janitor drops a whole session
   nothing between calls, so a later call simply starts a new session).
 It sweeps on page loads, tab closes and API calls: no thread of its own. (Gradio learns that a tab
 closed when its next heartbeat write fails, up to 15 s later.)
+
+It also remembers what a page's user did ("ran", "typed"): the first visit's shipped run is computed once
+per server, slowly on a busy one, and must not land over a run the user already pressed or a prompt they
+already typed.
 """
 
 from __future__ import annotations
@@ -35,7 +39,19 @@ class SessionJanitor:
         self.api_idle = datetime.timedelta(seconds=API_IDLE_S if api_idle_s is None else api_idle_s)
         self.pages: set[str] = set()
         self.closed: dict[str, datetime.datetime] = {}
+        self.acts: dict[str, set[str]] = {}
         self.lock = threading.Lock()
+
+    def user_did(self, session: str | None, act: str) -> None:
+        """Notes that the user of `session` did `act` ("ran", "typed")."""
+        if session:
+            with self.lock:
+                self.acts.setdefault(session, set()).add(act)
+
+    def done_by(self, session: str | None) -> frozenset[str]:
+        """What the user of `session` has done so far."""
+        with self.lock:
+            return frozenset(self.acts.get(session or "", ()))
 
     def page_opened(self, session: str | None) -> None:
         if session:
@@ -61,6 +77,7 @@ class SessionJanitor:
             for session in due:
                 self.pages.discard(session)
                 self.closed.pop(session, None)
+                self.acts.pop(session, None)
         for session in due:
             _drop(holder, session)
             _drop_queue_entries(getattr(self.demo, "_queue", None), session)
