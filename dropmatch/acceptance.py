@@ -43,7 +43,8 @@ CORRECTION, BONUS = "correction", "bonus"
 # ---------------------------------------------------------------- knobs
 
 
-def _number(label: str, value) -> float:
+def finite_number(label: str, value) -> float:
+    """value as a finite float (a bool is not a number here), else a ConfigError naming `label`."""
     if isinstance(value, bool):
         raise ConfigError(f"{label} must be a number, got {value!r}")
     try:
@@ -108,7 +109,7 @@ class Knob:
             if value not in self.choices:
                 raise ConfigError(f"{self.label} must be one of {', '.join(self.choices)}, got {value!r}")
             return value
-        number = _number(self.label, value)
+        number = finite_number(self.label, value)
         if self.kind is int and number != int(number):
             raise ConfigError(f"{self.label} must be a whole number, got {value!r}")
         self._check_range(number)

@@ -8,13 +8,13 @@ engine reads; `Settings.parse` turns the one into the others.
 
 from __future__ import annotations
 
-import math
 import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .acceptance import AUTO_AGREEMENT, KNOBS, MAX_GAMMA, RULES, ConfigError, is_auto, knob_by_key
+from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, RULES, ConfigError, finite_number, is_auto,
+                         knob_by_key)
 from .mc_head import CENTROIDS, MASK_DRAWS
 
 EMBEDDED = "embedded"
@@ -137,18 +137,8 @@ PRESET_SETTINGS = {"method": METHOD_SETTINGS}
 LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a number, not "auto")
 
 
-def _number(name: str, value) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    if math.isnan(number) or math.isinf(number):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
-    return number
-
-
 def _integer(name: str, value, low: int, high: int) -> int:
-    number = _number(name, value)
+    number = finite_number(name, value)
     if number != int(number):
         raise ConfigError(f"{name} must be a whole number, got {value!r}")
     if not low <= number <= high:
@@ -193,10 +183,10 @@ class DecodeConfig:
         object.__setattr__(
             self, "max_new_tokens", _integer("max new tokens", self.max_new_tokens, 1, 100_000)
         )
-        temperature = _number("temperature", self.temperature)
+        temperature = finite_number("temperature", self.temperature)
         if not 0.0 <= temperature <= 5.0:
             raise ConfigError(f"temperature must be between 0 and 5, got {temperature:g}")
-        top_p = _number("top-p", self.top_p)
+        top_p = finite_number("top-p", self.top_p)
         if not 0.0 < top_p <= 1.0:
             raise ConfigError(f"top-p must be in (0, 1], got {top_p:g}")
         object.__setattr__(self, "temperature", temperature)
@@ -295,7 +285,7 @@ def parse_p(text) -> float | None:
 
 def parse_auto(name: str, text) -> float | None:
     """'auto' (or None/empty) -> None, else a number (RuleConfig checks its range)."""
-    return None if is_auto(text) else _number(name, text)
+    return None if is_auto(text) else finite_number(name, text)
 
 
 @dataclass(frozen=True)

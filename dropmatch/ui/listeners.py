@@ -6,6 +6,7 @@ import threading
 
 import gradio as gr
 
+from ..acceptance import knob_by_key
 from ..builtin_lessons import SPECS
 from ..config import METHOD_SETTINGS, PRESETS, Settings
 from ..record import Downloads, recorded_runs
@@ -43,6 +44,29 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     shipped_lock = threading.Lock()
     janitor = SessionJanitor(demo)
 
+    _control_listeners(ui)
+    ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
+                     trigger_mode="always_last", api_visibility="private", show_progress="hidden")
+    first_visit = _visit_listeners(demo, ui, janitor, shipped_view)
+    _run_listeners(ui, on_run, first_visit, janitor)
+    for trigger in (ui.step_round, ui.step_column):
+        trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
+                       api_visibility="private")
+    ui.load_timer.tick(lambda: views.load_status_view(studio.status), None, [ui.status, ui.load_timer],
+                       api_visibility="private")
+    _lab_listeners(ui, studio)
+    _recorded_listeners(ui, downloads, shipped_view)
+    def compare(settings: Settings):
+        janitor.sweep()
+        yield from callbacks.compare_api(studio, settings)
+
+    gr.api(callbacks.settings_endpoint(compare), api_name="compare",
+           concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
+
+
+def _visit_listeners(demo: gr.Blocks, ui: Ui, janitor: SessionJanitor, shipped_view) -> gr.events.Dependency:
+    """A page's first visit (a shipped run shown at once), its close, and what its user does before the first
+    visit lands (which that view then leaves alone). Returns the first visit's event (Run cancels it)."""
     def on_first_visit(request: gr.Request):
         """A shipped run at once, while the pair loads in the background; else the frontier alone.
         ?run=<name> opens that shipped run in the Replay tab (a link a speaker can share)."""
@@ -63,33 +87,15 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
 
     def on_prompt_changed(prompt: str, request: gr.Request):
         """The box starts empty: text in it before the first visit landed is the visitor's (typed, pasted or
-        an example picked). Gradio's .input misses a paste, so this listens to every change."""
+        an example picked). Gradio's .input missed a one-step fill (as a paste is), so this listens to changes."""
         if prompt:
             janitor.user_did(request.session_hash, "typed")
 
-    _control_listeners(ui)
     ui.prompt.change(on_prompt_changed, ui.prompt, None, api_visibility="private", queue=False,
                      show_progress="hidden", trigger_mode="always_last")
-    ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
-                     trigger_mode="always_last", api_visibility="private", show_progress="hidden")
-    # A shipped run is shown at once on first visit.
-    first_visit = demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.watch_tabs, ui.learn_tabs, ui.prompt],
-                            api_visibility="private")
     demo.unload(on_tab_closed)
-    _run_listeners(ui, on_run, first_visit, janitor)
-    for trigger in (ui.step_round, ui.step_column):
-        trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
-                       api_visibility="private")
-    ui.load_timer.tick(lambda: views.load_status_view(studio.status), None, [ui.status, ui.load_timer],
-                       api_visibility="private")
-    _lab_listeners(ui, studio)
-    _recorded_listeners(ui, downloads, shipped_view)
-    def compare(settings: Settings):
-        janitor.sweep()
-        yield from callbacks.compare_api(studio, settings)
-
-    gr.api(callbacks.settings_endpoint(compare), api_name="compare",
-           concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
+    return demo.load(on_first_visit, None, [*ui.view_components(), ui.tabs, ui.watch_tabs, ui.learn_tabs, ui.prompt],
+                     api_visibility="private")
 
 
 def _run_listeners(ui: Ui, on_run, first_visit, janitor: SessionJanitor) -> None:
@@ -135,8 +141,6 @@ def _control_listeners(ui: Ui) -> None:
 
 
 def _knobs_of(ui: Ui) -> list:
-    from ..acceptance import knob_by_key
-
     return [knob_by_key(key) for key in ui.rule_knobs]
 
 
