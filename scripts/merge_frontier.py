@@ -4,6 +4,8 @@ named rules' points taken from a newer run instead (each point keeps the date of
     python scripts/merge_frontier.py assets/results/frontier.json assets/results/frontier_rivals.json \
         --take dropmatch,fly,margin --out assets/results/frontier.json
 
+--drop names rules whose points leave the document altogether (a rule the project no longer has).
+
 Every point's tau gain is against the lossless SD of its own run (greedy lossless SD emits the same tokens
 in both runs on the same prompts, which the script checks), so points of the two runs share one origin.
 Refuses documents whose prompts differ.
@@ -17,20 +19,22 @@ import sys
 from pathlib import Path
 
 
-def merged(base: dict, newer: dict, take: tuple[str, ...]) -> dict:
-    """base with the points (and pooled rows) of the `take` rules replaced by newer's."""
+def merged(base: dict, newer: dict, take: tuple[str, ...], drop: tuple[str, ...] = ()) -> dict:
+    """base with the points (and pooled rows) of the `take` rules replaced by newer's, and those of the
+    `drop` rules removed."""
     if _prompts(base) != _prompts(newer):
         raise SystemExit("the two runs are not on the same prompts: their points cannot share one chart")
     if _lossless_texts(base) != _lossless_texts(newer):
         raise SystemExit("lossless SD emitted other tokens in the two runs: their gains have different origins")
     base_date, newer_date = base["settings"].get("date", "base"), newer["settings"].get("date", "newer")
-    keep = [dict(point, run=point.get("run", base_date)) for point in base["frontier"] if point["rule"] not in take]
+    gone = set(take) | set(drop)
+    keep = [dict(point, run=point.get("run", base_date)) for point in base["frontier"] if point["rule"] not in gone]
     added = [dict(point, run=newer_date) for point in newer["frontier"] if point["rule"] in take]
-    rules = {label: stats for label, stats in base["rules"].items() if label.split("@")[0].split("/")[0] not in take}
+    rules = {label: stats for label, stats in base["rules"].items() if label.split("@")[0].split("/")[0] not in gone}
     rules.update({label: stats for label, stats in newer["rules"].items() if label.split("@")[0] in take})
     out = dict(base, frontier=keep + added, rules=rules)
     out["settings"] = dict(base["settings"], merged_from=[
-        {"command": base["settings"].get("command"), "date": base_date, "rules": "all but " + ",".join(take)},
+        {"command": base["settings"].get("command"), "date": base_date, "rules": "all but " + ",".join(sorted(gone))},
         {"command": newer["settings"].get("command"), "date": newer_date, "rules": ",".join(take)}])
     return out
 
@@ -43,15 +47,20 @@ def _lossless_texts(document: dict) -> dict:
     return {name: [row["lossless"]["text"] for row in rows] for name, rows in document["prompts"].items()}
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("base")
     parser.add_argument("newer")
     parser.add_argument("--take", required=True, help="comma-separated rules whose points come from the newer run")
+    parser.add_argument("--drop", default="", help="comma-separated rules whose points are removed")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     base, newer = (json.loads(Path(path).read_text()) for path in (args.base, args.newer))
-    document = merged(base, newer, tuple(r.strip() for r in args.take.split(",") if r.strip()))
+    document = merged(base, newer, _names(args.take), _names(args.drop))
     Path(args.out).write_text(json.dumps(document, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}: {len(document['frontier'])} points", file=sys.stderr)
     return 0

@@ -530,3 +530,24 @@ def test_task_scores_are_shown_only_where_lossless_sd_scores_above_zero():
     assert task_score_note(scored, ar) is None
     assert "0.250" in markdown_table({**document, "benchmarks": {"gsm8k_test_100": {
         **summary, "rules": scored, "task_score_note": None}}})
+
+
+def _frontier_document(date: str, points: list[tuple[str, float]], lossless_text: str = "same") -> dict:
+    return {"settings": {"date": date, "command": f"run of {date}"},
+            "prompts": {"gsm8k": [{"prompt": "q", "lossless": {"text": lossless_text}}]},
+            "rules": {"lossless": {}, **{f"{rule}@{value}": {} for rule, value in points}},
+            "frontier": [{"rule": rule, "value": value} for rule, value in points]}
+
+
+def test_merged_frontier_takes_the_newer_runs_rules_and_drops_the_named_ones():
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from merge_frontier import merged
+
+    base = _frontier_document("old", [("dropmatch", 0.1), ("margin", 0.5), ("naive", 0.2)])
+    newer = _frontier_document("new", [("mars", 0.9), ("ensemble", 0.5), ("dropmatch", 0.3)])
+    document = merged(base, newer, take=("mars", "ensemble"), drop=("margin",))
+    assert [(point["rule"], point["value"], point["run"]) for point in document["frontier"]] == [
+        ("dropmatch", 0.1, "old"), ("naive", 0.2, "old"), ("mars", 0.9, "new"), ("ensemble", 0.5, "new")]
+    assert set(document["rules"]) == {"lossless", "dropmatch@0.1", "naive@0.2", "mars@0.9", "ensemble@0.5"}
+    with pytest.raises(SystemExit, match="other tokens"):
+        merged(base, _frontier_document("new", [("mars", 0.9)], lossless_text="other"), take=("mars",))
