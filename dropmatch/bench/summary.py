@@ -233,7 +233,10 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
             g = generations[i]
             if g is not None:
                 row[label] = {"text": g.trace.text, "correct": g.correct, "target_nll": g.target_nll,
-                              "off_nucleus_rate": g.off_nucleus_rate, "distinct2": g.distinct2, "p": g.trace.p}
+                              "off_nucleus_rate": g.off_nucleus_rate, "distinct2": g.distinct2, "p": g.trace.p,
+                              # per prompt, so a set's tau and speed ratios can carry intervals over prompts
+                              "emitted": sum(len(r.emitted) for r in g.trace.rounds), "rounds": len(g.trace.rounds),
+                              "wall_s": g.trace.t_total}
         if result.identical:
             row["lossless_identical_to_target_greedy"] = result.identical[i]
         rows.append(row)
