@@ -33,9 +33,12 @@ def merged(base: dict, newer: dict, take: tuple[str, ...], drop: tuple[str, ...]
     rules = {label: stats for label, stats in base["rules"].items() if label.split("@")[0].split("/")[0] not in gone}
     rules.update({label: stats for label, stats in newer["rules"].items() if label.split("@")[0] in take})
     out = dict(base, frontier=keep + added, rules=rules)
+    earlier = base["settings"].get("merged_from") or [
+        {"command": base["settings"].get("command"), "date": base_date, "rules": "all"}]
+    for run in earlier:  # a base that is itself a merge keeps its runs, less the rules taken or dropped now
+        run["rules"] += f" (now without {', '.join(sorted(gone))})"
     out["settings"] = dict(base["settings"], merged_from=[
-        {"command": base["settings"].get("command"), "date": base_date, "rules": "all but " + ",".join(sorted(gone))},
-        {"command": newer["settings"].get("command"), "date": newer_date, "rules": ",".join(take)}])
+        *earlier, {"command": newer["settings"].get("command"), "date": newer_date, "rules": ",".join(take)}])
     return out
 
 
