@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .acceptance import KNOBS, REASONS, RULES, needed_votes
+from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
@@ -274,20 +275,25 @@ def run_label(run: str) -> str:
 
 def robustness_rows(document: dict | None) -> list[dict]:
     """Per benchmark and lossy run of a benchmark document (bench --json): tau gain and speed against
-    lossless SD, the quality deltas, the band and the task score, with in/out of the judge's training
-    distribution. [] without a document or without lossless runs to compare with."""
+    lossless SD (with their 95% intervals over prompts where the rows keep per-prompt counts, else None),
+    the quality deltas, the band and the task score, with in/out of the judge's training distribution.
+    [] without a document or without lossless runs to compare with."""
     rows = []
+    seed = ((document or {}).get("settings") or {}).get("seed") or 0
     for name, benchmark in ((document or {}).get("benchmarks") or {}).items():
         runs = benchmark.get("rules") or {}
         lossless = runs.get("lossless")
         if not lossless or not lossless.get("tau"):
             continue
         place = "in" if benchmark.get("kind") in IN_DISTRIBUTION_KINDS else "out"
+        intervals = trajectory_gains(((document or {}).get("prompts") or {}).get(name) or [], "lossless", seed)
         for label, run in runs.items():
             if label == "lossless":
                 continue
             rows.append({"benchmark": name, "place": place, "run": label, "rule": label.split("@")[0],
                          "tau_gain": run["tau"] / lossless["tau"] - 1.0, "speed": run.get("speedup_vs_lossless"),
+                         "tau_gain_interval": intervals.get(label, {}).get("tau_gain"),
+                         "speed_interval": intervals.get(label, {}).get("speed"),
                          "delta_nll": run.get("delta_target_nll"), "delta_off_nucleus": run.get("delta_off_nucleus_rate"),
                          "delta_distinct2": run.get("delta_distinct2"), "band": run.get("band") or {},
                          "outside": [axis for axis in BAND_AXES if not (run.get("band") or {}).get(axis, False)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dropmatch.plots import robustness_figure, robustness_rows
 from dropmatch.ui.views import robustness_markdown
+import pytest
 
 INSIDE = {"nll": True, "off_nucleus": True, "repetition": True}
 
@@ -96,3 +97,39 @@ def test_the_shipped_same_drafts_comparison_covers_every_set_in_full_at_both_pol
     table = same_drafts_markdown(document)
     assert "| fixed 15 | HumanEval, 40 of 40 |" in table and "MARS vs DropMatch" in table
     assert "[" in table and ("leads" in table or "trails" in table) and "<details>" in table
+
+
+def _trajectory_row(lossless: tuple[int, int, float], **runs: tuple[int, int, float]) -> dict:
+    """One prompt row of a trajectory run: per run label, (emitted, rounds, wall_s)."""
+    fields = ("emitted", "rounds", "wall_s")
+    return {"prompt": "q", **{label: dict(zip(fields, counts)) for label, counts in
+                              {"lossless": lossless, **runs}.items()}}
+
+
+def test_trajectory_gains_are_paired_over_prompts_and_said_only_beyond_their_interval():
+    """A run that doubles tau on every prompt leads by +100% with no spread; a run equal to lossless SD ties
+    at 0; a run better on some prompts and worse on others ties (its interval holds 0)."""
+    from dropmatch.intervals import trajectory_gains
+
+    rows = [_trajectory_row((10 * (i + 1), 10, 1.0 + i), double=(20 * (i + 1), 10, 1.0 + i),
+                            same=(10 * (i + 1), 10, 1.0 + i)) for i in range(8)]
+    rows += [_trajectory_row((10, 10, 1.0), mixed=(15 if i % 2 else 6, 10, 1.0)) for i in range(8)]
+    gains = trajectory_gains(rows, "lossless")
+    assert gains["double"]["tau_gain"] == pytest.approx({"value": 1.0, "low": 1.0, "high": 1.0, "standing": "leads"})
+    assert gains["double"]["speed"]["value"] == pytest.approx(2.0)
+    assert gains["same"]["tau_gain"]["standing"] == "ties" and gains["same"]["tau_gain"]["value"] == 0
+    mixed = gains["mixed"]["tau_gain"]
+    assert mixed["low"] < 0 < mixed["high"] and mixed["standing"] == "ties"
+    assert trajectory_gains([{"prompt": "q", "lossless": {"text": "a"}, "mars": {"text": "b"}}], "lossless") == {}
+
+
+def test_the_robustness_table_gives_intervals_where_the_document_keeps_per_prompt_counts():
+    document = {"settings": {"command": "python -m dropmatch.bench ...", "seed": 0},
+                "benchmarks": {"mt_bench": {"kind": "chat", "prompts": 8, "rules": {
+                    "lossless": {"tau": 1.0, "speedup_vs_lossless": 1.0},
+                    "mars": {"tau": 2.0, "speedup_vs_lossless": 2.0, "band": {}}}}},
+                "prompts": {"mt_bench": [_trajectory_row((10, 10, 1.0), mars=(20, 10, 1.0)) for _ in range(8)]}}
+    table = robustness_markdown(document)
+    assert "+100.0% [+100.0, +100.0]: leads" in table and "2.00x [2.00, 2.00]" in table
+    del document["prompts"]
+    assert "| +100.0% | 2.00x |" in robustness_markdown(document)  # an older document: no interval claimed

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dropmatch.acceptance import BASELINE, METHOD, RULES
-from dropmatch.bench.same_drafts import Judged, pool, standing, target_view
+from dropmatch.bench.same_drafts import Judged, pool, target_view
+from dropmatch.intervals import standing
 
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 POLICIES = ("studio", "long")

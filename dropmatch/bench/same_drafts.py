@@ -26,12 +26,11 @@ from .. import lab
 from ..acceptance import BASELINE, METHOD, RULES
 from ..config import ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
+from ..intervals import LEVEL, RESAMPLES, Estimate, gain, ratio, resample_picks, standing
 from ..sampling import signal_probs
 from .prompts import PromptSet
 
 LONG_GAMMA = 15  # FLy's authors' spd_k
-RESAMPLES = 2000
-LEVEL = 0.95
 POOLING = "ratio of sums over the prompts of a set"
 INTERVAL = f"{LEVEL:.0%} percentile bootstrap over prompts, {RESAMPLES} resamples, seeded with --seed"
 
@@ -114,52 +113,6 @@ def judge_prompt(engine, ids: list[int], decode: DecodeConfig, template: RuleCon
 
 
 # ---------------------------------------------------------------- pooling with intervals
-
-
-@dataclass
-class Estimate:
-    """A set's figure (None where undefined) and its value in each bootstrap resample ([B], NaN where undefined)."""
-    value: float | None
-    samples: np.ndarray
-
-    def shown(self) -> dict | None:
-        """{"value", "low", "high"}: the figure and its LEVEL percentile interval; None where undefined."""
-        if self.value is None or np.isnan(self.samples).all():
-            return None
-        tail = 100 * (1 - LEVEL) / 2
-        low, high = np.nanpercentile(self.samples, [tail, 100 - tail])
-        return {"value": self.value, "low": float(low), "high": float(high)}
-
-
-def ratio(numerator: np.ndarray, denominator: np.ndarray, picks: np.ndarray) -> Estimate:
-    """sum(numerator) / sum(denominator) over the prompts [n], and over each resample of them (picks [B, n])."""
-    total = denominator.sum()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        samples = numerator[picks].sum(1) / denominator[picks].sum(1)
-    return Estimate(float(numerator.sum() / total) if total else None, np.where(np.isfinite(samples), samples, np.nan))
-
-
-def gain(rule: Estimate, other: Estimate) -> Estimate:
-    """rule / other - 1, on the figures and within each resample (paired: the same prompts)."""
-    value = rule.value / other.value - 1 if rule.value is not None and other.value else None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return Estimate(value, rule.samples / other.samples - 1)
-
-
-def standing(interval: dict, other: dict | None = None) -> str:
-    """"leads", "trails" or "ties", said only beyond the intervals: with `other`, two figures' intervals
-    (leads where this one's low end lies above the other's high end); without, a gain's interval against 0."""
-    above, below = (other["high"], other["low"]) if other is not None else (0.0, 0.0)
-    if interval["low"] > above:
-        return "leads"
-    if interval["high"] < below:
-        return "trails"
-    return "ties"
-
-
-def resample_picks(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
-    """[resamples, n] prompt indices drawn with replacement, seeded."""
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
 def pool(prompts: list[dict[str, Judged]], emitted: list[int], seed: int, resamples: int = RESAMPLES) -> dict[str, dict]:

@@ -102,11 +102,20 @@ def _set_label(name: str, ran: int | None) -> str:
 
     total = name.rsplit("_", 1)[-1]
     return f"{set_title(name)}, {ran} of {total}" if total.isdigit() and ran else \
-        f"{set_title(name)}, {ran} prompts" if ran else set_title(name)
+        f"{set_title(name)}, {ran} prompt{'s' if ran != 1 else ''}" if ran else set_title(name)
+
+
+def _ratio_text(figure: dict) -> str:
+    """A ratio with its interval: "1.05x [0.91, 1.20]"."""
+    return f"{figure['value']:.2f}x [{figure['low']:.2f}, {figure['high']:.2f}]"
 
 
 def robustness_markdown(document: dict | None) -> str:
-    """The robustness experiment's numbers under its chart: one row per benchmark and lossy run."""
+    """The robustness experiment's numbers under its chart: one row per benchmark and lossy run; tau gain and
+    speed with their 95% intervals over prompts where the document keeps per-prompt counts (a lead or a
+    trail is said only beyond the interval)."""
+    from ..bench.tables import gain_text
+
     rows = plots.robustness_rows(document)
     if not rows:
         return "No robustness results are shipped with this build."
@@ -117,9 +126,11 @@ def robustness_markdown(document: dict | None) -> str:
         band = "no: " + ", ".join(r["outside"]) if r["outside"] else "yes"
         score = "–" if r["score"] is None or r["lossless_score"] is None else "– (lossless SD scores 0 here)" \
             if r["lossless_score"] == 0 else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
+        tau_gain = gain_text(r["tau_gain_interval"]) if r["tau_gain_interval"] else f"{100 * r['tau_gain']:+.1f}%"
+        speed = _ratio_text(r["speed_interval"]) if r["speed_interval"] else f"{r['speed'] or 0:.2f}x"
         lines.append(f"| {_set_label(r['benchmark'], prompts.get(r['benchmark']))} ({r['place']}) | "
-                     f"{plots.run_label(r['run'])} | {100 * r['tau_gain']:+.1f}% | "
-                     f"{r['speed'] or 0:.2f}x | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
+                     f"{plots.run_label(r['run'])} | {tau_gain} | "
+                     f"{speed} | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
                      f"{r['delta_distinct2'] or 0:+.3f} | {band} | {score} |")
     command = ((document or {}).get("settings") or {}).get("command")
     # The table scrolls inside its box (no word is broken to fit a phone); the command is a wrapping block.
