@@ -26,7 +26,7 @@ from .. import lab
 from ..acceptance import BASELINE, METHOD, RULES
 from ..config import ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
-from ..intervals import LEVEL, RESAMPLES, Estimate, gain, ratio, resample_picks, standing
+from ..intervals import LEVEL, RESAMPLES, gain, ratio, resample_picks, standing
 from ..sampling import signal_probs
 from .prompts import PromptSet
 
