@@ -261,15 +261,6 @@ def register_rule(rule: Rule) -> Rule:
     return rule
 
 
-def unregister_rule(name: str) -> None:
-    """Removes a rule, and its knobs no other rule reads (a test's own rule)."""
-    rule = RULES.pop(name)
-    still = {knob.name for other in RULES.values() for knob in other.knobs}
-    for knob in rule.knobs:
-        if knob.name not in still:
-            KNOBS.pop(knob.name, None)
-
-
 BASELINE, METHOD = "lossless", "dropmatch"  # the lossless rule every other is measured against; the method
 
 

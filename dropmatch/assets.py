@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_FILE = ROOT / "assets" / "prompts" / "examples.json"
 FRONTIER_FILE = ROOT / "assets" / "results" / "frontier.json"
 ROBUSTNESS_FILE = ROOT / "assets" / "results" / "robustness.json"
+ROBUSTNESS_LONG_DRAFT_FILE = ROOT / "assets" / "results" / "robustness_gamma15.json"  # FLy's authors' draft length
 SAME_DRAFTS_FILE = ROOT / "assets" / "results" / "same_drafts.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"

@@ -30,10 +30,13 @@ def toy_rule():
     acceptance.register_reason(Reason("toy", "toy", "accepted by the toy floor", "#0000aa", "#ccccff", "#000066",
                                       "underline", lossy=True, says="{tok} clears the toy floor {toy_floor:g}.",
                                       fails="{tok} is under the toy floor {toy_floor:g}"))
+    rules, knobs = dict(acceptance.RULES), dict(acceptance.KNOBS)
     acceptance.register_rule(Rule("toy", "toy floor", lossy=True, uses_paths=False, colour="#0000aa",
                                   check=_toy_check, knobs=(knob,), knob=TOY_KNOB, checks=("toy",)))
     yield "toy"
-    acceptance.unregister_rule("toy")
+    for table, before in ((acceptance.RULES, rules), (acceptance.KNOBS, knobs)):  # the table as it was
+        table.clear()
+        table.update(before)
     acceptance.REASONS.pop("toy")
 
 

@@ -9,7 +9,8 @@ import gradio as gr
 
 from .. import plots
 from ..acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js, theme_js, toy_head_js
+from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js,
+                      theme_js, toy_head_js)
 from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..record import recorded_runs
 from ..render import legend_html
@@ -434,13 +435,17 @@ def _robustness_tab(parts: dict) -> None:
         gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
         gr.Markdown("### Each rule's own text\nEach rule decodes the prompt itself: after its first lossy token "
                     "it writes another text, with other drafts, so its tau and speed measure the rule and the text "
-                    "it led to. Each line is one rule across the benchmarks; a filled marker stays inside the band "
-                    "of the target's own text (NLL and off-nucleus rate against its samples, repetition against its "
-                    "greedy text) on every axis, an open one leaves it. This run predates MARS: its *margin* row is "
-                    "the project's own p2/p1 rule that was shown under MARS's name, not MARS.")
+                    "it led to; gains carry 95% intervals over prompts, and a lead or a trail is said only beyond "
+                    "them. Each line is one rule across the benchmarks; a filled marker stays inside the band of the "
+                    "target's own text (NLL and off-nucleus rate against its samples, repetition against its greedy "
+                    "text) on every axis, an open one leaves it. At the Studio's draft policy:")
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
+        gr.Markdown("At a long fixed draft (15 tokens from the draft model, FLy's authors' length), where FLy's "
+                    "window has room; both columns drafted alike:")
+        gr.Markdown(views.robustness_markdown(load_robustness(ROBUSTNESS_LONG_DRAFT_FILE)),
+                    elem_id="robustness-long-table")
 
 
 def _toy_tab(parts: dict) -> None:
