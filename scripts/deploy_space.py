@@ -25,7 +25,8 @@ ALLOW = (
     "dropmatch/*.py", "dropmatch/*/*.py",
     "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js", "assets/toy_head.js", "assets/lessons.js",
     "assets/lessons/*.json",  # the built-in lessons (DENY: not their runs)
-    "assets/results/frontier.json", "assets/results/robustness.json", "assets/results/same_drafts.json",
+    "assets/results/frontier.json", "assets/results/robustness.json", "assets/results/robustness_gamma15.json",
+    "assets/results/same_drafts.json",
     "assets/screenshots/*",
     "docs/how_it_works.md",
 )
