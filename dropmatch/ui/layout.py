@@ -414,11 +414,11 @@ def _lab_tab(parts: dict) -> None:
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
         gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair; it predates MARS: its *margin* line is the project's earlier p2/p1 rule, not "
-                    "MARS), the training-free rival FLy among them: how many more tokens a "
-                    "round keeps (tau gain over lossless SD) against the quality the target itself sees. Shaded: "
-                    "where the target's own samples (temperature 0.7, top-p 0.95) lie. The star is your last run. "
-                    "A point's hover names the run it comes from (docs/results.md has both commands).")
+                    "embedded pair), the training-free rivals MARS, FLy and the static ensemble among them: how "
+                    "many more tokens a round keeps (tau gain over lossless SD) against the quality the target "
+                    "itself sees. Shaded: where the target's own samples (temperature 0.7, top-p 0.95) lie. The "
+                    "star is your last run. A point's hover names the run it comes from (docs/results.md has each "
+                    "run's command); FLy's window never fits the Studio's short rounds, so its points sit at 0.")
         parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
