@@ -30,6 +30,14 @@ def test_every_builtin_lesson_asks_each_reason_of_its_rule_and_each_close_call_i
     assert spec.intro.count(". ") + 1 >= 2  # two sentences at least
 
 
+def test_every_shipped_lesson_file_is_a_builtin_lesson_of_a_rule_the_table_has():
+    """No orphan ships (a lesson of a removed rule would be uploaded to the Space and never played)."""
+    from dropmatch.assets import LESSONS_DIR
+
+    assert {path.stem for path in LESSONS_DIR.glob("*.json")} == set(SPECS)
+    assert {path.stem for path in (LESSONS_DIR / "runs").glob("*.json")} == set(SPECS)
+
+
 def test_the_close_calls_are_what_their_names_say():
     for name in SPECS:
         lesson = read_lesson(lesson_path(name))
