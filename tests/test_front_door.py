@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from local_server import open_tab
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dropmatch.ui.layout import TAB_GROUPS
 
@@ -29,73 +26,6 @@ def _run_fake(page, url: str) -> None:
     page.locator("#prompt textarea").fill("alpha beta gamma delta epsilon zeta eta theta")
     page.locator("#run-button").click()
     page.wait_for_function("() => /^Done/.test(document.querySelector('#status').innerText)", timeout=60_000)
-
-
-def _held_first_visit(page, url: str) -> list:
-    """The page opened with its first visit's request held back (as on a busy server, where the shipped run
-    takes a while): returns the held request, to be let go with .continue_()."""
-    held = []
-
-    def hold_the_load_event(route):
-        body = json.loads(route.request.post_data or "{}")
-        if body.get("trigger_id") == 0 and body.get("data") == [] and not held:  # the page's load event
-            held.append(route)
-        else:
-            route.continue_()
-
-    page.route("**/queue/join*", hold_the_load_event)
-    page.goto(url)
-    page.wait_for_selector("#status")
-    for _ in range(600):  # a hang guard of 60 s: the page sends its load event once mounted
-        if held:
-            return held
-        page.wait_for_timeout(100)
-    raise AssertionError("the page sent no load event")
-
-
-def _stays(page, selector: str, text: str) -> bool:
-    """True if `selector`'s text is still `text` after 10 s (a first visit that would land over it does so
-    within a second or two on an idle machine)."""
-    try:
-        page.wait_for_function(f"() => document.querySelector({selector!r}).innerText !== {text!r}", timeout=10_000)
-    except PlaywrightTimeout:
-        return True
-    return False
-
-
-@pytest.mark.slow
-@pytest.mark.browser
-def test_a_first_visit_arriving_after_a_run_lands_nothing_over_it(fake_app_page):
-    """The shipped run shown on a first visit is computed once per server: on a busy one it can arrive after
-    the visitor typed a prompt and pressed Run. Their run's status, numbers, verdict and prompt stand."""
-    url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    held = _held_first_visit(page, url)
-    page.locator("#prompt textarea").fill("alpha beta gamma delta epsilon zeta eta theta")
-    page.locator("#run-button").click()
-    page.wait_for_function("() => /^Done/.test(document.querySelector('#status').innerText)", timeout=60_000)
-    ran = {name: page.inner_text(name) for name in ("#status", "#lossless-stats", "#lossy-stats", "#verdict")}
-    held[0].continue_()
-    status = "#status [data-testid=markdown]"  # its text; Gradio's progress line may show over it a moment
-    assert _stays(page, status, page.inner_text(status)), page.inner_text(status)
-    assert {name: page.inner_text(name) for name in ran} == ran
-    assert page.locator("#prompt textarea").input_value() == "alpha beta gamma delta epsilon zeta eta theta"
-    page.close()
-
-
-@pytest.mark.slow
-@pytest.mark.browser
-def test_a_first_visit_arriving_after_the_visitor_typed_keeps_their_prompt(fake_app_page):
-    """Typed before the shipped run arrived: the run is shown, the prompt box keeps the visitor's words."""
-    url, browser = fake_app_page
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    held = _held_first_visit(page, url)
-    with page.expect_response(lambda response: "/run/predict" in response.url):  # the server saw the text
-        page.locator("#prompt textarea").fill("my own question")  # as a paste does: one change, no keystroke
-    held[0].continue_()
-    page.wait_for_function("() => /recorded run/.test(document.querySelector('#status').innerText)", timeout=60_000)
-    assert page.locator("#prompt textarea").input_value() == "my own question"
-    page.close()
 
 
 @pytest.mark.slow

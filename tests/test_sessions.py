@@ -116,3 +116,26 @@ def test_a_one_round_run_shows_its_results_in_the_page(server):
     """A run of one verification round (one new token) updates the page without an error (its
     step slider once got a maximum equal to its minimum, which Gradio refuses, failing the event)."""
     BrowserVisitor(server.local_url, max_new_tokens=1).visit(0)
+
+
+def test_a_first_visit_computed_after_run_or_typing_lands_nothing_over_them():
+    """The shipped run a first visit shows is computed once per server, slowly on a busy one: when it is ready
+    after the visitor pressed Run, it updates nothing; after they typed, it leaves the prompt box alone. The
+    listeners themselves, called in that order (the order a browser on CI's busy server produced)."""
+    from types import SimpleNamespace
+
+    import app
+    from dropmatch.studio import Studio
+
+    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    listener = {getattr(fn.fn, "__name__", None): fn.fn for fn in demo.fns.values()}
+    page = lambda session: SimpleNamespace(session_hash=session, query_params={})  # noqa: E731
+    untouched = listener["on_first_visit"](page("untouched"))
+    prompt = next(component for component in untouched if getattr(component, "elem_id", None) == "prompt")
+    assert untouched[prompt]  # a visitor who did nothing gets the recorded run's prompt
+    listener["on_prompt_changed"]("my own question", page("typed"))
+    typed = listener["on_first_visit"](page("typed"))
+    assert prompt not in typed and len(typed) == len(untouched) - 1
+    listener["on_press"](page("ran"))
+    ran = listener["on_first_visit"](page("ran"))
+    assert set(ran) == set(untouched) and all(update == {"__type__": "update"} for update in ran.values())
