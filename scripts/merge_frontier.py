@@ -35,8 +35,8 @@ def merged(base: dict, newer: dict, take: tuple[str, ...], drop: tuple[str, ...]
     out = dict(base, frontier=keep + added, rules=rules)
     earlier = base["settings"].get("merged_from") or [
         {"command": base["settings"].get("command"), "date": base_date, "rules": "all"}]
-    for run in earlier:  # a base that is itself a merge keeps its runs, less the rules taken or dropped now
-        run["rules"] += f" (now without {', '.join(sorted(gone))})"
+    # a base that is itself a merge keeps its runs, less the rules taken or dropped now (base stays as it was)
+    earlier = [dict(run, rules=f"{run['rules']} (now without {', '.join(sorted(gone))})") for run in earlier]
     out["settings"] = dict(base["settings"], merged_from=[
         *earlier, {"command": newer["settings"].get("command"), "date": newer_date, "rules": ",".join(take)}])
     return out

@@ -545,7 +545,10 @@ def test_merged_frontier_takes_the_newer_runs_rules_and_drops_the_named_ones():
 
     base = _frontier_document("old", [("dropmatch", 0.1), ("margin", 0.5), ("naive", 0.2)])
     newer = _frontier_document("new", [("mars", 0.9), ("ensemble", 0.5), ("dropmatch", 0.3)])
+    base["settings"]["merged_from"] = [{"command": "older", "date": "older", "rules": "all"}]
     document = merged(base, newer, take=("mars", "ensemble"), drop=("margin",))
+    assert base["settings"]["merged_from"][0]["rules"] == "all"  # the base document is left as it was
+    assert document["settings"]["merged_from"][0]["rules"] == "all (now without ensemble, margin, mars)"
     assert [(point["rule"], point["value"], point["run"]) for point in document["frontier"]] == [
         ("dropmatch", 0.1, "old"), ("naive", 0.2, "old"), ("mars", 0.9, "new"), ("ensemble", 0.5, "new")]
     assert set(document["rules"]) == {"lossless", "dropmatch@0.1", "naive@0.2", "mars@0.9", "ensemble@0.5"}
