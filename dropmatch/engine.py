@@ -401,7 +401,7 @@ class Engine:
             draft_name=self.draft.name if mode == "sd" else "", t_calibration=t_calibration,
             p_auto_reached=p_auto_reached, first_logprob=first_view["emitted_logprob"][0],
             first_in_nucleus=first_view["emitted_in_nucleus"][0], states=states,
-            **dict(zip(("weights", "device", "dtype"), self.services.computed_by())),
+            **dict(zip(("weights", "device", "dtype"), self.services.computed_by())), kernels=self.services.kernels,
         )
 
 

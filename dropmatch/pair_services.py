@@ -51,6 +51,13 @@ class PairServices:
         return f"{self.target.fingerprint()}+{self.draft.fingerprint()}"
 
     @property
+    def kernels(self) -> str:
+        """The CPU kernels the loader chose (models.kernel_summary), "target ...; draft ...": recorded with
+        every run beside the fingerprint; they change products by fp32 rounding only, so the rule lab does
+        not refuse a run made with other kernels."""
+        return f"target {self.target.kernels} | draft {self.draft.kernels}"
+
+    @property
     def names(self) -> tuple[str, str]:
         """(target name, draft name): what a trace records as its pair."""
         return self.target.name, self.draft.name

@@ -166,6 +166,7 @@ class GenerationTrace:
     weights: str = ""
     device: str = ""
     dtype: str = ""
+    kernels: str = ""  # the CPU kernels the loader chose (PairServices.kernels); empty in runs written before
 
     @property
     def label(self) -> str:

@@ -2,12 +2,12 @@
 
     loading.py      a pair from the hub or the embedded CPU pair; ModelLoadError
     causal_lm.py    the adapter the engine sees (ids -> hidden states -> logits, cache length and crop)
-    cpu_kernels.py  faster few-row linear layers on a CPU, applied by the loader (prepare_for_cpu)
+    cpu_kernels.py  few-row linear kernels on a CPU, each used where it measured faster (prepare_for_cpu)
     references.py   the target's own greedy generate() and transformers' assisted generation
 """
 
 from .causal_lm import CausalLM, LoadedPair, RestrictedHead, encode_prompt, pick_device, stop_token_ids, synchronize
-from .cpu_kernels import RowLinear, fast_dtype, linear_bytes, prepare_for_cpu, row_linear, use_row_linears
+from .cpu_kernels import ChosenLinear, fast_dtype, kernel_summary, linear_bytes, prepare_for_cpu, row_linear
 from .loading import (
     EMBEDDED_DRAFT_DIR, ModelLoadError, available_memory, build_draft_model, cache_root, embedded_target_dir,
     load_draft_weights,
@@ -18,7 +18,7 @@ from .references import (Divergence, assisted_generate, ensemble_assisted_genera
 
 __all__ = [
     "CausalLM", "LoadedPair", "RestrictedHead", "encode_prompt", "pick_device", "stop_token_ids", "synchronize",
-    "RowLinear", "fast_dtype", "linear_bytes", "prepare_for_cpu", "row_linear", "use_row_linears",
+    "ChosenLinear", "fast_dtype", "kernel_summary", "linear_bytes", "prepare_for_cpu", "row_linear",
     "EMBEDDED_DRAFT_DIR", "ModelLoadError", "available_memory", "build_draft_model", "cache_root", "embedded_target_dir",
     "load_draft_weights", "load_embedded_models", "load_embedded_pair", "load_embedded_target", "load_hub_pair", "load_pair",
     "Divergence", "assisted_generate", "ensemble_assisted_generate", "first_divergence", "greedy_reference",

@@ -14,7 +14,7 @@ import torch
 
 from ..config import PairSpec
 from ..mc_head import masked_rows
-from .cpu_kernels import RowLinear, fast_dtype, onednn_chunks, row_linear
+from .cpu_kernels import fast_dtype, kernel_summary, onednn_chunks
 
 PREFILL_CHUNK = 512  # rows a CPU reads at a time when the caller follows a long input's progress
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
@@ -45,7 +45,7 @@ class RestrictedHead(torch.nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        scores = row_linear(hidden, self.weight)
+        scores = torch.nn.functional.linear(hidden, self.weight)
         full = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
         full[..., self.rows] = scores
         return full
@@ -95,6 +95,11 @@ class CausalLM:
         return self._fingerprint
 
     @property
+    def kernels(self) -> str:
+        """The CPU kernels the loader chose for this model's linear layers (cpu_kernels.kernel_summary)."""
+        return kernel_summary(self.model)
+
+    @property
     def head_weight(self) -> torch.Tensor:
         """[V', H]: the rows the head scores (V' = vocab, or the restricted rows of a draft)."""
         return self.head.weight.detach()
@@ -137,10 +142,7 @@ class CausalLM:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., vocab_size] in float32, the model's own post-processing kept.
         The product runs in the head's dtype (a bf16 draft may share the target's fp32 head)."""
-        hidden = hidden.to(self.head.weight.dtype)
-        if self._head_weight is not None and not isinstance(self.head, RowLinear):
-            return self._postprocess(row_linear(hidden, self._head_weight).float())
-        return self._postprocess(self.head(hidden).float())
+        return self._postprocess(self.head(hidden.to(self.head.weight.dtype)).float())
 
     @torch.inference_mode()
     def path_logits(self, hidden: torch.Tensor, keep: torch.Tensor, p: float, clean_logits: torch.Tensor) -> torch.Tensor:
@@ -166,7 +168,8 @@ class CausalLM:
         if self._head_weight is None or self._path_dtype == self._head_weight.dtype:
             return self.logits(path_hidden)
         self._make_path_weight()
-        return self._postprocess(row_linear(path_hidden.to(self._path_dtype), self._path_weight).float())
+        path_logits = torch.nn.functional.linear(path_hidden.to(self._path_dtype), self._path_weight)
+        return self._postprocess(path_logits.float())
 
     def _make_path_weight(self) -> None:
         if self._path_weight is None and self._head_weight is not None and self._path_dtype != self._head_weight.dtype:
