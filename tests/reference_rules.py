@@ -143,6 +143,8 @@ def _fly_window(exact: list[bool], i: int, window: int) -> bool:
 
 def _checks(cfg, greedy: bool, fact: dict, i: int, exact: list[bool]) -> list[tuple[str, bool]]:
     """The rule's ordered checks at position i, the exact test aside."""
+    if "given" in fact:  # a rule registered by a test, its checks given by the caller (decide's checks)
+        return fact["given"]
     rule = cfg.rule
     judged = bool(cfg.rescue_argmax) or fact["token"] != fact["top"]
     js = ("js", judged and fact.get("js_q_c") is not None and fact["js_q_c"] <= fact["js_thr"])
@@ -260,11 +262,16 @@ def _softmax32(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def decide(cfg, greedy: bool, signals: Signals, q_sample: torch.Tensor, p_sample: torch.Tensor,
-           generator: torch.Generator, exact: torch.Tensor | None = None) -> Verdict:
+           generator: torch.Generator, exact: torch.Tensor | None = None, checks=None) -> Verdict:
     """A round's verdict from a Signals record: q_sample [g, V], p_sample [g + 1, V] the distributions tokens
     are drawn from; exact [g] the lossless test where the caller ran it (else run here, its coins drawn from
-    the generator; a record's own coin is used where it carries one)."""
+    the generator). checks: (signals, cfg) -> [(reason, mask [g])], for a rule a test registers (the
+    oracle defines the table's own rules only)."""
     facts = _facts_of_signals(signals)
+    if checks is not None:
+        given = [(name, mask.tolist()) for name, mask in checks(signals, cfg)]
+        for i, fact in enumerate(facts):
+            fact["given"] = [(name, bool(mask[i])) for name, mask in given]
     g = len(facts)
     if exact is None:
         exact = _lossless(facts, greedy, p_sample, q_sample, p_sample, None, generator)
