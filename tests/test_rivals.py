@@ -483,3 +483,14 @@ def test_an_ensemble_run_on_prompt_lookup_drafts_is_lossless_sd(tiny_engine, dec
     step = render.step_html(next(r for r in ensemble.rounds if r.drafted), tiny_engine.services.token_text,
                             ensemble.rule_config, decode.greedy)
     assert "never judges prompt-lookup drafts" in step
+
+
+def test_a_run_file_records_p_auto_only_for_a_rule_that_reads_p(tiny_engine):
+    """p = auto calibrates the dropout rate of the path rules; a rule that reads no p (MARS here) is not p = auto."""
+    from dropmatch.compare import compare_stream
+    from dropmatch.record import record_of
+
+    decode = DecodeConfig(gamma=3, max_new_tokens=6)
+    for rule, expected in ((RuleConfig("mars", p=None), False), (RuleConfig("dropmatch", p=None), True)):
+        *_, state = compare_stream(tiny_engine, PROMPTS[0], decode, rule, run_ar=False)
+        assert record_of(state, tiny_engine).p_auto is expected, rule.rule
