@@ -15,7 +15,7 @@ from dropmatch import acceptance, verifying
 from dropmatch.config import ConfigError, RuleConfig
 from dropmatch import mc_head
 from dropmatch.mc_head import mask_seed
-from dropmatch.sampling import signal_probs
+from dropmatch.sampling import sampling_probs, signal_probs
 from dropmatch.serving.verify import Round, verify_rounds
 from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
@@ -93,16 +93,18 @@ def test_a_batch_decides_what_the_definition_decides_for_each_request(tiny_engin
     assert sum(found.path_rows for found in verified) > 0 or not rule.uses_paths or rule.p == 0.0
 
 
-def sampled_inputs(round_: Round, coin_seed: int) -> verifying.VerifyInputs:
-    """A round as a sampled run (temperature 1) hands it to the verify step: the lossless test drawn with
-    its own seeded coins, the distributions its extra token is drawn from."""
-    q_sample, p_sample = torch.softmax(round_.draft_logits, -1), torch.softmax(round_.clean_logits, -1)
+def sampled_inputs(round_: Round, coin_seed: int, temperature: float = 1.0, top_p: float = 1.0) -> verifying.VerifyInputs:
+    """A round as a sampled run hands it to the verify step: the lossless test drawn with its own seeded coins,
+    the distributions its extra token is drawn from (temperature, then top-p)."""
+    q_sample = sampling_probs(round_.draft_logits, temperature, top_p)
+    p_sample = sampling_probs(round_.clean_logits, temperature, top_p)
     g = round_.num_drafted
     test = acceptance.lossless_test(round_.draft_tokens, q_sample, p_sample[:g], False,
                                     torch.Generator().manual_seed(coin_seed))
-    return verifying.VerifyInputs(round_.first_position, round_.draft_tokens, signal_probs(round_.draft_logits, 1.0),
-                                  round_.hidden, round_.clean_logits, test.exact, 1.0, round_.mask_seed, test.coin,
-                                  test.p_x, test.q_x, q_sample, p_sample)
+    return verifying.VerifyInputs(round_.first_position, round_.draft_tokens,
+                                  signal_probs(round_.draft_logits, temperature), round_.hidden, round_.clean_logits,
+                                  test.exact, temperature, round_.mask_seed, test.coin, test.p_x, test.q_x, q_sample,
+                                  p_sample, top_p=top_p)
 
 
 def defined_sampled(head, rule, inputs: verifying.VerifyInputs, seed: int, judge=None) -> acceptance.Verdict:
@@ -148,6 +150,23 @@ def test_verify_decides_what_the_oracle_decides_for_every_rule_greedy_and_sample
         decided += found.verdict.reasons
     assert acceptance.RULES[name].checks == () or \
         any(reason in acceptance.RULES[name].checks for reason in decided), f"{name} accepted no mismatch here"
+
+
+@pytest.mark.parametrize("name", [name for name, rule in acceptance.RULES.items() if "sampling" in rule.modes])
+def test_under_temperature_and_top_p_verify_decides_what_the_oracle_decides(tiny_engine, name):
+    """Sampled at temperature 0.7 and top-p 0.8, where MARS and FLy read the target as the sampler processes
+    it: the verify step's verdicts equal the oracle's, for every rule defined under sampling."""
+    knobs = {**KNOBS_AT, "p": 0.5, "judge_threshold": 0.5}
+    rule = RuleConfig(name, **{key: value for key, value in knobs.items()
+                               if key in {knob.name for knob in acceptance.RULES[name].knobs}})
+    head = tiny_engine.target
+    judge = random_judge(head.hidden_size) if rule.uses_judge else None
+    gamma, second_at = (8, (1,)) if name == "fly" else (4, ())
+    for i, round_ in enumerate(rounds_of(head, num_requests=12, gamma=gamma, second_at=second_at)):
+        inputs = sampled_inputs(round_, coin_seed=i, temperature=0.7, top_p=0.8)
+        found, = verifying.verify(head, rule, rule.p if rule.uses_paths else None, [inputs],
+                                  generator=torch.Generator().manual_seed(100 + i), judge=judge)
+        assert found.verdict == defined_sampled(head, rule, inputs, 100 + i, judge)
 
 
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("majority", p=0.4, majority_fraction=0.6)])
