@@ -536,9 +536,10 @@ def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
     tied logits the other tied token) is accepted without a coin. Under sampling that test replaces the lossless
     one there (mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
-    token drawn from p); elsewhere the lossless test and its residual (MARS_PORT: ours, not the authors'). Greedy: the authors' code is exact match; our port (YichiCS/
-    Secure-Speculative-Decoding's securesd/verifier/mars.py) also accepts the top-2 token where r > threshold,
-    the correction the argmax. r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
+    token drawn from p); elsewhere the lossless test and its residual (MARS_PORT: ours, not the authors').
+    Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
+    securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
+    r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
     close = s.target_logit_ratio > cfg.mars_threshold
     return [("mars", close & ((s.draft_tokens == s.target_runner_up) | (s.draft_tokens == s.target_tokens)))]
 

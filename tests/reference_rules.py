@@ -73,8 +73,8 @@ def _facts_of_round(rnd: Round) -> list[dict]:
         q = rnd.q_signal[i]
         top = int(z.argmax())
         runner = int(z.scatter(0, torch.tensor([top]), float("-inf")).argmax())
-        scale = rnd.temperature if rnd.temperature > 0 else 1.0
-        ratio = float((z[runner] / scale) / (z[top] / scale + 1e-10)) if not greedy else float(z[runner] / (z[top] + 1e-10))
+        z_top, z_runner = (z[top], z[runner]) if greedy else (z[top] / rnd.temperature, z[runner] / rnd.temperature)
+        ratio = float(z_runner / (z_top + 1e-10))  # MARS's r after its temperature warper
         processed = p if greedy else rnd.p_sample[i].double()
         if not greedy and float(processed[runner]) == 0.0:
             runner = -1  # top-p removed it: MARS's top two after its processors are the top token alone

@@ -24,7 +24,8 @@ from judges import judge_dict, random_judge
 import reference_rules
 
 
-def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0, second_at: tuple[int, ...] = ()) -> list[Round]:
+def rounds_of(target, num_requests: int = 6, gamma: int = 4, seed: int = 0,
+              second_at: tuple[int, ...] = ()) -> list[Round]:
     """Rounds of several sequences of different lengths, their drafts the target's own top tokens with
     every other one (or those at second_at) replaced by its second choice (so the exact test rejects some,
     the rule judges them)."""
@@ -93,7 +94,8 @@ def test_a_batch_decides_what_the_definition_decides_for_each_request(tiny_engin
     assert sum(found.path_rows for found in verified) > 0 or not rule.uses_paths or rule.p == 0.0
 
 
-def sampled_inputs(round_: Round, coin_seed: int, temperature: float = 1.0, top_p: float = 1.0) -> verifying.VerifyInputs:
+def sampled_inputs(round_: Round, coin_seed: int, temperature: float = 1.0,
+                   top_p: float = 1.0) -> verifying.VerifyInputs:
     """A round as a sampled run hands it to the verify step: the lossless test drawn with its own seeded coins,
     the distributions its extra token is drawn from (temperature, then top-p)."""
     q_sample = sampling_probs(round_.draft_logits, temperature, top_p)
@@ -110,7 +112,8 @@ def sampled_inputs(round_: Round, coin_seed: int, temperature: float = 1.0, top_
 def defined_sampled(head, rule, inputs: verifying.VerifyInputs, seed: int, judge=None) -> acceptance.Verdict:
     """The sampled verdict by the oracle, on the same coins, its extra token drawn from a generator seeded as
     the verify step's."""
-    return reference_rules.decide_round(rule, oracle_round(head, rule, inputs, judge), torch.Generator().manual_seed(seed))
+    return reference_rules.decide_round(rule, oracle_round(head, rule, inputs, judge),
+                                        torch.Generator().manual_seed(seed))
 
 
 # Where each rule accepts some mismatches on these rounds.
