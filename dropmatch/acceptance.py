@@ -230,6 +230,9 @@ class Rule:
     # The drafts a round needs for the rule to act at all (FLy's window), and its authors' draft length.
     min_drafts: Callable[[RuleKnobs], int] | None = None
     authors_gamma: int | None = None
+    # Why its authors never run it on prompt-lookup drafts, where it then gives those rounds the exact test
+    # alone (judges_drafts); "": it judges every round.
+    exact_on_lookup: str = ""
 
     @property
     def judges_mismatches(self) -> bool:
@@ -243,6 +246,12 @@ class Rule:
 
 REASONS: dict[str, Reason] = {}
 RULES: dict[str, Rule] = {}
+
+
+def judges_drafts(rule: str, draft_source: str) -> bool:
+    """Does the rule judge a round drafted by draft_source ("model", "ngram")? The one place this is decided:
+    a rule that declares exact_on_lookup leaves prompt-lookup rounds to the exact test."""
+    return draft_source != "ngram" or not RULES[rule].exact_on_lookup
 
 
 def register_reason(reason: Reason) -> Reason:
@@ -474,14 +483,20 @@ def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
     return holds
 
 
+FLY_GATE_OFF = 0.01  # an entropy threshold at or below it turns FLy's gate off, as AMD-AGI/FLy's code does
+
+
 def _fly(s: Signals, cfg: RuleKnobs) -> Check:
     """FLy (arXiv 2511.22972): a mismatch stands where the target is unsure (its top-3 entropy at least the
     threshold) and the deferred window after it holds. Greedy: AMD-AGI/FLy's fly/models/FLy.py. Sampling:
     vLLM pull request #53987's random kernel (a position whose lossless coin failed is deferred where p(x) > 0
     and q(x) > 0 and its followers passed their own coins; a real rejection draws from the residual), with
     the window counted as AMD's win_len (docs/rivals-from-authors-code.md, 2.3: vLLM's fly_window_size is
-    win_len - 1, and also lets the position K - win_len stand); its entropy reads softmax(z / T) before top-p."""
+    win_len - 1, and also lets the position K - win_len stand); its entropy reads the processed probabilities
+    (temperature, then top-p), as vLLM's. A threshold <= 0.01 turns the gate off (AMD's entropy_thre)."""
     unsure = s.target_top3_entropy >= cfg.fly_entropy_threshold
+    if cfg.fly_entropy_threshold <= FLY_GATE_OFF:  # AMD's FLy.py: entropy_thre <= 1e-2 turns the gate off
+        unsure = torch.ones_like(unsure)
     stands = ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window)
     if s.coin is not None:
         stands = stands & (s.sample_target_prob > 0) & (s.sample_draft_prob > 0)
@@ -517,12 +532,14 @@ def _ensemble_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor
 
 def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     """MARS (arXiv 2601.15498; 5SSjw/MARS mars/model/utils.py evaluate_posterior): where the target's top two
-    logits are close, r = z2 / (z1 + 1e-10) > threshold, a draft that is the target's top-1 or top-2 token is
-    accepted without a coin. Under sampling that test replaces the lossless one there (mars_replaces: a top-1
-    draft passes without its coin, any other draft is rejected and the next token drawn from p); elsewhere the
-    lossless test and its residual. Greedy: the authors' code is exact match; our port (YichiCS/
-    Secure-Speculative-Decoding's securesd/verifier/mars.py) also accepts the top-2 token where r > threshold,
-    the correction the argmax. r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
+    processed logits (temperature, then top-p, their processors' order) are close, r = z2 / (z1 + 1e-10) >
+    threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
+    tied logits the other tied token) is accepted without a coin. Under sampling that test replaces the lossless
+    one there (mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
+    token drawn from p); elsewhere the lossless test and its residual (MARS_PORT: ours, not the authors').
+    Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
+    securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
+    r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
     close = s.target_logit_ratio > cfg.mars_threshold
     return [("mars", close & ((s.draft_tokens == s.target_runner_up) | (s.draft_tokens == s.target_tokens)))]
 
@@ -594,12 +611,23 @@ def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
             "ensemble_fails": f"against {v} its odds {odds:.2f} did not pass the coin either"}
 
 
+MARS_RESIDUAL = ("where z2 / z1 is at most the threshold, a sampled rejection draws from lossless SD's residual "
+                 "norm(max(0, p − q)) over the draft's tempered, top-p'd q; the authors' code lowers p at the "
+                 "rejected token only, to max(0, p(x) − q(x))")
+MARS_PORT = ("greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port. "
+             f"Sampling, our residual: {MARS_RESIDUAL}")
+
+
 def _mars_numbers(d, cfg: RuleKnobs) -> dict:
     ratio = d.target_logit_ratio
     if ratio is None:
         says = ""
     elif ratio <= cfg.mars_threshold:
         says = f"MARS relaxes only where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
+        if d.coin is not None:
+            says += f" (our port: {MARS_RESIDUAL})"
+    elif d.target_runner_up == -1:
+        says = "top-p left only the target's top token here, so MARS accepts that one alone"
     else:
         says = f"MARS accepts only the target's top two tokens where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
     return {"mars_ratio": ratio, "mars_says": says}
@@ -661,11 +689,14 @@ for _rule in (
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
          title="static ensemble",
-         replaces_exact=_ensemble_replaces, correction_rows=ensemble_rows),
+         replaces_exact=_ensemble_replaces, correction_rows=ensemble_rows,
+         exact_on_lookup="the static ensemble never judges prompt-lookup drafts (transformers refuses "
+                         "assistant_ensemble_weight with prompt lookup; against a one-hot q it would accept any "
+                         "token the target gives mass): a lookup round gets the exact test"),
     Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#5d4037", check=_mars,
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
          numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS",
-         port="greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port"),
+         port=MARS_PORT),
 ):
     register_rule(_rule)
 

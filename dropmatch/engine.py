@@ -342,7 +342,8 @@ class Engine:
                                         run.generator)
         inputs = verifying.VerifyInputs(len(run.seq.tokens), draft.tokens, draft.q_signal, hidden, clean_logits,
                                         test.exact, decode.temperature, run.mask_seed, test.coin, test.p_x, test.q_x,
-                                        q_sample=draft.q_sample, p_sample=p_sample)
+                                        q_sample=draft.q_sample, p_sample=p_sample, top_p=decode.top_p,
+                                        draft_source=draft.source)
         judge = self.services.judge if run.rule.uses_judge else None
         verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=staged, judge=judge,
                                      generator=run.generator, timer=timer)

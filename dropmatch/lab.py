@@ -61,7 +61,8 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[V
             q_signal=torch.stack(q_signal) if q_signal else torch.empty(0, target.vocab_size, device=target.device),
             hidden=hidden, clean_logits=clean_logits,
             exact=torch.tensor(states.exact, dtype=torch.bool, device=target.device),
-            temperature=trace.temperature, mask_seed=mask_seed(trace.seed, trace.prompt_ids),
+            temperature=trace.temperature, mask_seed=mask_seed(trace.seed, trace.prompt_ids), top_p=trace.top_p,
+            draft_source=round_trace.draft_source,
             **_coin_inputs(trace, states, tokens, q_sample, clean_logits),
         ))
     return prepared
@@ -143,8 +144,10 @@ def _rows(prepared, columns, token_text) -> list[dict]:
             for cfg, column in columns:
                 reasons, signals = column[r]
                 reason = reasons[i]
-                cells.append({"reason": reason, "accepted": reason not in acceptance.NOT_ACCEPTED,
-                              "info": cell_info(cfg, signals, i, reason, token_text)})
+                info = cell_info(cfg, signals, i, reason, token_text)
+                if not acceptance.judges_drafts(cfg.rule, rnd.draft_source) and reason != "unchecked":
+                    info += "\n" + acceptance.RULES[cfg.rule].exact_on_lookup
+                cells.append({"reason": reason, "accepted": reason not in acceptance.NOT_ACCEPTED, "info": info})
             rows.append({"round": r, "slot": i, "token": token, "text": token_text(token), "cells": cells})
     return rows
 

@@ -174,7 +174,8 @@ def record_of(state, engine) -> RunRecord:
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
     tokens = {token: engine.services.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
     matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
-    return RunRecord(state.prompt, state.rule.rule, state.rule.p is None, lossless, lossy, ar, tokens, matrix,
+    p_auto = state.rule.p is None and state.rule.uses_paths  # only a rule that reads p has p = auto
+    return RunRecord(state.prompt, state.rule.rule, p_auto, lossless, lossy, ar, tokens, matrix,
                      state.peer, machine_line())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .acceptance import REASONS, RULES, check_names
+from .acceptance import REASONS, RULES, check_names, judges_drafts
 from .config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
@@ -501,6 +501,8 @@ def step_html(r: RoundTrace, token_text: TokenText, knobs: RuleConfig, greedy: b
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"
+    if knobs.rule in RULES and not judges_drafts(knobs.rule, r.draft_source):
+        drafted_by += f" ({RULES[knobs.rule].exact_on_lookup})"
     asked = f" (γ asked: {r.gamma})" if r.gamma is not None and r.gamma != len(r.drafted) else ""
     summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {drafted_by}{asked}; {r.num_accepted} "
                f"accepted, then a {r.extra_kind} token. Emitted: {emitted}</p>")

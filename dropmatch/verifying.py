@@ -23,7 +23,8 @@ from .acceptance import BONUS, CORRECTION, Signals, Verdict
 from .config import ConfigError
 from .timing import PhaseTimer
 from .trained_judge import TrainedJudge
-from .sampling import entropy, fast_js_error, js_divergence, js_divergence_accurate, signal_probs, top_token
+from .sampling import (entropy, fast_js_error, js_divergence, js_divergence_accurate, sampling_probs, signal_probs,
+                       top_token)
 
 PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
 
@@ -59,6 +60,8 @@ class VerifyInputs:
     # target's p_sample [g + 1, V] (temperature and top-p); None where a caller needs reasons only (the lab).
     q_sample: torch.Tensor | None = None
     p_sample: torch.Tensor | None = None
+    top_p: float = 1.0  # the run's nucleus: under sampling MARS and FLy read the target as its sampler processes it
+    draft_source: str = "model"  # who drafted the round: "model" or "ngram" (a rule may not judge lookup drafts)
 
     @property
     def num_drafted(self) -> int:
@@ -86,9 +89,10 @@ class Verified:
 
 def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
                      paths: mc_head.PathStats | None = None, settle_on_host: bool = True,
-                     target_logits: torch.Tensor | None = None) -> Signals:
+                     target_logits: torch.Tensor | None = None, temperature: float = 0.0) -> Signals:
     """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V];
-    settle_on_host: settle_close_calls's; target_logits [g, V] the clean target's (MARS reads their ratio)."""
+    settle_on_host: settle_close_calls's; target_logits [g, V] the clean target's at the run's temperature
+    (MARS reads their ratio)."""
     index = draft_tokens.unsqueeze(-1)
     target_tokens = top_token(p_target)
     signals = dict(
@@ -101,9 +105,9 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     draft_entropy, target_entropy = entropy(q_draft), entropy(p_target)
     signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
                    target_entropy=target_entropy, target_top3_entropy=top3_entropy(p_target))
-    signals.update(runner_up(p_target))
+    signals.update(runner_up(p_target if target_logits is None else target_logits, target_tokens))
     if target_logits is not None:
-        signals["target_logit_ratio"] = logit_ratio(target_logits)
+        signals["target_logit_ratio"] = logit_ratio(target_logits, temperature)
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
@@ -111,15 +115,20 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     return Signals(**signals)
 
 
-def runner_up(probs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """probs [g, V] -> target_runner_up [g]: each row's second likeliest token (MARS accepts it where close)."""
-    return {"target_runner_up": probs.topk(2, dim=-1).indices[..., 1]}
+def runner_up(values: torch.Tensor, top: torch.Tensor) -> dict[str, torch.Tensor]:
+    """values [g, V] (logits or probabilities), top [g] each row's top token -> target_runner_up [g]: the
+    argmax with the top token masked out (MARS accepts it where close; on tied top values it is the other
+    tied token, as 5SSjw/MARS's top-2 and SecureSD's port take it)."""
+    masked = values.float().scatter(-1, top.unsqueeze(-1), float("-inf"))
+    return {"target_runner_up": top_token(masked)}
 
 
-def logit_ratio(logits: torch.Tensor) -> torch.Tensor:
-    """logits [g, V] -> [g] z2 / (z1 + 1e-10) over each row's two largest logits (MARS's r, 5SSjw/MARS
-    evaluate_posterior; a temperature scales both and cancels). Computed in float32 whatever the logits' dtype."""
+def logit_ratio(logits: torch.Tensor, temperature: float = 0.0) -> torch.Tensor:
+    """logits [g, V] -> [g] z2' / (z1' + 1e-10) over each row's two largest processed logits z' = z / T (greedy:
+    z), MARS's r (5SSjw/MARS evaluate_posterior, after its temperature warper). Float32 whatever the dtype.
+    Top-p, its next processor, only removes tokens (with_processed_target: the runner-up it removed)."""
     top = logits.float().topk(2, dim=-1).values
+    top = top / temperature if temperature > 0 else top
     return top[..., 1] / (top[..., 0] + 1e-10)
 
 
@@ -270,7 +279,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")
-    verdicts = _scans(rule, batch, spans, signals, generator)
+    verdicts = _scans(rule, batch, spans, signals, generator, _judged_rounds(rule, batch))
     return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs)
             for (verdict, emitted), (a, b), rows, probs in zip(verdicts, spans, paths.rows, paths.probs)]
 
@@ -352,12 +361,31 @@ def _stacked(batch: list[VerifyInputs], temperature: float, memo: dict | None) -
                   for inputs in batch for i in range(inputs.num_drafted)])
     p_signal = signal_probs(rows.clean_logits, temperature)
     signals = position_signals(_cat([inputs.draft_tokens for inputs in batch]), rows.q_signal, p_signal,
-                               target_logits=rows.clean_logits)
+                               target_logits=rows.clean_logits, temperature=temperature)
+    signals = with_processed_target(signals, batch, _spans(batch), temperature)
     lossless = {name: _cat_or_none(batch, name) for name in ("exact", "coin", "sample_target_prob", "sample_draft_prob")}
     found = rows, p_signal, Signals(**{**vars(signals), **lossless})
     if memo is not None:
         memo[key] = found
     return found
+
+
+def with_processed_target(signals: Signals, batch: list[VerifyInputs], spans, temperature: float) -> Signals:
+    """Under sampling with top-p < 1, the rivals' target signals read as the sampler processes the target
+    (temperature, then top-p): FLy's top-3 entropy on the processed probabilities (vLLM's); MARS's runner-up
+    -1 where top-p removed it (5SSjw/MARS takes its top two after its processors; there only the top token has
+    mass, and its relaxation decides as its exact test would), so that neither accepts a token the run's own
+    sampler forbids."""
+    if temperature == 0.0 or all(inputs.top_p >= 1.0 for inputs in batch):
+        return signals
+    entropy, runner = signals.target_top3_entropy.clone(), signals.target_runner_up.clone()
+    for inputs, (a, b) in zip(batch, spans):
+        if inputs.top_p < 1.0 and b > a:
+            processed = sampling_probs(inputs.clean_logits[: b - a], temperature, inputs.top_p)
+            entropy[a:b] = top3_entropy(processed)
+            kept = processed.gather(-1, runner[a:b].unsqueeze(-1)).squeeze(-1) > 0
+            runner[a:b] = runner[a:b].masked_fill(~kept, -1)
+    return Signals(**{**vars(signals), "target_top3_entropy": entropy, "target_runner_up": runner})
 
 
 def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
@@ -475,15 +503,30 @@ def with_rule_top(signals: Signals, rule, p_signal: torch.Tensor, q_signal: torc
     return Signals(**{**vars(signals), "rule_top": top_token(rows(p_signal, q_signal, rule))})
 
 
-def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals,
-           generator: torch.Generator | None) -> list[tuple[Verdict, list[int]]]:
+def _judged_rounds(rule, batch: list[VerifyInputs]) -> torch.Tensor | None:
+    """[n] bool: the drafted slots of the rounds the rule judges (acceptance.judges_drafts: the static
+    ensemble not a prompt-lookup round's, which get the exact test alone); None where it judges every round."""
+    judged = [acceptance.judges_drafts(rule.rule, inputs.draft_source) for inputs in batch]
+    if all(judged):
+        return None
+    device = batch[0].draft_tokens.device
+    return torch.cat([torch.full((inputs.num_drafted,), ok, dtype=torch.bool, device=device)
+                      for ok, inputs in zip(judged, batch)])
+
+
+def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: torch.Generator | None,
+           judged: torch.Tensor | None = None) -> list[tuple[Verdict, list[int]]]:
     """Each request's scan and extra token, from one host copy of the rule's check masks, the exact
     test (where the rule's own test replaces it: the rule's verdict, acceptance.Rule.replaces_exact), the
-    drafted tokens and the target's argmax at every verified position."""
+    drafted tokens and the target's argmax at every verified position. judged [n]: the slots the rule
+    judges (_judged_rounds; None: all); elsewhere the exact test alone."""
     n = spans[-1][1]
     checks = _checks(rule, spans, signals) if n else []
     argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
     replaced = _replaced(rule, batch, signals, checks) if n else None
+    if judged is not None:
+        checks = [(name, mask & judged) for name, mask in checks]
+        replaced = None if replaced is None else replaced & judged
     parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
     exact = signals.exact if replaced is None else torch.where(replaced, signals.exact & _any(checks), signals.exact)
     parts += [exact, signals.draft_tokens, argmax]

@@ -127,3 +127,17 @@ def test_scripts_and_tests_write_run_files_through_the_record_module_not_the_app
             continue
         text = path.read_text()
         assert "app.record_of" not in text and "app.RunRecord" not in text, f"{path.name} reaches into app.py"
+
+
+def test_the_oracle_imports_no_decision_code_of_the_package():
+    """tests/reference_rules.py decides from the definitions: of the package it imports data types only."""
+    import ast
+
+    allowed = {("dropmatch.acceptance", "Signals"), ("dropmatch.acceptance", "Verdict")}
+    tree = ast.parse((Path(__file__).parent / "reference_rules.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not any(alias.name.startswith("dropmatch") for alias in node.names), "imports a package module"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dropmatch"):
+            names = {(node.module, alias.name) for alias in node.names}
+            assert names <= allowed, f"the oracle imports {sorted(names - allowed)} from the package"

@@ -105,7 +105,8 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
         coin = torch.tensor(coin, dtype=torch.float32)
         exact = coin * q_x < p_x
         extra = dict(coin=coin, sample_target_prob=p_x, sample_draft_prob=q_x, q_sample=q_rows, p_sample=p_sample)
-    inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(g + 1, 2), logits, exact, temperature, 0, **extra)
+    inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(g + 1, 2), logits, exact, temperature, 0,
+                                    top_p=top_p, **extra)
     found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(seed))
     return found.verdict
 
@@ -366,3 +367,130 @@ def test_the_greedy_static_ensemble_equals_transformers_token_for_token(far_dirs
     assert any(d.reason == "ensemble" for r in ours.rounds for d in r.drafted)  # the rule acted
     assert list(ours.output_ids)[0] == ours.first_token
     assert list(ours.output_ids)[1:] == theirs[0, prompt.shape[1]:].tolist()
+
+
+# ---------------------------------------------------------------- each rival only where its authors run it
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_mars_accepts_the_other_of_two_tied_top_logits(temperature):
+    """Logits [5, 5, 1, 0]: tokens 0 and 1 tie at the top (r = 1); MARS's top-2 and SecureSD's port accept a
+    draft of token 1 (the runner-up is the argmax with the top-1 masked out, never a topk index order)."""
+    z = [5.0, 5.0, 1.0, 0.0]
+    q_row = [0.005, 0.99, 0.0025, 0.0025]
+    verdict = verified(RuleConfig("mars"), [z, [0, 0, 5, 0]], [1], [q_row], [0.99], temperature)
+    assert verdict.reasons == ("mars",)
+
+
+def test_mars_reads_its_top_two_after_top_p_and_never_accepts_a_token_top_p_removed():
+    """z [20, 19, 0, 0, 0] at T = 1 is p = 0.73 / 0.27: r = 0.95 relaxes, but top-p 0.7 leaves token 0 alone
+    (5SSjw/MARS takes its top two after TopPLogitsWarper): a draft of token 1 is rejected, token 0 emitted."""
+    q_row = [0.025, 0.9, 0.025, 0.025, 0.025]
+    verdict = verified(RuleConfig("mars"), [[20, 19, 0, 0, 0], BONUS_ROW], [1], [q_row], [0.5], 1.0, top_p=0.7)
+    assert verdict.reasons == ("rejected",) and verdict.next_token == 0
+    relaxed = verified(RuleConfig("mars"), [[20, 19, 0, 0, 0], BONUS_ROW], [1], [q_row], [0.5], 1.0, top_p=0.8)
+    assert relaxed.reasons == ("mars",)  # top-p 0.8 keeps both: the relaxation stands
+
+
+def test_mars_declares_and_explains_its_residual_departure_from_the_authors():
+    """The sampled standard branch's residual (over the tempered, top-p'd q) differs from the authors' (p
+    lowered at the rejected token only): the rule's declaration says so, and so does a rejection's sentence."""
+    from dropmatch import render
+    from dropmatch.trace import DraftedToken
+
+    assert "max(0, p(x) − q(x))" in acceptance.RULES["mars"].port
+    token = DraftedToken(token=1, reason="rejected", draft_prob=0.9, target_prob=0.1, target_token=0, js_target=0.1,
+                         target_token_prob=0.8, coin=0.9, target_logit_ratio=0.5, target_runner_up=1)
+    sentence = render.explain(token, str, RuleConfig("mars"), greedy=False)
+    assert "the authors' code lowers p at the rejected token only" in sentence
+
+
+VERY_SURE = [0.9998, 0.0001, 0.0001, 0.0]  # top-3 entropy 0.002
+
+
+@pytest.mark.parametrize("threshold, expected", [(0.005, "fly"), (0.01, "fly"), (0.02, "rejected")])
+def test_fly_turns_its_entropy_gate_off_at_thresholds_up_to_0_01_as_amds_code_does(threshold, expected):
+    """AMD-AGI/FLy: entropy_thre <= 1e-2 is no gate; above it the gate holds where the target is sure."""
+    signals = fly_round(VERY_SURE, [1] + [0] * 7, [False] + [True] * 7)
+    assert reasons(RuleConfig("fly", fly_entropy_threshold=threshold), signals)[0] == expected
+
+
+NUCLEUS_ROW = torch.tensor([0.5, 0.45, 0.05, 1e-9, 1e-9]).log().tolist()  # top-3 entropy 0.86; top-p 0.9: 0.69
+
+
+@pytest.mark.parametrize("top_p, expected", [
+    (1.0, ("fly",) + ("exact",) * 4),  # the unprocessed row: top-3 entropy 0.86 >= 0.8
+    (0.9, ("rejected",) + ("unchecked",) * 4),  # processed (tokens 0 and 1 left): entropy 0.69 < 0.8
+])
+def test_fly_under_sampling_reads_the_entropy_of_the_processed_probabilities_as_vllm_does(top_p, expected):
+    """vLLM's FLy reads the entropy on the probabilities its sampler draws from (temperature, then top-p)."""
+    verdict = verified(RuleConfig("fly", fly_window=4, fly_entropy_threshold=0.8), [NUCLEUS_ROW, *[C2_ROW] * 4, C3_ROW],
+                       [1, 2, 2, 2, 2], FLY_Q, [0.95, 0.9, 0.9, 0.9, 0.9], 1.0, top_p=top_p)
+    assert verdict.reasons == expected
+
+
+def lookup_verified(rule: RuleConfig, p_row, drafted: int, coin, temperature: float, source: str):
+    """One round with a one-hot q (a prompt-lookup draft) through the verify step, drafted by `source`."""
+    from dropmatch import verifying
+
+    logits = torch.tensor([p_row, [0.1, 0.1, 0.8]]).log()
+    tokens = torch.tensor([drafted])
+    q_rows = torch.nn.functional.one_hot(tokens, 3).float()
+    p_sample = logits.softmax(-1)
+    extra = {}
+    if temperature == 0.0:
+        exact = logits[:1].argmax(-1) == tokens
+    else:
+        coin = torch.tensor([coin])
+        p_x = p_sample[:1, drafted]
+        exact = coin < p_x
+        extra = dict(coin=coin, sample_target_prob=p_x, sample_draft_prob=torch.ones(1), q_sample=q_rows,
+                     p_sample=p_sample)
+    inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(2, 2), logits, exact, temperature, 0,
+                                    draft_source=source, **extra)
+    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(0))
+    return found.verdict
+
+
+@pytest.mark.parametrize("temperature, p_row, coin", [
+    (0.0, [0.5, 0.4, 0.1], None),  # greedy: argmax v = 1 (0.7 against 0.25) would accept the lookup draft
+    (1.0, [0.998, 0.001, 0.001], 0.3),  # sampled: odds 1 - w + w p / 1 = 0.5005 would pass the coin 0.3
+])
+def test_the_static_ensemble_gives_prompt_lookup_drafts_the_exact_test(temperature, p_row, coin):
+    """transformers refuses assistant_ensemble_weight with prompt lookup: a lookup round under the ensemble
+    gets the exact test (the draft 1 rejected, the target's token 0 emitted); a model round is judged."""
+    rule = RuleConfig("ensemble")
+    assert lookup_verified(rule, p_row, 1, coin, temperature, "model").reasons == ("ensemble",)
+    looked_up = lookup_verified(rule, p_row, 1, coin, temperature, "ngram")
+    assert looked_up.reasons == ("rejected",) and looked_up.next_token == 0
+    assert not acceptance.judges_drafts("ensemble", "ngram") and acceptance.judges_drafts("mars", "ngram")
+
+
+@pytest.mark.parametrize("decode", [DecodeConfig(gamma=4, max_new_tokens=40, draft_source="ngram"),
+                                    DecodeConfig(gamma=4, max_new_tokens=40, draft_source="ngram", temperature=1.0,
+                                                 seed=5)])
+def test_an_ensemble_run_on_prompt_lookup_drafts_is_lossless_sd(tiny_engine, decode):
+    """Every round prompt lookup drafts gets the exact test under the ensemble: its run emits lossless SD's
+    tokens, greedy and sampled (same seed), and its round view says why."""
+    from dropmatch import render
+
+    ids = tiny_engine.encode("one two three one two three one two three one two")
+    lossless = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("lossless")))
+    ensemble = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig("ensemble", ensemble_weight=0.1)))
+    assert any(r.drafted for r in ensemble.rounds)
+    assert ensemble.output_ids == lossless.output_ids
+    assert not any(d.reason == "ensemble" for r in ensemble.rounds for d in r.drafted)
+    step = render.step_html(next(r for r in ensemble.rounds if r.drafted), tiny_engine.services.token_text,
+                            ensemble.rule_config, decode.greedy)
+    assert "never judges prompt-lookup drafts" in step
+
+
+def test_a_run_file_records_p_auto_only_for_a_rule_that_reads_p(tiny_engine):
+    """p = auto calibrates the dropout rate of the path rules; a rule that reads no p (MARS here) is not p = auto."""
+    from dropmatch.compare import compare_stream
+    from dropmatch.record import record_of
+
+    decode = DecodeConfig(gamma=3, max_new_tokens=6)
+    for rule, expected in ((RuleConfig("mars", p=None), False), (RuleConfig("dropmatch", p=None), True)):
+        *_, state = compare_stream(tiny_engine, PROMPTS[0], decode, rule, run_ar=False)
+        assert record_of(state, tiny_engine).p_auto is expected, rule.rule

@@ -147,3 +147,24 @@ def test_labels_say_which_set_and_how_many_of_its_prompts_ran():
     assert load_set(str(PROMPTS / "humaneval_40.jsonl"), 6).label(6) == "HumanEval, 6 of 40"
     assert (set_title("mt_bench"), set_title("ifeval_20"), set_title("multilingual_chat")) == (
         "MT-Bench", "IFEval", "multilingual chat")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_on_prompt_lookup_drafts_the_static_ensemble_reaches_exactly_lossless_sds_tau(tiny_engine, temperature):
+    """The ensemble never judges prompt-lookup drafts (transformers refuses it there): re-judging lossless SD's
+    lookup drafts, it accepts exactly what the exact test accepts, and each of its cells says why."""
+    from dropmatch import lab
+    from dropmatch.bench.same_drafts import judge_prompt
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+
+    ids = tiny_engine.encode("one two three one two three one two three one two")
+    decode = DecodeConfig(gamma=4, max_new_tokens=40, draft_source="ngram", temperature=temperature, seed=5)
+    judged, _, _ = judge_prompt(tiny_engine, ids, decode, RuleConfig(p=0.3, ensemble_weight=0.1))
+    assert judged[BASELINE].drafted > 0
+    assert (judged["ensemble"].accepted, judged["ensemble"].beyond) == (judged[BASELINE].accepted, 0)
+    trace = run_to_end(tiny_engine.speculative(ids, decode, RuleConfig(BASELINE), keep_states=True))
+    matrix = lab.rejudge(lab.prepare(trace, tiny_engine.target, tiny_engine.draft), tiny_engine.target,
+                         lab.lab_settings(trace), tiny_engine.services.token_text, rules=("ensemble",))
+    assert all("never judges prompt-lookup drafts" in row["cells"][0]["info"] for row in matrix["rows"]
+               if row["cells"][0]["reason"] != "unchecked")

@@ -41,7 +41,7 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
         RuleConfig("dice")
     signals = verifying.position_signals(torch.tensor([1, 2, 3]), torch.full((3, 4), 0.25), torch.eye(4)[[0, 0, 0]])
     verdict = decide(RuleConfig(coin_rule), True, signals, torch.full((3, 4), 0.25),
-                                torch.eye(4)[[0, 0, 0, 0]], torch.Generator())
+                                torch.eye(4)[[0, 0, 0, 0]], torch.Generator(), checks=acceptance.RULES[coin_rule].check)
     assert verdict.reasons == ("rejected", "unchecked", "unchecked")  # position 0 is tails
 
     engine = FakeEngine(reason_for={coin_rule: "heads"})

@@ -57,7 +57,8 @@ class Round:
     def verify_inputs(self) -> verifying.VerifyInputs:
         """The round as the verify step reads it."""
         return verifying.VerifyInputs(self.first_position, self.draft_tokens, self.q_signal, self.hidden,
-                                      self.clean_logits.float(), self.exact(), 0.0, self.mask_seed)
+                                      self.clean_logits.float(), self.exact(), 0.0, self.mask_seed,
+                                      draft_source="ngram" if self.draft_logits is None else "model")
 
 
 def verify_rounds(head: verifying.Head, rule: RuleConfig, rounds: list[Round], one_pass: bool = False,
