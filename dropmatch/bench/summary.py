@@ -91,8 +91,8 @@ def ending_counts(result: BenchmarkResult, pairs: list[tuple[int, object]]) -> d
     outside the band's length axis (quality.outside_on_length; None without the target's own samples)."""
     lossless = result.runs.get(BASELINE)
     early = [ended_early(g.trace, lossless[i].trace) for i, g in pairs if lossless and lossless[i] is not None]
-    samples = [[len(s.trace.output_ids) for s in result.reference[i]] if i < len(result.reference) else []
-               for i, _ in pairs]
+    aligned = len(result.reference) == len(result.items)  # per prompt (a merge of sets may lack some)
+    samples = [[len(s.trace.output_ids) for s in result.reference[i]] if aligned else [] for i, _ in pairs]
     outside = [outside_on_length(len(g.trace.output_ids), lengths, ended_by_rule(g.trace))
                for (_, g), lengths in zip(pairs, samples) if lengths]
     return {"ended_early": sum(early) / len(early) if early else None, "ended_early_prompts": sum(early),
