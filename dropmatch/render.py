@@ -288,7 +288,8 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     or where a recorded run was made), and
     called faster or slower only beyond the spread the run itself shows (speed_interval:
     metrics.speed_ratio_interval, from resampling each column's rounds); and, when both SD columns ran
-    slower than the target alone, that they did."""
+    slower than the target alone, that they did. A run whose answer ended before lossless SD's (ended_early)
+    says so as its first words, with both lengths, and is never called a win."""
     early = ended_early(lossless, lossy)
     headline = _early_headline(lossless, lossy, rule_label) if early else \
         f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
@@ -372,8 +373,10 @@ def _refused_all(trace) -> str:
     knob = KNOBS.get(rule.knob) if rule.knob else None
     value = None if knob is None else trace.rule_config.knobs.get(knob.name)
     at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} ({knob.help})"
-    return (f"{rule.column_title} acted in none of its {len(trace.rounds)} rounds: it refused all {refused} mismatches "
-            f"of the {len(able)} rounds it could act in{at}.")
+    rounds = f"all {len(able)} rounds" if len(able) > 1 else "the one round"
+    mismatches = f"all {refused} mismatches" if refused > 1 else "the one mismatch"
+    return (f"{rule.column_title} acted in none of its {len(trace.rounds)} rounds: in {rounds} it could act in, it "
+            f"refused {mismatches}{at}.")
 
 
 def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None,
