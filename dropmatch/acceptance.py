@@ -278,6 +278,9 @@ def judged_count(reasons) -> int:
     return sum(reason not in ("exact", "unchecked") for reason in reasons)
 
 
+LOSSY_END = "lossy_end"  # the reason of a lossy acceptance the text ends with (Reason below)
+
+
 def lossy_reasons() -> tuple[str, ...]:
     return tuple(name for name, reason in REASONS.items() if reason.lossy)
 
@@ -342,6 +345,13 @@ for _reason in (
            says="The target's top two logits are close here (z2 / z1 = {mars_ratio:.3f} > {mars_threshold:g}), so "
                 "MARS accepts either of its top two tokens without a coin: {tok} is one of them.",
            fails="{mars_says}", reads="target_logit_ratio"),
+    # Not a check's: a lossy acceptance the text ends with (trace.with_lossy_end relabels it, whatever check gave it).
+    Reason(LOSSY_END, "ended by the rule", "accepted only by the rule, and the text ends with it", "#212121", "#b39ddb",
+           "#311b92", "underline overline", lossy=True,
+           says="{tok} is not what lossless SD would emit here (the target's choice is {target}, p = {p_target:.2f}; "
+                "{tok} has p = {p_x:.3f}), but the rule accepted it, and the text ends with it: an end of text the "
+                "exact test would not have reached here.",
+           fails="the text does not end here"),
     Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
     Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
 ):

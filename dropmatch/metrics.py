@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from .acceptance import RULES, judged_count, lossy_reasons
+from .acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
 from .quality import distinct2
 from .recording import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
 from .trace import GenerationTrace
@@ -57,6 +57,8 @@ class RunMetrics:
     delta_target_nll: float | None = None
     delta_off_nucleus_rate: float | None = None
     delta_distinct2: float | None = None
+    stop_reason: str = ""  # eos | max_new_tokens | stopped (the trace's)
+    ended_by_rule: bool = False  # the text ends with a token only the rule accepted (acceptance.LOSSY_END)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,9 +152,20 @@ def reason_counts(trace: GenerationTrace) -> dict[str, int]:
 
 
 def lossy_count(trace: GenerationTrace) -> int:
-    """How many of the new tokens only a lossy rule let through."""
+    """How many of the new tokens only a lossy rule let through: emitted tokens only (a round's first
+    num_accepted drafts), not the drafts accepted after an end of text or the token limit and cut."""
     lossy = set(lossy_reasons())
-    return sum(d.reason in lossy for r in trace.rounds for d in r.drafted)
+    return sum(d.reason in lossy for r in trace.rounds for d in r.drafted[: r.num_accepted])
+
+
+def ended_by_rule(trace: GenerationTrace) -> bool:
+    """Does the text end with a token only the rule accepted (trace.with_lossy_end's LOSSY_END)."""
+    return trace.stop_reason == "eos" and bool(trace.rounds) and any(d.reason == LOSSY_END for d in trace.rounds[-1].drafted)
+
+
+def ended_early(trace: GenerationTrace, lossless: GenerationTrace) -> bool:
+    """Did the run end its answer (an end of text) before lossless SD's on the same prompt, seed and pair."""
+    return trace.stop_reason == "eos" and len(trace.output_ids) < len(lossless.output_ids)
 
 
 def lossy_share(trace: GenerationTrace) -> float:
@@ -226,6 +239,7 @@ def summarize(
         first_divergence=first_divergence(trace, lossless) if lossless is not None else None,
         distinct2=distinct2(trace.output_ids),
         **quality_deltas(trace, lossless),
+        stop_reason=trace.stop_reason, ended_by_rule=ended_by_rule(trace),
     )
 
 

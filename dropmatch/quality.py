@@ -8,6 +8,7 @@
 - overlap: token-level similarity of two answers (difflib ratio over token ids), for MT-Bench
   where no judge model is available offline.
 - distinct-2: unique / total token bigrams (degenerate repetition shows at once).
+- length: an answer shorter than all of the target's own samples, or ended by the rule, is outside the band.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def gsm8k_correct(text: str, answer: str) -> bool:
 def distinct2(tokens: list[int] | tuple[int, ...]) -> float:
     bigrams = list(zip(tokens, tokens[1:]))
     return len(set(bigrams)) / len(bigrams) if bigrams else 1.0
+
+
+def outside_on_length(new_tokens: int, sample_tokens: list[int], ended_by_rule: bool) -> bool:
+    """The reference band's length axis for one answer: outside when it is shorter than the shortest of the
+    target's own samples on its prompt, or when its text ends with a token only the rule accepted."""
+    return ended_by_rule or (bool(sample_tokens) and new_tokens < min(sample_tokens))
 
 
 def token_overlap(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> float:

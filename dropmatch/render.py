@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .acceptance import REASONS, RULES, check_names, judges_drafts
+from .acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
 from .config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
 from .trace import DraftedToken, RoundTrace
@@ -164,29 +164,37 @@ def _q(text: str) -> str:
     return "“" + text.replace("\n", "⏎") + "”"
 
 
+END_TEXT = "⟨end⟩"  # an end of text's place in a column: a new token like any other, so its key counts it
+
+
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
                 stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken], str] | None = None,
                 rejected: bool = False) -> list[tuple[str, str, str]]:
-    """(text, kind, tooltip) for every emitted token, in order. why: a drafted token's sentence (explainer).
-    rejected: also each round's rejected draft, kind "rejected", just before the correction that replaced it."""
+    """(text, kind, tooltip) for every emitted token, in order, an end of text (stop_ids) shown as END_TEXT
+    with the kind of whatever emitted it. why: a drafted token's sentence (explainer). rejected: also each
+    round's rejected draft, kind "rejected", just before the correction that replaced it."""
+    def shown(token: int) -> str:
+        return END_TEXT if token in stop_ids else token_text(token)
+
+    def ending(token: int) -> str:
+        return "\nthe end of text: the answer stops here" if token in stop_ids else ""
+
     spans = []
-    if first_token is not None and first_token not in stop_ids:
-        spans.append((token_text(first_token), "first", "first token, from the prefill call"))
+    if first_token is not None:
+        spans.append((shown(first_token), "first", "first token, from the prefill call" + ending(first_token)))
     for r in rounds:
         for j, token in enumerate(r.emitted):
             refused = rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted)
-            if refused:  # shown even where the correction is a stop token (which is not)
+            if refused:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((token_text(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
-            if token in stop_ids:
-                continue
+                spans.append((shown(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
             if j < r.num_accepted:
                 d = r.drafted[j]
-                tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((token_text(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
+                tip = tooltip(d, token_text, r.index, r.draft_source) + ending(token)
+                spans.append((shown(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
             else:
-                spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
+                spans.append((shown(token), r.extra_kind, _extra_tooltip(r, token_text) + ending(token)))
     return spans
 
 
@@ -280,13 +288,19 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     or where a recorded run was made), and
     called faster or slower only beyond the spread the run itself shows (speed_interval:
     metrics.speed_ratio_interval, from resampling each column's rounds); and, when both SD columns ran
-    slower than the target alone, that they did."""
-    headline = f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
+    slower than the target alone, that they did. A run whose answer ended before lossless SD's (ended_early)
+    says so as its first words, with both lengths, and is never called a win."""
+    early = ended_early(lossless, lossy)
+    headline = _early_headline(lossless, lossy, rule_label) if early else \
+        f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
     sentences = [_counts_sentence(lossless, lossy), _rule_share_sentence(lossy)]
     if _quality_sentence(lossy):
         sentences.append(_quality_sentence(lossy))
     if lossless.tokens_per_s and lossy.tokens_per_s:
         sentences.append(_speed_sentence(lossless, lossy, speed_interval, machine))
+    if early:
+        sentences.append(f"{_calls_sentence(lossless, lossy, rule_label)}; fewer calls per token and more tokens per "
+                         "second on a shorter answer are no win.")
     slower = [m.speedup_vs_ar for m in (lossless, lossy)]
     if all(x is not None and x < 1.0 for x in slower):
         sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
@@ -296,20 +310,73 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
 
 
 def cannot_act(trace) -> str:
-    """Why a lossy run accepted nothing beyond the exact test because of its settings, with the fix ("" when it
-    could act, or did): a rule whose window needs longer rounds than these drafted (acceptance.Rule.min_drafts)."""
-    rule = RULES[trace.rule] if trace.mode == "sd" and trace.rule in RULES else None
-    if rule is None or rule.min_drafts is None or not trace.rounds:
+    """Why a lossy rule acted in few rounds or none, judged over the whole run, with the fix where there is one
+    ("" when nothing needs saying): the share of rounds with the drafts its declaration asks (too_few_drafts),
+    and, where it accepted nothing beyond the exact test, the mismatches it refused in the rounds it could act in."""
+    return " ".join(note for note in (too_few_drafts(trace), _refused_all(trace)) if note)
+
+
+def _lossy_rule(trace):
+    rule = RULES.get(trace.rule) if trace.mode == "sd" else None
+    return rule if rule is not None and rule.lossy and trace.rounds else None
+
+
+def _needed_drafts(trace, rule) -> int:
+    """The drafts a round needs for the rule to act at all (acceptance.Rule.min_drafts; one for any other rule)."""
+    return rule.min_drafts(trace.rule_config) if rule.min_drafts is not None else 1
+
+
+def _could_act(trace, rule) -> int:
+    """How many of the run's rounds drafted what the rule needs to act."""
+    return sum(len(r.drafted) >= _needed_drafts(trace, rule) for r in trace.rounds)
+
+
+def draft_length_fix(trace) -> int | None:
+    """Where under half of the run's rounds could act (acceptance.Rule.min_drafts), its authors' draft length when
+    longer than the run's (gamma = auto: any); else None."""
+    rule = _lossy_rule(trace)
+    if rule is None or rule.min_drafts is None or 2 * _could_act(trace, rule) >= len(trace.rounds):
+        return None
+    longer = rule.authors_gamma and (trace.gamma_auto or trace.gamma < rule.authors_gamma)
+    return rule.authors_gamma if longer else None
+
+
+def too_few_drafts(trace) -> str:
+    """Under half of the run's rounds drafted what the rule needs to act (acceptance.Rule.min_drafts): how many
+    did, with the fix where there is one (draft_length_fix); "" otherwise."""
+    rule = _lossy_rule(trace)
+    if rule is None or rule.min_drafts is None:
         return ""
-    if any(REASONS[d.reason].lossy for r in trace.rounds for d in r.drafted):
+    needed, rounds, could = _needed_drafts(trace, rule), len(trace.rounds), _could_act(trace, rule)
+    if 2 * could >= rounds:
         return ""
-    needed, drafted = rule.min_drafts(trace.rule_config), sum(len(r.drafted) for r in trace.rounds) / len(trace.rounds)
-    longest = max(len(r.drafted) for r in trace.rounds)
-    if longest >= needed:
+    mean = sum(len(r.drafted) for r in trace.rounds) / rounds
+    gamma = draft_length_fix(trace)
+    fix = f": use its authors' draft length {gamma}" if gamma else ""
+    if not could:
+        return (f"{rule.column_title} could not act here: it needs at least {needed} drafts in a round, and none of "
+                f"its {rounds} rounds drafted that many ({mean:.1f} on average){fix}.")
+    return (f"{rule.column_title} could act in only {could} of its {rounds} rounds ({could / rounds:.0%}): it needs at "
+            f"least {needed} drafts in a round, and rounds drafted {mean:.1f} on average{fix}.")
+
+
+def _refused_all(trace) -> str:
+    """A rule that accepted nothing beyond the exact test though some rounds could act and had mismatches: how
+    many it refused there, at the value of the knob it is swept by, with that knob's help (its fix)."""
+    rule = _lossy_rule(trace)
+    if rule is None or any(REASONS[d.reason].lossy for r in trace.rounds for d in r.drafted):
         return ""
-    fix = f": use its authors' draft length {rule.authors_gamma}" if rule.authors_gamma else ""
-    return (f"{rule.column_title} could not act here: its window needs at least {needed} drafts in a round; rounds "
-            f"drafted {drafted:.1f} on average (at most {longest}){fix}.")
+    able = [r for r in trace.rounds if len(r.drafted) >= _needed_drafts(trace, rule)]
+    refused = sum(d.reason == "rejected" for r in able for d in r.drafted)
+    if not refused:
+        return ""
+    knob = KNOBS.get(rule.knob) if rule.knob else None
+    value = None if knob is None else trace.rule_config.knobs.get(knob.name)
+    at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} ({knob.help})"
+    rounds = f"all {len(able)} rounds" if len(able) > 1 else "the one round"
+    mismatches = f"all {refused} mismatches" if refused > 1 else "the one mismatch"
+    return (f"{rule.column_title} acted in none of its {len(trace.rounds)} rounds: in {rounds} it could act in, it "
+            f"refused {mismatches}{at}.")
 
 
 def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[float, float] | None,
@@ -326,6 +393,20 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
     if high < 1.0:
         return f"{measured}: slower, beyond the spread of its rounds' timings ({spread})."
     return f"{measured}: within the spread of its rounds' timings ({spread}), so not called a win or a loss."
+
+
+def ended_early(lossless: RunMetrics, lossy: RunMetrics) -> bool:
+    """The lossy run ended its answer (an end of text) before lossless SD's (metrics.ended_early, from the metrics)."""
+    return lossy.stop_reason == "eos" and lossy.new_tokens < lossless.new_tokens
+
+
+def _early_headline(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
+    """The headline of a run whose answer the rule ended before lossless SD's: said first, never a win."""
+    where = "" if lossy.first_divergence is None else f" at token {lossy.first_divergence + 1}"
+    how = (f"{rule_label} accepted the token its text ends with" if lossy.ended_by_rule
+           else f"{rule_label}'s text departs from lossless SD's{where} and stops sooner")
+    return (f"Ended the answer early ({lossy.new_tokens} tokens against {lossless.new_tokens}): {how}, so its fewer "
+            "target calls are no win.")
 
 
 def _calls_sentence(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:

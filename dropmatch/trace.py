@@ -11,7 +11,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 
-from .acceptance import KNOBS
+from .acceptance import KNOBS, LOSSY_END, lossy_reasons
 from .config import ConfigError, DecodeConfig, RuleConfig
 
 TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
@@ -168,6 +168,9 @@ class GenerationTrace:
     dtype: str = ""
     kernels: str = ""  # the CPU kernels the loader chose (PairServices.kernels); empty in runs written before
 
+    def __post_init__(self):
+        object.__setattr__(self, "rounds", with_lossy_end(tuple(self.rounds), self.stop_reason))
+
     @property
     def label(self) -> str:
         return "autoregressive" if self.mode == "ar" else self.rule
@@ -206,6 +209,23 @@ class GenerationTrace:
         for name in ("prompt_ids", "output_ids", "token_texts"):
             fields[name] = tuple(data[name])
         return GenerationTrace(**fields)
+
+
+def with_lossy_end(rounds: tuple[RoundTrace, ...], stop_reason: str) -> tuple[RoundTrace, ...]:
+    """The rounds of a run with the lossy acceptance its text ends with relabelled LOSSY_END: where the run stopped
+    at an end of text, the end of text itself, or the drafted token the target's own end of text follows, when
+    only the rule accepted it (lossless SD would not have ended there). Every trace is made through this, so an
+    engine's run, a run file's and a test's read alike; an end the exact test accepted keeps its reason."""
+    if stop_reason != "eos" or not rounds:
+        return rounds
+    last = rounds[-1]
+    end = len(last.emitted) - 1  # the end of text's place among the round's emitted tokens
+    lossy = set(lossy_reasons())
+    for i in (end, end - 1):  # the end of text when drafted, else the drafted token just before it
+        if 0 <= i < min(last.num_accepted, len(last.drafted)) and last.drafted[i].reason in lossy:
+            drafted = tuple(dataclasses.replace(d, reason=LOSSY_END) if j == i else d for j, d in enumerate(last.drafted))
+            return (*rounds[:-1], dataclasses.replace(last, drafted=drafted))
+    return rounds
 
 
 def _drafted_from_dict(data: dict) -> DraftedToken:

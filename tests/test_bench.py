@@ -171,7 +171,7 @@ def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_di
                     "accuracy", "within_reference", "distinct2", "band", "delta_target_nll",
                     "delta_off_nucleus_rate", "delta_distinct2"):
             assert key in point, key
-        assert set(point["band"]) == {"nll", "off_nucleus", "repetition"}, point["band"]
+        assert set(point["band"]) == {"nll", "off_nucleus", "repetition", "length"}, point["band"]
     assert {p["centroid"] for p in overall if p["rule"] == "dropmatch"} == {"probs", "logits"}
     reference = document["reference"]["target_sampled"]
     assert (reference["temperature"], reference["top_p"], reference["samples"]) == (0.7, 0.95, 2)
@@ -500,7 +500,7 @@ def test_under_greedy_lossless_sd_is_inside_the_band_and_a_loop_beyond_greedy_de
     from dropmatch.bench.tables import GREEDY_YARDSTICK, SAMPLED_YARDSTICK
 
     greedy = summarize_benchmark(band_result(0.0, own_distinct2=0.4, lossy_distinct2=0.3, samples_distinct2=0.9))
-    assert greedy["rules"]["lossless"]["band"] == {"nll": True, "off_nucleus": True, "repetition": True}
+    assert greedy["rules"]["lossless"]["band"] == {"nll": True, "off_nucleus": True, "repetition": True, "length": True}
     assert greedy["rules"]["lossless"]["within_reference"] is True
     assert greedy["rules"]["dropmatch"]["band"]["repetition"] is False  # 0.3 < 0.9 x 0.4
     assert greedy["reference"]["target_sampled"]["repetition_against"] == GREEDY_YARDSTICK

@@ -7,7 +7,7 @@ from fake_engine import FakeEngine
 from dropmatch.config import DecodeConfig, RuleConfig
 from dropmatch.engine import run_to_end
 from dropmatch.plots import all_figures
-from dropmatch.render import explain, step_html, text_html, token_spans
+from dropmatch.render import END_TEXT, explain, step_html, text_html, token_spans
 
 PROMPT = "one two three four five six seven eight nine ten"
 
@@ -24,7 +24,7 @@ def traces(rule: str = "dropmatch"):
 def test_every_emitted_token_gets_a_colour_and_the_text_reads_back():
     engine, lossless, lossy = traces()
     spans = token_spans(lossy.first_token, list(lossy.rounds), engine.services.token_text, engine.stop_ids)
-    assert "".join(text for text, _, _ in spans).strip() == PROMPT
+    assert "".join(text for text, _, _ in spans).strip() == PROMPT + END_TEXT  # the end of text is a new token too
     kinds = {kind for _, kind, _ in spans}
     assert {"first", "exact", "js", "correction"} <= kinds
     html = text_html(spans)

@@ -117,7 +117,10 @@ def verdicts(document: dict) -> list[str]:
         if not lossless or not lossy or not lossless["tau"]:
             continue
         gain = lossy["tau"] / lossless["tau"] - 1
-        parts = [f"tau {100 * gain:+.0f}% ({'meets' if gain >= 0.10 else 'misses'} the +10% bar)"]
+        early = lossy.get("ended_early_prompts")
+        bar = f"no win: it ended {early} answer{'s' if early > 1 else ''} early" if early else \
+            f"{'meets' if gain >= 0.10 else 'misses'} the +10% bar"
+        parts = [f"tau {100 * gain:+.0f}% ({bar})"]
         if lossy.get("speedup_vs_lossless") is not None:
             parts.append(f"{lossy['speedup_vs_lossless']:.2f}x lossless speed")
         reference = summary.get("reference", {}).get("target_sampled")
@@ -145,7 +148,18 @@ def verdicts(document: dict) -> list[str]:
             parts.append(f"accuracy {-drop:+.1f} points")
         p = "p = auto" if document.get("settings", {}).get("p") in (None, "auto") else f"p = {document['settings']['p']}"
         lines.append(f"{summary.get('label', name)}, DropMatch {p} vs lossless: " + "; ".join(parts) + ".")
-    return lines
+    return lines + [line for name, summary in document["benchmarks"].items() if (line := early_ends(name, summary))]
+
+
+def early_ends(name: str, summary: dict) -> str:
+    """The rules that ended answers (an end of text) before lossless SD's on a benchmark, with how many: a
+    shorter answer's fewer calls are no win ("" where none did)."""
+    ended = [f"{label} {s['ended_early_prompts']} ({100 * s['ended_early']:.0f}%)"
+             for label, s in summary["rules"].items() if s.get("ended_early_prompts")]
+    if not ended:
+        return ""
+    return (f"{summary.get('label', name)}: answers ended before lossless SD's (prompts, share): {', '.join(ended)}; "
+            "their fewer calls per token are no win.")
 
 
 REVERSED = {"leads": "trails", "trails": "leads", "ties": "ties"}

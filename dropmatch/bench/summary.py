@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from . import tables
 from ..acceptance import BASELINE
-from ..metrics import MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, mc_overhead, per_position_acceptance, pooled
+from ..metrics import (MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, ended_by_rule, ended_early, mc_overhead,
+                       per_position_acceptance, pooled)
+from ..quality import outside_on_length
 from .prompts import category_of
 from .running import PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
 
@@ -49,6 +51,7 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
             stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
                           for key in ("target_nll", "off_nucleus_rate", "distinct2")})
         stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
+        stats.update(ending_counts(result, pairs))
         stats["repetition_yardstick"] = own_greedy_distinct2(result, [i for i, _ in pairs])
         if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
             stats["identical_to_target_greedy"] = all(result.identical)
@@ -80,6 +83,20 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
                 weights = [r["tokens"] for r in rows if r.get("target_nll") is not None]
                 out["peers"][name]["target_nll"] = sum(n * w for n, w in zip(nll, weights)) / max(sum(weights), 1)
     return out
+
+
+def ending_counts(result: BenchmarkResult, pairs: list[tuple[int, object]]) -> dict:
+    """A rule's answers (prompt index, Generation) by how they end: ended_early, the share of prompts whose answer
+    ended (an end of text) before lossless SD's (None without lossless SD's runs); length_outside, the prompts
+    outside the band's length axis (quality.outside_on_length; None without the target's own samples)."""
+    lossless = result.runs.get(BASELINE)
+    early = [ended_early(g.trace, lossless[i].trace) for i, g in pairs if lossless and lossless[i] is not None]
+    aligned = len(result.reference) == len(result.items)  # per prompt (a merge of sets may lack some)
+    samples = [[len(s.trace.output_ids) for s in result.reference[i]] if aligned else [] for i, _ in pairs]
+    outside = [outside_on_length(len(g.trace.output_ids), lengths, ended_by_rule(g.trace))
+               for (_, g), lengths in zip(pairs, samples) if lengths]
+    return {"ended_early": sum(early) / len(early) if early else None, "ended_early_prompts": sum(early),
+            "length_outside": sum(outside) if outside else None}
 
 
 def task_score_note(rules: dict, ar: dict) -> str | None:
@@ -117,10 +134,11 @@ def own_greedy_distinct2(result: BenchmarkResult, indices: list[int]) -> float |
 
 
 def band_checks(stats: dict, reference: dict, distinct2_floor_from: float | None = None) -> dict[str, bool] | None:
-    """The band's three axes for a run: target NLL at or below the reference's, off-nucleus rate at
+    """The band's axes for a run: target NLL at or below the reference's, off-nucleus rate at
     most MAX_OFF_NUCLEUS, distinct-2 at least MIN_DISTINCT2_SHARE of the reference's (repetition), or
     of `distinct2_floor_from` where given (greedy runs: the target's own greedy text on the same
-    prompts, own_greedy_distinct2); None where the numbers are missing."""
+    prompts, own_greedy_distinct2), and, where the run's answers were measured against the samples'
+    (ending_counts), length; None where the numbers are missing."""
     if stats.get("target_nll") is None or reference.get("target_nll") is None:
         return None
     checks = {"nll": stats["target_nll"] <= reference["target_nll"],
@@ -128,6 +146,8 @@ def band_checks(stats: dict, reference: dict, distinct2_floor_from: float | None
     floor_from = reference.get("distinct2") if distinct2_floor_from is None else distinct2_floor_from
     if floor_from is not None and stats.get("distinct2") is not None:
         checks["repetition"] = stats["distinct2"] >= MIN_DISTINCT2_SHARE * floor_from
+    if stats.get("length_outside") is not None:  # no answer shorter than the samples' or ended by the rule
+        checks["length"] = stats["length_outside"] == 0
     return checks
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..acceptance import METHOD
 
 HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "off-nucleus",
-          "dist-2", "Δ NLL", "Δ off-nucleus", "Δ dist-2", "band", "overlap w/ lossless")
+          "dist-2", "Δ NLL", "Δ off-nucleus", "Δ dist-2", "band", "ended early", "overlap w/ lossless")
 
 # What a greedy run's repetition axis is judged against (summary.own_greedy_distinct2); sampled runs: the samples.
 GREEDY_YARDSTICK, SAMPLED_YARDSTICK = "the target's greedy text (lossless SD)", "the target's samples"
@@ -30,7 +30,7 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
         return f"{dash} ({summary['task_score_note']})" if summary.get("task_score_note") else f(value, 3)
 
     ar = summary["autoregressive"]
-    none = (dash,) * 4  # no deltas, no band
+    none = (dash,) * 5  # no deltas, no band, no early ends
     rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), "1.00x", dash, dash, dash,
              score(ar.get("accuracy")), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
              f(ar.get("distinct2"), 3), *none, dash)]
@@ -49,7 +49,8 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
                      score(s["accuracy"]), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
                      f(s["distinct2"], 3), signed(s.get("delta_target_nll"), 3, dash),
                      signed_points(s.get("delta_off_nucleus_rate"), dash), signed(s.get("delta_distinct2"), 3, dash),
-                     band_text(s.get("band"), dash), f(s.get("overlap_with_lossless"), 3)))
+                     band_text(s.get("band"), dash), percent(s.get("ended_early"), dash),
+                     f(s.get("overlap_with_lossless"), 3)))
     for shown in (summary.get("peers", {}).values() if peer else ()):
         rows.append((shown["name"], dash, dash, f(shown["tokens_per_s"], 1), dash,
                      f"ours/peer {f(shown['ours_over_peer'])}", dash, dash, dash, dash, dash, dash, *none, dash))

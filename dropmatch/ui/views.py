@@ -16,8 +16,8 @@ from ..plots import all_figures, frontier_figure
 from ..metrics import speed_ratio_interval, summarize
 from ..record import Downloads, RunRecord
 from ..config import DecodeConfig, RuleConfig
-from ..render import (cannot_act, explainer, lab_html, lab_summary_html, stats_html, step_html, text_html,
-                      token_spans, verdict)
+from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_summary_html, stats_html, step_html,
+                      text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
 from ..trace import GenerationTrace
@@ -220,13 +220,14 @@ def with_cannot_act(text: str, trace) -> str:
 
 
 def fix_view(trace) -> dict:
-    """The fix button under the verdict: shown with the settings it applies where the rule could not act."""
-    rule = RULES.get(trace.rule)
-    if not cannot_act(trace) or rule is None or not rule.authors_gamma:
+    """The fix button under the verdict: shown with the draft length it applies where too few of the run's rounds
+    drafted what the rule needs to act (render.draft_length_fix)."""
+    gamma = draft_length_fix(trace)
+    if gamma is None:
         return {"fix_button": gr.update(visible=False), "fix_settings": {}}
-    return {"fix_button": gr.update(visible=True, value=f"Use {rule.column_title}'s authors' draft length "
-                                                       f"(γ {rule.authors_gamma})"),
-            "fix_settings": {"gamma": str(rule.authors_gamma)}}
+    return {"fix_button": gr.update(visible=True, value=f"Use {RULES[trace.rule].column_title}'s authors' draft length "
+                                                       f"(γ {gamma})"),
+            "fix_settings": {"gamma": str(gamma)}}
 
 
 def early_stats(state, shown: set) -> dict:
