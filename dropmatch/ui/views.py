@@ -207,7 +207,8 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     spread = speed_ratio_interval(record.lossless, record.lossy)
     machine = f"recorded on {record.made}" if recorded_from and record.made else \
         "a recorded run's machine" if recorded_from else "this machine"
-    return with_cannot_act(f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine)}", record.lossy)
+    ar = None if record.ar is None else summarize(record.ar, record.alone_tokens_per_s)
+    return with_cannot_act(f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine, ar)}", record.lossy)
 
 
 def with_cannot_act(text: str, trace) -> str:
