@@ -124,6 +124,7 @@ def target_alone(engine, ids: list[int], decode: DecodeConfig) -> dict | None:
     without a transformers target (a test's model-free engine). Its first call is a warm-up, untimed."""
     if not hasattr(engine, "target"):
         return None
+
     def generate(prompt: list[int], budget: int) -> tuple[list[int], float]:
         return target_generate(engine.target, prompt, budget, engine.stop_ids, decode.temperature, decode.top_p,
                                decode.seed)
