@@ -319,6 +319,7 @@ def api_result(record: RunRecord, rule) -> dict:
         "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
                   "p_auto_reached": record.lossy.p_auto_reached, "settings": rule.to_mapping()},
         "autoregressive": None if record.ar is None else {"text": record.ar.text},
+        "target_alone": record.target_alone,  # transformers' generate() timed: every speedup_vs_ar's denominator
         "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
         "lab": record.lab,
     }
