@@ -1,8 +1,12 @@
-"""Lossless SD and a lossy rule on the same prompt, seed and pair, round by round.
+"""Lossless SD and a lossy rule on the same prompt, seed and pair, round by round, then the baselines.
 
 The two runs advance alternately so that a UI can show both columns growing together. Each
 run's times are measured inside the run (see Engine._finish), so alternating does not make
-either one look slower.
+either one look slower. One stopwatch: a short untimed run of each rule comes first (`warm_up`), so that
+one-time costs (first calls' allocations, kernels built on first use, cold caches) fall on neither column;
+each column is then timed end to end (prefill, p = auto's calibration, rounds). The target alone is what a
+user runs: transformers' generate() on the same loaded target (`target_alone`), timed after the engine's
+own autoregressive run (the third column, kept for its trace).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from .acceptance import RULES
 from .config import DecodeConfig, RuleConfig
 from .engine import run_to_end
 from .models import ensemble_assisted_generate, sequence_nll
+from .models.peer import target_generate
 from .trace import GenerationTrace, RoundTrace
 
 
@@ -48,6 +53,7 @@ class Comparison:
     lossy: Column
     ar: GenerationTrace | None = None
     phase: str = "running"  # running | baseline | peer | done | stopped
+    target_alone: dict | None = None  # transformers' generate() on the target, timed: {"tokens", "seconds"}
     peer: dict | None = None  # transformers' own run of the rule, where it has one (static_ensemble_peer)
 
 
@@ -75,6 +81,7 @@ def compare_stream(
     def stopped() -> bool:
         return stop_event is not None and stop_event.is_set()
 
+    warm_up(engine, ids, decode, [RuleConfig("lossless"), rule], stop_event)
     active = dict(runs)
     while active:
         for name in list(active):
@@ -89,12 +96,41 @@ def compare_stream(
         state.phase = "baseline"
         yield state
         state.ar = run_to_end(engine.autoregressive(ids, decode, stop_event))
+        state.target_alone = None if stopped() else target_alone(engine, ids, decode)
     if RULES[rule.rule].peer and hasattr(engine, "target") and not stopped():
         state.phase = "peer"
         yield state
         state.peer = static_ensemble_peer(engine, ids, decode, rule)
     state.phase = "stopped" if stopped() else "done"
     yield state
+
+
+WARM_UP_PROMPT, WARM_UP_TOKENS = 64, 4  # the prompt's first tokens and the budget the warm-up runs
+
+
+def warm_up(engine, ids: list[int], decode: DecodeConfig, rules: list[RuleConfig],
+            stop_event: threading.Event | None = None) -> None:
+    """One short untimed run of each rule on the prompt's first WARM_UP_PROMPT tokens, before either column's
+    clock starts: the first call into the models pays one-time costs (on the first run after loading: 2.05 s
+    of prefill against 0.19 s), and which column pays them must not decide the speed comparison."""
+    short = replace(decode, max_new_tokens=min(WARM_UP_TOKENS, decode.max_new_tokens))
+    for rule in rules:
+        run_to_end(engine.speculative(ids[:WARM_UP_PROMPT], short, rule, stop_event))
+
+
+def target_alone(engine, ids: list[int], decode: DecodeConfig) -> dict | None:
+    """transformers' generate() on the engine's loaded target (models.peer.target_generate: the same prompt,
+    budget, stop tokens, temperature, top-p and seed), timed: {"tokens", "seconds"}; None for an engine
+    without a transformers target (a test's model-free engine). Its first call is a warm-up, untimed."""
+    if not hasattr(engine, "target"):
+        return None
+
+    def generate(prompt: list[int], budget: int) -> tuple[list[int], float]:
+        return target_generate(engine.target, prompt, budget, engine.stop_ids, decode.temperature, decode.top_p,
+                               decode.seed)
+    generate(ids[:WARM_UP_PROMPT], min(WARM_UP_TOKENS, decode.max_new_tokens))
+    tokens, seconds = generate(ids, decode.max_new_tokens)
+    return {"tokens": len(tokens), "seconds": seconds}
 
 
 def peer_weight(rule: RuleConfig) -> float:

@@ -62,6 +62,17 @@ def resample_picks(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
+def block_picks(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """[resamples, n] indices of one run's n rounds redrawn in contiguous blocks (circular block bootstrap):
+    blocks of round(sqrt(n)) neighbouring rounds from random starts, wrapping past the last, cut to n.
+    Neighbouring rounds are not independent (the same stretch of text, the machine's state); wrapping keeps
+    every round equally likely, so a resample's expected sum is the run's own."""
+    block = max(1, round(n ** 0.5))
+    blocks = -(-n // block)
+    starts = np.random.default_rng(seed).integers(0, n, size=(resamples, blocks, 1))
+    return ((starts + np.arange(block)) % n).reshape(resamples, blocks * block)[:, :n]
+
+
 def trajectory_gains(rows: list[dict], baseline: str, seed: int = 0) -> dict[str, dict]:
     """One prompt set of a trajectory run (bench --json "prompts"[set]: per prompt, {run label: {"emitted",
     "rounds", "wall_s", ...}}) -> {run label: {"tau_gain": {value, low, high, standing}, "speed": {value,

@@ -8,10 +8,12 @@ each function's docstring says what it reads from the trace.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from .acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
+from .intervals import block_picks
 from .quality import distinct2
 from .recording import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
 from .trace import GenerationTrace
@@ -49,7 +51,7 @@ class RunMetrics:
     lossy_count: int
     target_nll: float | None = None
     off_nucleus_rate: float | None = None
-    speedup_vs_ar: float | None = None
+    speedup_vs_ar: float | None = None  # against the target alone: transformers' generate()
     speedup_vs_lossless: float | None = None
     first_divergence: int | None = None
     distinct2: float | None = None  # distinct bigrams / bigrams of the output (repetition)
@@ -178,33 +180,42 @@ SPREAD_DRAWS, SPREAD_LEVEL, MIN_SPREAD_ROUNDS = 2000, 0.95, 5
 
 def speed_ratio_interval(lossless: GenerationTrace, lossy: GenerationTrace,
                          seed: int = 0) -> tuple[float, float] | None:
-    """The spread of this run's speed comparison, measured from the run itself: the SPREAD_LEVEL interval of
-    (lossy tokens/s) / (lossless tokens/s) over SPREAD_DRAWS resamplings of each column's rounds (with
-    replacement; a round's emitted tokens over its seconds). None when a column has too few rounds to say.
-    A ratio is called faster or slower only when its whole interval lies on one side of 1."""
-    columns = [[(len(r.emitted), r.t_round) for r in trace.rounds] for trace in (lossless, lossy)]
-    if any(len(rounds) < MIN_SPREAD_ROUNDS for rounds in columns):
+    """The spread of this run's speed comparison, measured from the run itself, of the figure the page shows:
+    (lossy tokens/s) / (lossless tokens/s), each end to end (tokens_per_s: output / t_total). Its SPREAD_LEVEL
+    interval over SPREAD_DRAWS resamples of each column: the prefill and p = auto's calibration (and the
+    prefill's token) carried as they were measured, the rounds redrawn in contiguous blocks (circular block
+    bootstrap, intervals.block_picks): neighbouring rounds share the text and the machine's state, so they
+    are not independent draws. None when a column has too few rounds to say. A ratio is called faster or
+    slower only when its whole interval lies on one side of 1."""
+    if any(len(trace.rounds) < MIN_SPREAD_ROUNDS for trace in (lossless, lossy)):
         return None
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(SPREAD_DRAWS):
-        speeds = []
-        for rounds in columns:
-            drawn = [rounds[rng.randrange(len(rounds))] for _ in rounds]
-            seconds = sum(t for _, t in drawn)
-            speeds.append(sum(n for n, _ in drawn) / seconds if seconds > 0 else 0.0)
-        if speeds[0] > 0:
-            ratios.append(speeds[1] / speeds[0])
-    if not ratios:
+    speeds = [_resampled_speeds(trace, seed + i) for i, trace in enumerate((lossless, lossy))]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = speeds[1] / speeds[0]
+    ratios = ratios[np.isfinite(ratios)]
+    if not ratios.size:
         return None
-    ratios.sort()
-    tail = (1 - SPREAD_LEVEL) / 2
-    return ratios[int(tail * (len(ratios) - 1))], ratios[int((1 - tail) * (len(ratios) - 1))]
+    tail = 100 * (1 - SPREAD_LEVEL) / 2
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _resampled_speeds(trace: GenerationTrace, seed: int) -> np.ndarray:
+    """[SPREAD_DRAWS] tokens/s of `trace` with its rounds redrawn in blocks and its fixed part (what is not a
+    round: prefill, calibration, the prefill's token) kept: the point (tokens_per_s) is the same sum undrawn."""
+    emitted = np.array([len(r.emitted) for r in trace.rounds], dtype=float)
+    seconds = np.array([r.t_round for r in trace.rounds], dtype=float)
+    fixed_tokens, fixed_seconds = len(trace.output_ids) - emitted.sum(), trace.t_total - seconds.sum()
+    picks = block_picks(len(emitted), seed, SPREAD_DRAWS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (fixed_tokens + emitted[picks].sum(1)) / (fixed_seconds + seconds[picks].sum(1))
 
 
 def summarize(
-    trace: GenerationTrace, ar: GenerationTrace | None = None, lossless: GenerationTrace | None = None
+    trace: GenerationTrace, alone_tokens_per_s: float | None = None, lossless: GenerationTrace | None = None
 ) -> RunMetrics:
+    """A run's numbers; speedup_vs_ar against `alone_tokens_per_s`, the target alone as a user runs it
+    (transformers' generate() on the same target, prompt and budget: compare.target_alone), None without it."""
     accepted, drafted = acceptance_counts(trace)
     draft_s = sum(r.t_draft for r in trace.rounds)
     verify_s = sum(r.t_forward for r in trace.rounds)
@@ -234,7 +245,7 @@ def summarize(
         lossy_share=lossy_share(trace), lossy_count=lossy_count(trace),
         target_nll=target_nll(trace),
         off_nucleus_rate=off_nucleus_rate(trace),
-        speedup_vs_ar=_ratio(speed, tokens_per_s(ar)) if ar is not None else None,
+        speedup_vs_ar=_ratio(speed, alone_tokens_per_s) if alone_tokens_per_s else None,
         speedup_vs_lossless=_ratio(speed, tokens_per_s(lossless)) if lossless is not None else None,
         first_divergence=first_divergence(trace, lossless) if lossless is not None else None,
         distinct2=distinct2(trace.output_ids),

@@ -54,19 +54,30 @@ class RunRecord:
     # only: a run file does not keep it (a recorded run shows no peer row).
     peer: dict | None = None
     made: str = ""  # where and when it was recorded: "<CPU or GPU>, <cores> cores, <date>" (machine_line)
+    # transformers' generate() on the same target, prompt and budget, timed (compare.target_alone): {"tokens",
+    # "seconds"}, the denominator of "vs the target alone"; None where it did not run (no speedup is shown).
+    target_alone: dict | None = None
 
     def token_text(self, token: int) -> str:
         return self.tokens.get(token, f"<{token}>")
 
+    @property
+    def alone_tokens_per_s(self) -> float | None:
+        """The target alone's tokens/s (transformers' generate()), None where it did not run."""
+        alone = self.target_alone
+        return alone["tokens"] / alone["seconds"] if alone and alone["seconds"] > 0 else None
+
     def metrics(self):
         """(lossless, lossy) RunMetrics."""
-        return summarize(self.lossless, ar=self.ar), summarize(self.lossy, ar=self.ar, lossless=self.lossless)
+        return (summarize(self.lossless, self.alone_tokens_per_s),
+                summarize(self.lossy, self.alone_tokens_per_s, lossless=self.lossless))
 
     def to_dict(self) -> dict:
         return {"format": RUN_FORMAT, "version": RUN_VERSION, "prompt": self.prompt, "rule": self.rule,
                 "p_auto": self.p_auto, "lossless": self.lossless.to_dict(), "lossy": self.lossy.to_dict(),
                 "autoregressive": self.ar.to_dict() if self.ar else None,
-                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab, "made": self.made}
+                "tokens": {str(k): v for k, v in self.tokens.items()}, "lab": self.lab, "made": self.made,
+                "target_alone": self.target_alone}
 
     @staticmethod
     def from_dict(data) -> "RunRecord":
@@ -78,14 +89,15 @@ class RunRecord:
             raise ConfigError(f"this run was written in format version {data.get('version')!r:.40}; this app "
                               f"reads versions {', '.join(map(str, READ_VERSIONS))}: record it again")
         try:
-            data = {"made": "", **data,
+            data = {"made": "", "target_alone": None, **data,
                     **{name: upgraded_dict(data.get(name)) for name in ("lossless", "lossy", "autoregressive")}}
             _check_run(data)
             ar = data["autoregressive"]
             return RunRecord(data["prompt"], data["rule"], data["p_auto"],
                              GenerationTrace.from_dict(data["lossless"]), GenerationTrace.from_dict(data["lossy"]),
                              None if ar is None else GenerationTrace.from_dict(ar),
-                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"), made=data["made"])
+                             {int(k): v for k, v in data["tokens"].items()}, data.get("lab"), made=data["made"],
+                             target_alone=data["target_alone"])
         except RemovedOptionError:
             raise
         except (SchemaError, KeyError, TypeError, ValueError) as error:
@@ -93,7 +105,8 @@ class RunRecord:
 
 
 RUN_FIELDS = {"format": str, "version": int, "prompt": str, "rule": str, "p_auto": bool, "lossless": GenerationTrace,
-              "lossy": GenerationTrace, "autoregressive": GenerationTrace | None, "tokens": dict, "lab": dict | None, "made": str}
+              "lossy": GenerationTrace, "autoregressive": GenerationTrace | None, "tokens": dict, "lab": dict | None, "made": str,
+              "target_alone": dict | None}
 
 
 def _check_run(data: dict) -> None:
@@ -112,6 +125,10 @@ def _check_run(data: dict) -> None:
             raise SchemaError(f"tokens: {key!r:.40} is not a token id with its text")
     if data["lab"] is not None:
         check_lab(data["lab"], REASONS)
+    alone = data["target_alone"]
+    if alone is not None and not (set(alone) == {"tokens", "seconds"} and type(alone["tokens"]) is int
+                                  and type(alone["seconds"]) in (int, float) and alone["tokens"] >= 0 and alone["seconds"] >= 0):
+        raise SchemaError("target_alone: not {\"tokens\": a count, \"seconds\": a time}")
 
 
 def read_recorded_run(path, max_bytes: int = MAX_RUN_FILE_BYTES) -> RunRecord:
@@ -176,7 +193,7 @@ def record_of(state, engine) -> RunRecord:
     matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
     p_auto = state.rule.p is None and state.rule.uses_paths  # only a rule that reads p has p = auto
     return RunRecord(state.prompt, state.rule.rule, p_auto, lossless, lossy, ar, tokens, matrix,
-                     state.peer, machine_line())
+                     state.peer, machine_line(), state.target_alone)
 
 
 def machine_line() -> str:

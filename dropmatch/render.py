@@ -280,16 +280,19 @@ def _signed(value, digits: int = 3) -> str:
 
 
 def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
-            speed_interval: tuple[float, float] | None = None, machine: str = "this machine") -> str:
+            speed_interval: tuple[float, float] | None = None, machine: str = "this machine",
+            ar: RunMetrics | None = None) -> str:
     """The comparison in plain sentences: a headline of at most 30 words (target calls per token against
     lossless SD, and whether the text changed), then, in a paragraph of its own, the details,
     machine-independent facts first: the counts and tau, the tokens only the rule accepted, the text's
     change as the target sees it; then this run's wall clock, labelled as one run on `machine` (this one,
     or where a recorded run was made), and
     called faster or slower only beyond the spread the run itself shows (speed_interval:
-    metrics.speed_ratio_interval, from resampling each column's rounds); and, when both SD columns ran
-    slower than the target alone, that they did. A run whose answer ended before lossless SD's (ended_early)
-    says so as its first words, with both lengths, and is never called a win."""
+    metrics.speed_ratio_interval: blocks of each column's rounds resampled, prefill and calibration kept); the
+    target alone (transformers' generate(), speedup_vs_ar) against both columns and the engine's own
+    autoregressive run (`ar`, the third column), where it ran; and, when both SD columns ran slower than
+    the target alone, that they did. A run whose answer ended before lossless SD's (ended_early) says so as
+    its first words, with both lengths, and is never called a win."""
     early = ended_early(lossless, lossy)
     headline = _early_headline(lossless, lossy, rule_label) if early else \
         f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
@@ -304,8 +307,13 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     slower = [m.speedup_vs_ar for m in (lossless, lossy)]
     if all(x is not None and x < 1.0 for x in slower):
         sentences.append(f"Both SD columns ran slower than the target alone here ({slower[0]:.2f}x and "
-                         f"{slower[1]:.2f}x): drafting and verifying cost more than the tokens the rounds added (short "
-                         "rounds, a small target, or a busy machine).")
+                         f"{slower[1]:.2f}x), as transformers' generate() runs it on the same target: drafting and "
+                         "verifying cost more than the tokens the rounds added (short rounds, a small target, or a "
+                         "busy machine).")
+    elif all(x is not None for x in slower):
+        own = f"; the engine's own autoregressive run {ar.speedup_vs_ar:.2f}x" if ar and ar.speedup_vs_ar else ""
+        sentences.append(f"Against the target alone (transformers' generate() on the same target): lossless SD "
+                         f"{slower[0]:.2f}x, {rule_label} {slower[1]:.2f}x{own}.")
     return headline + "\n\n" + " ".join(sentences)
 
 
@@ -387,7 +395,8 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
     if interval is None:
         return measured + " (too few rounds to measure their spread, so not called a win or a loss)."
     low, high = interval
-    spread = f"{low:.2f}x-{high:.2f}x, the 95% interval of the ratio from resampling each column's rounds"
+    spread = (f"{low:.2f}x-{high:.2f}x, the 95% interval of the ratio, end to end, from resampling blocks of each "
+              "column's rounds")
     if low > 1.0:
         return f"{measured}: faster, beyond the spread of its rounds' timings ({spread})."
     if high < 1.0:
@@ -464,7 +473,7 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
         ("wall time", num(m.wall_s, 2, " s")),
         ("time: draft / verify / head / MC", f"{m.draft_s:.2f} / {m.verify_s:.2f} / {m.head_s:.2f} / {m.mc_s:.2f} s"),
         ("MC-head share", pct(m.mc_overhead)),
-        ("speedup vs autoregressive", num(m.speedup_vs_ar, 2, "x")),
+        ("speedup vs the target alone (generate())", num(m.speedup_vs_ar, 2, "x")),
         ("target NLL (nats/token)", num(m.target_nll, 3)),
         ("off the target's top-p 0.95 nucleus", pct(m.off_nucleus_rate)),
         ("distinct-2 (repetition: lower repeats more)", num(m.distinct2, 3)),

@@ -38,7 +38,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
                    lossless: GenerationTrace | None = None) -> dict:
     """One column: its first token, its rounds, and the run's own metrics the counters must end at."""
     stop_ids, lossy = _stop_ids(trace), set(lossy_reasons())
-    metrics = summarize(trace, ar=record.ar, lossless=lossless)
+    metrics = summarize(trace, record.alone_tokens_per_s, lossless=lossless)
     first = None if trace.first_token in stop_ids else _text(record, trace.first_token)
     return {
         "label": label,

@@ -1,13 +1,15 @@
-"""Time DropMatch through transformers' door against transformers' own assisted generation: one pair, one draft.
+"""Time DropMatch through transformers' door against the target alone (plain generate()) and transformers'
+own assisted generation: one pair, one draft.
 
     .venv/bin/python scripts/generate_speed.py                       # 3 dev prompts, 96 new tokens, 5 runs each
     .venv/bin/python scripts/generate_speed.py --prompts 6 --threads 2
 
 The embedded pair as plain transformers models (dropmatch.models.load_embedded_models, CPU), greedy, on the
 dev set's written prompts (dropmatch.bench.prompts.DEV_PROMPTS, through the chat template). Per prompt: one
-untimed call of each method, then `--runs` rounds of the three calls in a rotating order; each method's
-median seconds, and the ratio of medians within the prompt (so a slower or busier stretch of the machine
-weighs on all three alike). The methods:
+untimed call of each method, then `--runs` rounds of the four calls in a rotating order; each method's
+median seconds, and the ratio of medians to plain generate()'s within the prompt (so a slower or busier
+stretch of the machine weighs on all four alike). The methods:
+  generate      target.generate(): the target alone, what a user runs without a draft (every speedup's base)
   transformers  target.generate(assistant_model=draft): transformers' assisted generation, its own draft-length
                 schedule (what a user gets)
   lossless      generate(custom_generate=<the Hub folder, staged now>, dropmatch_rule="lossless"): gamma = auto
@@ -28,13 +30,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("transformers", "lossless", "DropMatch")
+METHODS = ("generate", "transformers", "lossless", "DropMatch")
 
 
 def method_kwargs(method: str, draft, folder: Path) -> dict:
     """generate()'s keywords for one method (greedy throughout); folder: the staged Hub repository."""
     ours = dict(custom_generate=str(folder), trust_remote_code=True)
-    return {"transformers": dict(assistant_model=draft),
+    return {"generate": {}, "transformers": dict(assistant_model=draft),
             "lossless": dict(assistant_model=draft, dropmatch_rule="lossless", **ours),
             "DropMatch": dict(assistant_model=draft, **ours)}[method]
 
@@ -52,29 +54,31 @@ def measure_prompt(target, draft, folder: Path, inputs, max_new_tokens: int, run
     """{method: (median seconds, new tokens)} for one prompt: a warm-up call each, then `runs` rotating rounds."""
     kwargs = {method: method_kwargs(method, draft, folder) for method in METHODS}
     texts = {method: timed(target, inputs, max_new_tokens, kwargs[method])[1] for method in METHODS}
-    if texts["lossless"] != texts["transformers"]:
+    if not texts["lossless"] == texts["transformers"] == texts["generate"]:
         raise SystemExit("lossless through custom_generate wrote another text than transformers' greedy: not lossless")
     seconds: dict[str, list[float]] = {method: [] for method in METHODS}
     for run in range(runs):
-        for method in METHODS[run % 3:] + METHODS[: run % 3]:
+        for method in METHODS[run % len(METHODS):] + METHODS[: run % len(METHODS)]:
             seconds[method].append(timed(target, inputs, max_new_tokens, kwargs[method])[0])
     return {method: (statistics.median(seconds[method]), len(texts[method])) for method in METHODS}
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
-    """The markdown table: per prompt the medians and the ratios, then the geometric means of the ratios."""
-    lines = ["| prompt | new tokens | transformers assisted (s) | lossless (s) | speedup | DropMatch p 0.3 (s) | speedup |",
-             "|---|---|---|---|---|---|---|"]
-    ratios: dict[str, list[float]] = {"lossless": [], "DropMatch": []}
+    """The markdown table: per prompt plain generate()'s median, then each method's and its speedup over it
+    (generate()'s seconds / the method's), then the geometric means of the speedups."""
+    lines = ["| prompt | new tokens | generate() (s) | transformers assisted (s) | speedup | lossless (s) | speedup "
+             "| DropMatch p 0.3 (s) | speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[str, list[float]] = {method: [] for method in METHODS[1:]}
     for prompt, found in rows:
-        base = found["transformers"][0]
+        base = found["generate"][0]
+        cells = []
         for method in ratios:
             ratios[method].append(base / found[method][0])
+            cells.append(f"{found[method][0]:.2f} | {ratios[method][-1]:.2f}x")
         lines.append(f"| {prompt[:48]} | {found['lossless'][1]} / {found['DropMatch'][1]} | {base:.2f} | "
-                     f"{found['lossless'][0]:.2f} | {ratios['lossless'][-1]:.2f}x | {found['DropMatch'][0]:.2f} | "
-                     f"{ratios['DropMatch'][-1]:.2f}x |")
+                     + " | ".join(cells) + " |")
     mean = {method: math.exp(statistics.fmean(map(math.log, values))) for method, values in ratios.items()}
-    lines.append(f"| geometric mean | | | | **{mean['lossless']:.2f}x** | | **{mean['DropMatch']:.2f}x** |")
+    lines.append("| geometric mean | | | " + " | ".join(f"| **{mean[method]:.2f}x**" for method in ratios) + " |")
     return "\n".join(lines)
 
 

@@ -38,7 +38,9 @@ def test_compare_endpoint_needs_only_a_prompt(running_app):
     for side in ("lossless", "lossy"):
         metrics = result[side]["metrics"]
         assert metrics["tau"] > 1.0 and 0.0 < metrics["acceptance_rate"] <= 1.0
-        assert metrics["speedup_vs_ar"] is not None
+        # vs the target alone is over transformers' generate(), which a model-free engine has not got (the tiny
+        # models' run: test_stopwatch.test_the_apps_speed_against_the_target_alone_reads_generates_rate)
+        assert metrics["speedup_vs_ar"] is None
     # the API reports the engine's own numbers: the same as summarising the engine's runs directly
     from dropmatch.compare import compare_stream
     from dropmatch.config import Settings

@@ -87,7 +87,7 @@ def test_under_sampling_the_peer_is_transformers_static_ensemble_at_our_ensemble
                                 "--json", str(out_json))
     assert status == 0, stderr[-2000:]
     peers = json.loads(out_json.read_text())["benchmarks"]["gsm8k_test_100"]["peers"]
-    assert set(peers) == {"ensemble_assisted"}
+    assert set(peers) == {"generate", "ensemble_assisted"}  # and the target alone, sampled as the run
     peer = peers["ensemble_assisted"]
     assert peer["against"] == "ensemble" and "assistant_ensemble_weight" in peer["name"]
     assert peer["tokens_per_s"] > 0 and peer["ours_over_peer"] > 0 and 0 < peer["target_nll"] < 50
@@ -124,7 +124,7 @@ def test_the_command_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert rules["lossless"]["mc_overhead"] is None and rules["dropmatch"]["mc_overhead"] is not None
     gsm8k = document["benchmarks"]["gsm8k_test_100"]
     assert gsm8k["rules"]["lossless"]["accuracy"] is not None
-    assert set(gsm8k["peers"]) == {"assisted", "prompt_lookup"}
+    assert set(gsm8k["peers"]) == {"generate", "assisted", "prompt_lookup"}
     assert all(peer["identical_to_lossless"] is True for peer in gsm8k["peers"].values())
     assert "dropmatch@p=0.3" in gsm8k["rules"]
     assert len(document["prompts"]["mt_bench"]) == 2

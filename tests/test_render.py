@@ -120,7 +120,10 @@ def _timed_trace(seconds_per_round: list[float], tokens: int = 2):
     template = lossless.rounds[0]
     rounds = tuple(dataclasses.replace(template, index=i, emitted=(template.emitted[0],) * tokens, t_round=t)
                    for i, t in enumerate(seconds_per_round))
-    return dataclasses.replace(lossless, rounds=rounds)
+    # consistent end to end (what the interval resamples): no prefill time, every round's tokens in the output
+    output = (lossless.output_ids[0],) + tuple(token for r in rounds for token in r.emitted)
+    return dataclasses.replace(lossless, rounds=rounds, output_ids=output, t_prefill=0.0, t_calibration=0.0,
+                               t_total=sum(seconds_per_round))
 
 
 def test_the_speed_interval_comes_from_resampling_each_columns_rounds():
@@ -129,7 +132,7 @@ def test_the_speed_interval_comes_from_resampling_each_columns_rounds():
     steady, twice = _timed_trace([0.1] * 20), _timed_trace([0.05] * 20)
     low, high = speed_ratio_interval(steady, twice)
     assert abs(low - 2.0) < 1e-9 and abs(high - 2.0) < 1e-9  # no spread: exactly twice as fast
-    noisy = _timed_trace([0.02, 0.18] * 10)  # as fast on average, round by round very uneven
+    noisy = _timed_trace(([0.02] * 5 + [0.18] * 5) * 2)  # as fast on average, in very uneven stretches
     low, high = speed_ratio_interval(steady, noisy)
     assert low < 1.0 < high  # rounds this uneven cannot tell the two apart
     assert speed_ratio_interval(_timed_trace([0.1] * 3), twice) is None

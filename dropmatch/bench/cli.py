@@ -18,7 +18,9 @@ Task scores show only where lossless SD scores above zero; labels say how many o
 "frontier"). --same-drafts adds the comparison on the same drafts: lossless SD once per prompt (at the
 Studio's draft policy and at a long fixed draft, --same-drafts-gamma), its drafts re-judged under every rule
 of the run's mode with the rule lab's code, with 95% bootstrap intervals over prompts (JSON key
-"same_drafts"); --same-drafts-only runs that comparison alone. --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' assisted
+"same_drafts"); --same-drafts-only runs that comparison alone. --p-sweep adds DropMatch at fixed dropout rates; --peer times transformers' plain
+generate() on the target (JSON benchmarks[set]["peers"]["generate"]: the target alone, the "vs AR" column's
+denominator; without --peer that column reads the engine's own autoregressive loop and says so), its assisted
 generation and prompt-lookup decoding (greedy) or its static ensemble (sampling, with --rules ensemble); --report writes one self-contained HTML page. Ctrl-C stops and keeps the results so far.
 """
 
@@ -111,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", default=DEFAULTS.top_p)
     parser.add_argument("--seed", default=DEFAULTS.seed)
     parser.add_argument("--peer", action="store_true",
-                        help="also run transformers' peers: greedy, assisted generation and prompt lookup; sampling, "
-                             "its static ensemble at our ensemble rule's weight")
+                        help="also run transformers' peers: its plain generate() on the target (the target alone: "
+                             "the denominator of every 'vs AR' figure); greedy, assisted generation and prompt lookup; "
+                             "sampling, its static ensemble at our ensemble rule's weight")
     parser.add_argument("--json", default=None, help="write every number and text here")
     parser.add_argument("--report", default=None, help="write a self-contained HTML report here")
     parser.add_argument("--markdown", default=None, help="write the results table (Markdown) here")
@@ -230,7 +233,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     started = time.time()
     results, interrupted = [], False
     if not args.same_drafts_only:
-        warm_up(engine, decode, runs)
+        warm_up(engine, decode, runs, peer_runs(args.peer, decode))
         results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
         results = [r for r in results if r.items]
     same = None

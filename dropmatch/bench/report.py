@@ -14,7 +14,8 @@ from plotly.subplots import make_subplots
 from ..acceptance import BASELINE, METHOD
 from ..plots import frontier_figure
 from .tables import (CATEGORY_HEADER, HEADER, SAME_DRAFTS_HEADER, band_text, category_rows,
-                     gain_text, same_drafts_caption, same_drafts_rows, signed, signed_points, summary_rows)
+                     gain_text, same_drafts_caption, same_drafts_rows, signed, signed_points, summary_rows,
+                     vs_ar_caption)
 
 TRAJECTORIES = ("Each rule's own text: every rule decodes each prompt; after its first lossy token it writes another "
                 "text with other drafts, so its tau and speed measure the rule and the text it led to.")
@@ -104,7 +105,8 @@ def _table(document: dict) -> str:
         if rows:
             tables.append(f"<h3>{html.escape(summary.get('label', name))} by category</h3>"
                           + _html_table(CATEGORY_HEADER, rows))
-    return f"<h2>Each rule's own text</h2><p>{html.escape(TRAJECTORIES)}</p>" + "\n".join(tables)
+    caption = f"{TRAJECTORIES} {vs_ar_caption(*document['benchmarks'].values())}."
+    return f"<h2>Each rule's own text</h2><p>{html.escape(caption)}</p>" + "\n".join(tables)
 
 
 def verdicts(document: dict) -> list[str]:
@@ -253,7 +255,8 @@ def write_report(document: dict, path: Path) -> None:
     figures = [
         _bars(document, "tau", "Mean acceptance length tau (tokens per target call)", "tau"),
         _bars(document, "acceptance_rate", "Acceptance rate of drafted tokens", "%", percent=True),
-        _bars(document, "speedup_vs_ar", "Speedup over autoregressive decoding (tokens/s ratio)", "x"),
+        _bars(document, "speedup_vs_ar", "Speedup over the target alone (tokens/s ratio; "
+              f"{vs_ar_caption(*document['benchmarks'].values())})", "x"),
         _bars(document, "speedup_vs_lossless", "Speed relative to lossless SD", "x"),
         _bars(document, "mc_overhead", "MC-head share of a verification round", "%", percent=True),
         _bars(document, "accuracy", "Accuracy (GSM8K exact match, HumanEval pass@1, IFEval instructions followed)", "score"),
@@ -314,7 +317,8 @@ def markdown_table(document: dict) -> str:
     if document["benchmarks"]:
         rows = [(summary.get("label", name) if i == 0 else "", *row[:-1])  # no overlap column
                 for name, summary in document["benchmarks"].items() for i, row in enumerate(summary_rows(summary))]
-        lines += ["", f"**{TRAJECTORIES}**", "", *_markdown(("benchmark", *HEADER[:-1]), rows)]
+        lines += ["", f"**{TRAJECTORIES} {vs_ar_caption(*document['benchmarks'].values())}.**", "",
+                  *_markdown(("benchmark", *HEADER[:-1]), rows)]
     for name, summary in document["benchmarks"].items():
         rows = category_rows(summary)
         if rows:

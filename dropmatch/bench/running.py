@@ -13,7 +13,9 @@ from ..config import ConfigError, DecodeConfig, RuleConfig
 from ..engine import run_to_end
 from ..models import (assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
                       prompt_lookup_generate, sequence_nll)
+from ..models.peer import target_generate
 from .prompts import Item, score
+from .tables import GENERATE
 
 
 REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.7, 0.95  # the target's own samples: the reference band
@@ -189,6 +191,11 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
         progress()
 
 
+def _generate(engine, ids, decode: DecodeConfig):
+    return target_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids, decode.temperature,
+                           decode.top_p, decode.seed)
+
+
 def _assisted(engine, ids, decode: DecodeConfig):
     return assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
                              None if decode.gamma_auto else decode.gamma, engine.stop_ids)
@@ -214,24 +221,29 @@ def _peer_quality(engine, ids, tokens: list[int], decode: DecodeConfig) -> dict:
 
 
 # The peers --peer times on the same prompts, in the same process, right after our runs of each prompt:
-# key -> (the name reports show, the timed run). Greedy: held against lossless SD.
+# key -> (the name reports show, the timed run). Greedy: held against lossless SD. GENERATE, the target alone
+# as a user runs it, runs greedy or sampled as the run: every "vs AR" figure's denominator (summary.py).
 PEERS = {"assisted": ("transformers assisted generation", _assisted),
          "prompt_lookup": ("transformers prompt-lookup decoding", _prompt_lookup)}
 ENSEMBLE_PEER = "ensemble_assisted"
-PEER_NAMES = {**{key: shown for key, (shown, _) in PEERS.items()},
+PEER_NAMES = {GENERATE: "transformers generate() (the target alone)",
+              **{key: shown for key, (shown, _) in PEERS.items()},
               ENSEMBLE_PEER: "transformers assisted generation, static ensemble (assistant_ensemble_weight)"}
 
 
 def active_peers(decode: DecodeConfig, runs) -> dict:
     """key -> (shown name, timed run(engine, ids, decode), the label of our run it is held against).
-    Greedy: transformers' assisted generation and prompt lookup, against lossless SD. Sampling: transformers'
-    static ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
+    Always transformers' plain generate() (greedy or sampled as the run), against lossless SD. Greedy:
+    transformers' assisted generation and prompt lookup, against lossless SD. Sampling: transformers' static
+    ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
+    alone = {GENERATE: (PEER_NAMES[GENERATE], _generate, "lossless")}
     if decode.greedy:
-        return {key: (shown, generate, "lossless") for key, (shown, generate) in PEERS.items()}
+        return {**alone, **{key: (shown, generate, "lossless") for key, (shown, generate) in PEERS.items()}}
     ensemble = next((run for run in runs if RULES[run.rule.rule].peer == ENSEMBLE_PEER and run.knob is None), None)
     if ensemble is None:
-        return {}
-    return {ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(peer_weight(ensemble.rule)), ensemble.label)}
+        return alone
+    return {**alone, ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(peer_weight(ensemble.rule)),
+                                     ensemble.label)}
 
 
 def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
@@ -239,10 +251,13 @@ def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
     return requested
 
 
-def warm_up(engine, decode: DecodeConfig, runs) -> None:
-    """One short run of each kind first, so that one-time allocations are not timed."""
+def warm_up(engine, decode: DecodeConfig, runs, peer: bool = False) -> None:
+    """One short run of each kind first (each peer's too, with `peer`), so that no run's one-time costs are
+    timed: every timed run of a prompt, ours and the peers', starts warm."""
     ids = engine.encode("Hello!")
     short = replace(decode, max_new_tokens=min(8, decode.max_new_tokens))
     run_to_end(engine.autoregressive(ids, short))
     for run in runs:
         run_to_end(engine.speculative(ids, short, run.rule))
+    for _, generate, _ in (active_peers(decode, runs) if peer else {}).values():
+        generate(engine, ids, short)

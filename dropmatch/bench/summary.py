@@ -9,7 +9,7 @@ from ..metrics import (MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, ended_by_rule, ende
                        per_position_acceptance, pooled)
 from ..quality import outside_on_length
 from .prompts import category_of
-from .running import PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
+from .running import GENERATE, PEER_NAMES, REFERENCE_TEMPERATURE, REFERENCE_TOP_P, BenchmarkResult, Variant
 
 
 DELTA_KEYS = ("delta_target_nll", "delta_off_nucleus_rate", "delta_distinct2")
@@ -25,41 +25,21 @@ def _mean(values):
 
 
 def summarize_benchmark(result: BenchmarkResult) -> dict:
-    """Pooled numbers per run label (ratios of sums over prompts)."""
+    """Pooled numbers per run label (ratios of sums over prompts); "vs AR" (speedup_vs_ar) against the target
+    alone: transformers' generate() where --peer timed it on every prompt (`vs_ar_against` says which)."""
     ar = pooled([g.trace for g in result.ar])
     ar.update(distinct2=_mean([g.distinct2 for g in result.ar]), accuracy=_mean([g.correct for g in result.ar]))
+    alone = alone_tokens_per_s(result, range(len(result.items)))
+    if alone is not None:  # the engine's own autoregressive loop, against what a user runs
+        ar["speedup_vs_ar"] = _div(ar["tokens_per_s"], alone)
     rules = {}
-    lossless_runs = result.runs.get("lossless")
     for label, generations in result.runs.items():
         pairs = [(i, g) for i, g in enumerate(generations) if g is not None]
-        if not pairs:
-            continue
-        traces = [g.trace for _, g in pairs]
-        stats = pooled(traces)
-        ar_subset = pooled([result.ar[i].trace for i, _ in pairs])
-        stats["speedup_vs_ar"] = _div(stats["tokens_per_s"], ar_subset["tokens_per_s"])
-        if lossless_runs:
-            lossless_subset = pooled([lossless_runs[i].trace for i, _ in pairs])
-            stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
-            lossless_subset["distinct2"] = _mean([lossless_runs[i].distinct2 for i, _ in pairs])
-        stats["mc_overhead"] = mc_overhead(*traces)  # pooled: sum of MC time / sum of round time
-        stats["p"] = _mean([t.p for t in traces])
-        stats["accuracy"] = _mean([g.correct for _, g in pairs])
-        stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
-        stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
-        if lossless_runs:  # the change against lossless SD on the same prompts
-            stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
-                          for key in ("target_nll", "off_nucleus_rate", "distinct2")})
-        stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
-        stats.update(ending_counts(result, pairs))
-        stats["repetition_yardstick"] = own_greedy_distinct2(result, [i for i, _ in pairs])
-        if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
-            stats["identical_to_target_greedy"] = all(result.identical)
-            stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
-            stats["divergences"] = list(result.divergences)
-        rules[label] = stats
+        if pairs:
+            rules[label] = _rule_stats(result, label, pairs)
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
-           "autoregressive": ar, "rules": rules, "task_score_note": task_score_note(rules, ar)}
+           "autoregressive": ar, "rules": rules, "task_score_note": task_score_note(rules, ar),
+           "vs_ar_against": tables.VS_GENERATE if alone is not None else tables.VS_OWN_LOOP}
     reference = reference_summary(result)
     if reference is not None:
         reference["repetition_against"] = tables.GREEDY_YARDSTICK if is_greedy(result) else tables.SAMPLED_YARDSTICK
@@ -71,17 +51,64 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
     if categories:
         out["categories"] = categories
     if result.peers:
-        out["peers"] = {}
-        for name, rows in result.peers.items():
-            against = rows[0].get("ours", "lossless")
-            ours = rules.get(against, {}).get("tokens_per_s")
-            theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
-            out["peers"][name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
-                                  "against": against, "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
-            nll = [r["target_nll"] for r in rows if r.get("target_nll") is not None]
-            if nll:  # token-weighted, as our runs' target NLL is
-                weights = [r["tokens"] for r in rows if r.get("target_nll") is not None]
-                out["peers"][name]["target_nll"] = sum(n * w for n, w in zip(nll, weights)) / max(sum(weights), 1)
+        out["peers"] = peers_summary(result, rules)
+    return out
+
+
+def alone_tokens_per_s(result: BenchmarkResult, indices) -> float | None:
+    """transformers' generate() tokens/s on the prompts `indices` (ratio of sums of --peer's runs of the target
+    alone); None where it did not run on every prompt."""
+    rows = result.peers.get(GENERATE, [])
+    if len(rows) != len(result.items):
+        return None
+    chosen = [rows[i] for i in indices]
+    return _div(sum(r["tokens"] for r in chosen), sum(r["seconds"] for r in chosen))
+
+
+def _rule_stats(result: BenchmarkResult, label: str, pairs: list[tuple[int, object]]) -> dict:
+    """One run label's pooled numbers over the prompts it ran (`pairs`: (prompt index, Generation))."""
+    traces, indices = [g.trace for _, g in pairs], [i for i, _ in pairs]
+    lossless_runs = result.runs.get("lossless")
+    stats = pooled(traces)
+    alone = alone_tokens_per_s(result, indices)
+    if alone is None:
+        alone = pooled([result.ar[i].trace for i in indices])["tokens_per_s"]
+    stats["speedup_vs_ar"] = _div(stats["tokens_per_s"], alone)
+    if lossless_runs:
+        lossless_subset = pooled([lossless_runs[i].trace for i in indices])
+        stats["speedup_vs_lossless"] = _div(stats["tokens_per_s"], lossless_subset["tokens_per_s"])
+        lossless_subset["distinct2"] = _mean([lossless_runs[i].distinct2 for i in indices])
+    stats["mc_overhead"] = mc_overhead(*traces)  # pooled: sum of MC time / sum of round time
+    stats["p"] = _mean([t.p for t in traces])
+    stats["accuracy"] = _mean([g.correct for _, g in pairs])
+    stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
+    stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
+    if lossless_runs:  # the change against lossless SD on the same prompts
+        stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
+                      for key in ("target_nll", "off_nucleus_rate", "distinct2")})
+    stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
+    stats.update(ending_counts(result, pairs))
+    stats["repetition_yardstick"] = own_greedy_distinct2(result, indices)
+    if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
+        stats["identical_to_target_greedy"] = all(result.identical)
+        stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
+        stats["divergences"] = list(result.divergences)
+    return stats
+
+
+def peers_summary(result: BenchmarkResult, rules: dict) -> dict:
+    """Each peer's tokens/s (ratio of sums), ours over it (the run it is held against), its identity and NLL."""
+    out = {}
+    for name, rows in result.peers.items():
+        against = rows[0].get("ours", "lossless")
+        ours = rules.get(against, {}).get("tokens_per_s")
+        theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
+        out[name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
+                     "against": against, "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
+        nll = [r["target_nll"] for r in rows if r.get("target_nll") is not None]
+        if nll:  # token-weighted, as our runs' target NLL is
+            weights = [r["tokens"] for r in rows if r.get("target_nll") is not None]
+            out[name]["target_nll"] = sum(n * w for n, w in zip(nll, weights)) / max(sum(weights), 1)
     return out
 
 
@@ -192,16 +219,22 @@ def by_category(result: BenchmarkResult) -> dict[str, dict]:
                                ar=[result.ar[i] for i in chosen],
                                runs={label: [runs[i] for i in chosen] for label, runs in result.runs.items()},
                                identical=[result.identical[i] for i in chosen] if result.identical else [],
-                               reference=[result.reference[i] for i in chosen] if result.reference else [])
+                               reference=[result.reference[i] for i in chosen] if result.reference else [],
+                               peers=_peer_rows(result, chosen))
         out[category] = summarize_benchmark(part)
     return out
+
+
+def _peer_rows(result: BenchmarkResult, chosen: list[int]) -> dict[str, list[dict]]:
+    """The peers' rows of the prompts `chosen` (peers that ran on every prompt: one row per prompt)."""
+    return {name: [rows[i] for i in chosen] for name, rows in result.peers.items() if len(rows) == len(result.items)}
 
 
 def format_table(name: str, numbers: dict) -> str:
     rows = [row[:-1] for row in [tables.HEADER, *tables.summary_rows(numbers, dash="-", peer=False)]]  # no overlap
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
     lines = [f"== {numbers.get('label', name)} ({numbers['kind']}, {numbers['prompts']} prompts{skipped}; "
-             "each rule's own text)", *_aligned(rows)]
+             f"each rule's own text; {tables.vs_ar_caption(numbers)})", *_aligned(rows)]
     for peer in numbers.get("peers", {}).values():
         lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
     by_kind = tables.category_rows(numbers, dash="-")
@@ -240,6 +273,9 @@ def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
         merged.reference += result.reference
         for label in merged.runs:
             merged.runs[label] += result.runs[label]
+    for name in results[0].peers:  # a peer that ran on every prompt of every set
+        if all(len(result.peers.get(name, [])) == len(result.items) for result in results):
+            merged.peers[name] = [row for result in results for row in result.peers[name]]
     return summarize_benchmark(merged)
 
 

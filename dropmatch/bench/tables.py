@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from ..acceptance import METHOD
 
+GENERATE = "generate"  # the peers' key of the target alone: transformers' generate() (running.active_peers)
+
 HEADER = ("run", "tau", "accept", "tok/s", "vs AR", "vs lossless", "MC share", "p", "accuracy", "NLL", "off-nucleus",
           "dist-2", "Δ NLL", "Δ off-nucleus", "Δ dist-2", "band", "ended early", "overlap w/ lossless")
 
@@ -22,7 +24,9 @@ def number(value, digits: int = 2, dash: str = "–") -> str:
 
 def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tuple[str, ...]]:
     """One row per run of one benchmark's summary (bench.summarize_benchmark), in HEADER's columns:
-    the autoregressive baseline, each rule, then each peer (when there are any and `peer`)."""
+    the autoregressive baseline, each rule, then each peer (when there are any and `peer`). "vs AR" is
+    against the target alone: transformers' generate() where it ran (its row 1.00x, the engine's own
+    autoregressive loop against it), else the engine's loop (1.00x; vs_ar_caption says which)."""
     def f(value, digits: int = 2) -> str:
         return number(value, digits, dash)
 
@@ -31,7 +35,7 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
 
     ar = summary["autoregressive"]
     none = (dash,) * 5  # no deltas, no band, no early ends
-    rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), "1.00x", dash, dash, dash,
+    rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), vs_ar(ar), dash, dash, dash,
              score(ar.get("accuracy")), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
              f(ar.get("distinct2"), 3), *none, dash)]
     reference = summary.get("reference", {}).get("target_sampled")
@@ -51,10 +55,26 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
                      signed_points(s.get("delta_off_nucleus_rate"), dash), signed(s.get("delta_distinct2"), 3, dash),
                      band_text(s.get("band"), dash), percent(s.get("ended_early"), dash),
                      f(s.get("overlap_with_lossless"), 3)))
-    for shown in (summary.get("peers", {}).values() if peer else ()):
-        rows.append((shown["name"], dash, dash, f(shown["tokens_per_s"], 1), dash,
+    for key, shown in (summary.get("peers", {}).items() if peer else ()):
+        rows.append((shown["name"], dash, dash, f(shown["tokens_per_s"], 1), "1.00x" if key == GENERATE else dash,
                      f"ours/peer {f(shown['ours_over_peer'])}", dash, dash, dash, dash, dash, dash, *none, dash))
     return rows
+
+
+def vs_ar(ar: dict) -> str:
+    """The autoregressive row's "vs AR": the engine's loop against generate() where it ran, else 1.00x (itself)."""
+    return "1.00x" if ar.get("speedup_vs_ar") is None else f"{ar['speedup_vs_ar']:.2f}x"
+
+
+# What a set's "vs AR" figures are held against: the target alone as a user runs it, or (no --peer) the
+# engine's own autoregressive loop, which is no user's baseline (issue 63: it ran at half generate()'s speed).
+VS_GENERATE, VS_OWN_LOOP = "transformers' generate() on the same target", "the engine's own autoregressive loop"
+
+
+def vs_ar_caption(*summaries: dict) -> str:
+    """What the sets' "vs AR" column is held against (summarize_benchmark's vs_ar_against; older files: the loop)."""
+    against = dict.fromkeys(summary.get("vs_ar_against", VS_OWN_LOOP) for summary in summaries)
+    return "vs AR: against " + " / ".join(against) + ("" if VS_GENERATE in against else " (--peer times generate())")
 
 
 def signed(value, digits: int = 3, dash: str = "–") -> str:
@@ -86,7 +106,7 @@ def category_rows(summary: dict, dash: str = "–") -> list[tuple[str, ...]]:
     rows = []
     for category, part in summary.get("categories", {}).items():
         rows.append((category, str(part["prompts"]), "autoregressive", "1.00", dash,
-                     f(part["autoregressive"]["tokens_per_s"], 1), "1.00x"))
+                     f(part["autoregressive"]["tokens_per_s"], 1), vs_ar(part["autoregressive"])))
         rows += [("", "", label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
                   f(s["speedup_vs_ar"]) + "x") for label, s in part["rules"].items()]
     return rows

@@ -47,7 +47,7 @@ def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfi
         if state.phase == "peer":
             update["status"] = "Both runs done, and the baseline; running transformers' own static ensemble (the peer) …"
         if state.phase == "baseline":
-            update["status"] = ("Both runs done (their numbers are in); measuring the autoregressive baseline "
-                                "for the speedup …")
+            update["status"] = ("Both runs done (their numbers are in); timing the target alone (the engine's "
+                                "autoregressive run, then transformers' generate()) for the speedup …")
         yield update
     yield record_of(state, engine)

@@ -207,7 +207,8 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     spread = speed_ratio_interval(record.lossless, record.lossy)
     machine = f"recorded on {record.made}" if recorded_from and record.made else \
         "a recorded run's machine" if recorded_from else "this machine"
-    return with_cannot_act(f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine)}", record.lossy)
+    ar = None if record.ar is None else summarize(record.ar, record.alone_tokens_per_s)
+    return with_cannot_act(f"{where}{verdict(lossless_metrics, lossy_metrics, label, spread, machine, ar)}", record.lossy)
 
 
 def with_cannot_act(text: str, trace) -> str:
@@ -319,6 +320,7 @@ def api_result(record: RunRecord, rule) -> dict:
         "lossy": {"text": record.lossy.text, "metrics": lossy_metrics.to_dict(), "p": record.lossy.p,
                   "p_auto_reached": record.lossy.p_auto_reached, "settings": rule.to_mapping()},
         "autoregressive": None if record.ar is None else {"text": record.ar.text},
+        "target_alone": record.target_alone,  # transformers' generate() timed: every speedup_vs_ar's denominator
         "figures": {name: json.loads(figs[name].to_json()) for name in FIGURE_NAMES},
         "lab": record.lab,
     }
