@@ -644,7 +644,7 @@ def _mars_numbers(d, cfg: RuleKnobs) -> dict:
 
 
 TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", "typical acceptance's probability floor: min(ε, δ exp(-H))",
-                   low=0.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True, slider=(0.0, 0.5, 0.01), short="ε")
+                   low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True, slider=(0.0, 0.5, 0.01), short="ε")
 TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", "typical acceptance's entropy factor: min(ε, δ exp(-H))",
                      low=0.0)
 FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",

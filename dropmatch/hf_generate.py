@@ -28,6 +28,7 @@ from collections import Counter
 
 import torch
 
+from .acceptance import RULES
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
 from .models.causal_lm import CausalLM, LoadedPair
@@ -104,8 +105,8 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
                           f"{', '.join(PREFIX + k for k in (*rule_keys(), *OWN_KEYS))}")
     rule = RuleConfig.from_mapping(knobs, default_rule())
     prompt_ids = _prompt_ids(inputs, kwargs)
+    _check_pair(model, assistant_model, tokenizer, prompt_ids)
     config = _generation_config(model, generation_config, kwargs)
-    _check_pair(model, assistant_model, kwargs)
     greedy = not config.do_sample
     if not greedy and config.top_k not in (None, 0):
         raise ConfigError(f"top_k={config.top_k}: DropMatch samples with temperature and top-p only; pass top_k=0 "
@@ -119,12 +120,24 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
                           top_p=config.top_p if config.top_p is not None else 1.0,
                           seed=_seed(own, greedy),
                           draft_source="model")
+    _check_draft_length(rule, decode)
     stop_strings = config.stop_strings or ()
     stop_strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
     if stop_strings and tokenizer is None:
         raise ConfigError("stop_strings needs the tokenizer: pass tokenizer=... as transformers' generate() asks")
     return Request(prompt_ids, decode, rule, frozenset(_ids(config.eos_token_id)), stop_strings,
                    bool(config.return_dict_in_generate))
+
+
+def _check_draft_length(rule: RuleConfig, decode: DecodeConfig) -> None:
+    """ConfigError when the rule's window needs more drafts a round than the call drafts (gamma = auto: at most
+    its cap), so that it could never act (acceptance.Rule.min_drafts)."""
+    min_drafts = RULES[rule.rule].min_drafts
+    needed = min_drafts(rule) if min_drafts is not None else 0
+    if needed > decode.gamma:
+        asked = f"'auto' (at most {decode.gamma} drafts a round)" if decode.gamma_auto else str(decode.gamma)
+        raise ConfigError(f"{PREFIX}rule={rule.rule!r} can never act at {PREFIX}gamma={asked}: its window needs at "
+                          f"least {needed} drafts a round; pass {PREFIX}gamma={needed} or more")
 
 
 def _seed(own: dict, greedy: bool) -> int:
@@ -178,18 +191,26 @@ def _generation_config(model, generation_config, kwargs: dict):
     return config
 
 
-def _check_pair(model, assistant_model, kwargs: dict) -> None:
+def _check_pair(model, assistant_model, tokenizer, prompt_ids: list[int]) -> None:
+    """ConfigError unless the draft is given, on the target's device, and of the target's vocabulary: both
+    models read and score every token of the tokenizer (given one; else every token either head scores, as
+    transformers' assisted generation asks one vocabulary size) and of the prompt."""
     if assistant_model is None:
         raise ConfigError("assistant_model: DropMatch verifies a draft model's tokens; pass assistant_model=draft")
     target_device = next(model.parameters()).device
     draft_device = next(assistant_model.parameters()).device
     if target_device != draft_device:
         raise ConfigError(f"assistant_model is on {draft_device}, the model on {target_device}: put the pair on one device")
-    tokenizer = kwargs.get("tokenizer")
     heads = [_head_size(m) for m in (model, assistant_model)]
-    if tokenizer is not None and min(heads) < len(tokenizer):
-        raise ConfigError(f"assistant_model scores {min(heads)} tokens but the tokenizer has {len(tokenizer)}: the "
-                          "draft must share the target's tokenizer")
+    known = min(*heads, *(int(m.get_input_embeddings().weight.shape[0]) for m in (model, assistant_model)))
+    needed = len(tokenizer) if tokenizer is not None else max(heads)
+    if known < needed:
+        sizes = f"the tokenizer has {needed}" if tokenizer is not None else f"the heads score {heads[0]} and {heads[1]}"
+        hint = "" if tokenizer is not None else " (pass tokenizer=... where both pad it to different sizes)"
+        raise ConfigError(f"the model and assistant_model read and score {known} tokens in common but {sizes}: the "
+                          f"draft must share the target's tokenizer{hint}")
+    if max(prompt_ids) >= known:
+        raise ConfigError(f"input_ids hold token {max(prompt_ids)}, beyond the {known} tokens both models know")
 
 
 def _head_size(model) -> int:

@@ -2,14 +2,16 @@
 
     python scripts/deploy_generate.py --dry-run
     python scripts/deploy_generate.py --stage DIR                # write it into DIR, to read or to load
-    python scripts/deploy_generate.py --repo you/dropmatch      # needs HF_TOKEN (write) or `hf auth login`
+    python scripts/deploy_generate.py --repo you/dropmatch --source URL   # HF_TOKEN (write) or `hf auth login`
     python scripts/deploy_generate.py --docs                     # rewrite docs/generate.md's rule table
 
 The repository stands alone: `custom_generate/` holds generate.py and the decoding core it needs (settings,
 rules, masks, verify, drafting, the engine, the transformers adapter), each module written at stage time
-from the package's own file, and a requirements.txt that names torch and transformers only. The model
-card (README.md) is docs/generate.md with its table of rules and knobs derived from the rule table
-(acceptance.RULES and their Knobs) at that moment, as `--docs` writes it into the guide.
+from the package's own file, a requirements.txt that names torch and transformers only (transformers
+within the tested range), and the LICENSE. The model card (README.md) is custom_generate/card.md, written
+for a Hub reader, with docs/generate.md's argument tables: the rules a Hub user can run (no trained judge
+ships there) derived from the rule table (acceptance.RULES and their Knobs) at that moment, as `--docs`
+writes the full table into the guide.
 
 The core is found, not listed: the module-level imports of dropmatch.hf_generate, followed. transformers'
 loader copies (and from the Hub downloads) the modules named in `from .module import` lines beside
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import string
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -32,33 +35,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "dropmatch.hf_generate"  # the module whose `generate` transformers calls
 FOLDER = "custom_generate"
-REQUIREMENTS = ("torch>=2.6", "transformers>=5.0")  # lower bounds only: never replace a user's torch
+# One specifier a line: transformers' loader checks each line, reading only the first specifier of a line.
+# The upper bound: the first release not tested (TESTED); a later one is refused at load, in one line.
+REQUIREMENTS = ("torch>=2.6", "transformers>=5.20", "transformers<5.26")  # never a pin that replaces a user's torch
+TESTED = {"transformers": ("5.20.0", "5.23.0", "5.25.0"), "torch": ("2.13.0",)}  # what the staged folder ran on
 ALLOWED = {"torch", "transformers", "numpy"}  # besides the standard library (numpy: transformers requires it)
 # Imports inside a core function that reach the Studio on purpose, never called by generate(): (module,
 # what it imports) -> why. They are not staged; a test holds generate() to working without them.
 STUDIO_DOORS = {("dropmatch.pair_services", "dropmatch.lab"): "PairServices.rule_lab, the Studio's rule lab"}
-CARD_HEADER = """---
-library_name: transformers
-tags:
-- custom_generate
-- speculative-decoding
-license: apache-2.0
----
-
-# DropMatch: training-free lossy verification for speculative decoding
-
-A `custom_generate` decoding method for transformers: Monte-Carlo dropout on the target's LM head gives K
-slightly different opinions; a draft token they agree with is accepted even when it is not the target's
-exact choice (arXiv 2603.03333). At `dropmatch_p=0` or `dropmatch_rule="lossless"` it is lossless speculative
-decoding. It needs torch and transformers only.
-
-"""
-CITATION = """
-## Citation
-
-The method: DropMatch, arXiv 2603.03333 (https://arxiv.org/abs/2603.03333); cite the paper for the method.
-This implementation: DropMatch Studio (Apache-2.0).
-"""
+CARD = Path(FOLDER) / "card.md"  # the model card's text, its $-placeholders filled by model_card()
+HUB_REPO = "owner/dropmatch"  # the card's repository until --repo names it
 IMPORT_FROM = re.compile(r"from\s+(\.+[\w.]*)\s+import")
 GUIDE = Path("docs") / "generate.md"
 TABLE_START = "<!-- rules and knobs: written from the rule table by `python scripts/deploy_generate.py --docs` -->"
@@ -211,9 +197,10 @@ def staged_modules(root: Path = ROOT) -> dict[str, str]:
     return files
 
 
-def rule_table(root: Path = ROOT) -> str:
+def rule_table(root: Path = ROOT, hub: bool = False) -> str:
     """The markdown table of dropmatch_rule and every knob generate() accepts, from the rule table: each
-    rule's label and modes, each knob's key, the rules that read it, generate()'s default and its help."""
+    rule's label and modes, each knob's key, the rules that read it, generate()'s default and its help.
+    hub: without the rules that need a trained judge (none ships on the Hub) and the knobs only they read."""
     sys.path.insert(0, str(root))
     try:
         from dropmatch.acceptance import KNOBS, RULES
@@ -221,12 +208,15 @@ def rule_table(root: Path = ROOT) -> str:
     finally:
         sys.path.remove(str(root))
     default = default_rule()
-    rules = "; ".join(f"`{rule.name}`: {rule.label}{_rule_note(rule)}" for rule in RULES.values())
+    runnable = [rule for rule in RULES.values() if not (hub and rule.uses_judge)]
+    rules = "; ".join(f"`{rule.name}`: {rule.label}{_rule_note(rule)}" for rule in runnable)
     lines = ["| argument | default | meaning | read by |", "|---|---|---|---|",
              f"| `{PREFIX}rule` | `{default.rule}` | {rules} | |"]
     for knob in KNOBS.values():
         value = getattr(default, knob.name)
-        readers = ", ".join(rule.name for rule in RULES.values() if knob in rule.knobs)
+        readers = ", ".join(rule.name for rule in runnable if knob in rule.knobs)
+        if not readers:
+            continue
         lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if value is None else value}` | "
                      f"{knob.help.replace('|', '/')} | {readers} |")
     return "\n".join(lines)
@@ -246,16 +236,28 @@ def with_rule_table(guide: str, root: Path = ROOT) -> str:
     return head + TABLE_START + "\n" + rule_table(root) + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1]
 
 
-def model_card(root: Path = ROOT) -> str:
-    """The model card: the header, docs/generate.md's body (its title dropped; its rule table derived now),
-    the citation."""
-    guide = with_rule_table((root / GUIDE).read_text(encoding="utf-8"), root).split("\n", 1)[1]
-    return CARD_HEADER + guide.strip() + "\n" + CITATION
+def hub_arguments(root: Path = ROOT) -> str:
+    """docs/generate.md's "## Arguments" section, its rule table (markers included) the Hub's (rule_table(hub))."""
+    guide = (root / GUIDE).read_text(encoding="utf-8")
+    start = guide.index("## Arguments")
+    head, rest = guide[start:guide.index("\n## ", start)].split(TABLE_START, 1)
+    return (head + rule_table(root, hub=True) + rest.split(TABLE_END, 1)[1]).strip()
 
 
-def staged(folder: Path, root: Path = ROOT) -> list[Path]:
+def model_card(root: Path = ROOT, repo: str = HUB_REPO, source: str | None = None) -> str:
+    """The model card: custom_generate/card.md with the repository, the argument tables, the tested versions,
+    the requirements and the Studio's source (a link, when given) filled in."""
+    tested = "; ".join(f"{name} {', '.join(versions)}" for name, versions in TESTED.items())
+    return string.Template((root / CARD).read_text(encoding="utf-8")).substitute(
+        repo=repo, arguments=hub_arguments(root), requirements=", ".join(f"`{r}`" for r in REQUIREMENTS),
+        tested=f"Tested with {tested} (CPU): greedy at p 0 is the target's own `generate()` token for token,\n"
+               "and a greedy call raises no warning.",
+        source=f" DropMatch Studio's source: {source}." if source else "")
+
+
+def staged(folder: Path, root: Path = ROOT, repo: str = HUB_REPO, source: str | None = None) -> list[Path]:
     """The repository's files written into `folder`; returns their relative paths (generate.py and
-    requirements.txt first, the core's modules, the card)."""
+    requirements.txt first, the core's modules, the licence, the card)."""
     files = staged_modules(root)
     order = ["generate.py", "requirements.txt"] + sorted(set(files) - {"generate.py", "requirements.txt"})
     written = []
@@ -264,8 +266,9 @@ def staged(folder: Path, root: Path = ROOT) -> list[Path]:
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_text(files[name], encoding="utf-8")
         written.append(path)
-    (folder / "README.md").write_text(model_card(root), encoding="utf-8")
-    return written + [Path("README.md")]
+    (folder / "LICENSE").write_text((root / "LICENSE").read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "README.md").write_text(model_card(root, repo, source), encoding="utf-8")
+    return written + [Path("LICENSE"), Path("README.md")]
 
 
 def _list(folder: Path, files: list[Path]) -> None:
@@ -279,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the files and their sizes; upload nothing")
     parser.add_argument("--stage", metavar="DIR", help="write the repository's files into DIR; upload nothing")
     parser.add_argument("--docs", action="store_true", help="rewrite docs/generate.md's table of rules and knobs")
+    parser.add_argument("--source", help="the URL of DropMatch Studio's source, linked from the card (with --repo)")
     args = parser.parse_args(argv)
     if args.docs:
         (ROOT / GUIDE).write_text(with_rule_table((ROOT / GUIDE).read_text(encoding="utf-8")), encoding="utf-8")
@@ -286,10 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage:
         _list(Path(args.stage), staged(Path(args.stage)))
         return 0
-    if not args.dry_run and not args.repo:
-        parser.error("give --repo owner/name, --dry-run or --stage DIR")
+    if not args.dry_run and not (args.repo and args.source):
+        parser.error("give --repo owner/name with --source URL, --dry-run or --stage DIR")
     with tempfile.TemporaryDirectory() as folder:
-        files = staged(Path(folder))
+        files = staged(Path(folder), repo=args.repo or HUB_REPO, source=args.source)
         _list(Path(folder), files)
         if args.dry_run:
             return 0

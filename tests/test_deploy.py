@@ -90,15 +90,16 @@ def test_upload_without_a_space_name_is_one_clear_line():
 
 def test_the_generate_repositorys_dry_run_lists_custom_generate_the_core_its_requirements_and_the_model_card(tmp_path):
     """What `custom_generate="owner/dropmatch"` needs on the Hub (generate.py, the decoding core's modules beside
-    it, requirements naming torch and transformers only) and a card with the arguments and the citation (the
-    repository staged in a folder by the script, as a user would look at it before uploading)."""
+    it, requirements naming torch and transformers only), the licence and a card with the arguments and the
+    citation (the repository staged in a folder by the script, as a user would look at it before uploading)."""
     done = subprocess.run([sys.executable, "scripts/deploy_generate.py", "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     listed = [line.split()[-1] for line in done.stdout.splitlines()]
     assert listed[:2] == ["custom_generate/generate.py", "custom_generate/requirements.txt"]
-    assert listed[-1] == "README.md" and {"custom_generate/engine.py", "custom_generate/config.py"} <= set(listed)
-    assert all(name.startswith("custom_generate/") and name.endswith(".py") for name in listed[2:-1])
+    assert listed[-2:] == ["LICENSE", "README.md"]
+    assert {"custom_generate/engine.py", "custom_generate/config.py"} <= set(listed)
+    assert all(name.startswith("custom_generate/") and name.endswith(".py") for name in listed[2:-2])
     staged = subprocess.run([sys.executable, "scripts/deploy_generate.py", "--stage", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert staged.returncode == 0 and [line.split()[-1] for line in staged.stdout.splitlines()] == listed, staged.stderr
@@ -106,4 +107,4 @@ def test_the_generate_repositorys_dry_run_lists_custom_generate_the_core_its_req
     assert card.startswith("---\nlibrary_name: transformers") and "custom_generate" in card
     assert "dropmatch_rule" in card and "2603.03333" in card and "```python" in card
     requirements = (tmp_path / "custom_generate" / "requirements.txt").read_text().split()
-    assert [line.split(">=")[0] for line in requirements] == ["torch", "transformers"]
+    assert [re.split("[<>=]", line)[0] for line in requirements] == ["torch", "transformers", "transformers"]

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 import weakref
 from pathlib import Path
 
@@ -131,12 +132,25 @@ def test_eos_and_stop_strings_end_the_output_where_transformers_would(hf_pair):
     (dict(repetition_penalty=1.3), "repetition_penalty"),
     (dict(dropmatch_rule="judge"), "needs a trained judge"),
     (dict(stop_strings="x"), "stop_strings needs the tokenizer"),
+    (dict(dropmatch_rule="fly", dropmatch_gamma=3), "can never act at dropmatch_gamma=3"),
+    (dict(dropmatch_rule="fly", dropmatch_fly_window=8), "needs at least 9 drafts"),  # gamma = auto drafts at most 8
+    (dict(dropmatch_rule="typical", dropmatch_typical_eps=2.0), "typical ε must be in [0, 1]"),
 ])
 def test_what_it_cannot_do_is_a_one_line_value_error_naming_the_argument(hf_pair, bad, message):
     target, draft, tokenizer = hf_pair
     with pytest.raises(ValueError) as caught:
         _dropmatch(target, draft, _prompt(tokenizer), max_new_tokens=5, **bad)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_greedy_call_raises_no_warning(hf_pair):
+    """No deprecated transformers argument, nothing else to warn about: every warning is an error here (pytest.ini
+    ignores FutureWarning and DeprecationWarning, so the test sets its own filter)."""
+    target, draft, tokenizer = hf_pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _dropmatch(target, draft, _prompt(tokenizer), max_new_tokens=20, do_sample=False)
+    assert out.shape[1] > _prompt(tokenizer)["input_ids"].shape[1]
 
 
 def test_a_batch_and_a_missing_draft_are_refused_in_one_line(hf_pair):
@@ -227,9 +241,10 @@ def staged_folder(deploy, tmp_path_factory):
     return folder
 
 
-# Runs in a fresh interpreter (-I, a temporary cwd) where `dropmatch` cannot be imported, wherever it is installed.
-STAGED_RUN = r"""
-import importlib.abc, json, pathlib, sys
+# Each script runs in a fresh interpreter (-I, a temporary cwd) where `dropmatch` cannot be imported, wherever it is
+# installed: what a Hub user has.
+NO_DROPMATCH = r"""
+import importlib.abc, sys
 
 class NoDropmatch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -237,6 +252,9 @@ class NoDropmatch(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}")
 
 sys.meta_path.insert(0, NoDropmatch())
+"""
+STAGED_RUN = NO_DROPMATCH + r"""
+import json, pathlib
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.dynamic_module_utils import check_imports, get_relative_imports
 
@@ -257,15 +275,20 @@ print(json.dumps({"own": own.tolist(), "p0": at_p0.tolist(), "counts": lossy.dro
 """
 
 
+def _run_fresh(script_text: str, args: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    """script_text run in a fresh interpreter (-I) in tmp_path, offline, with args."""
+    script = tmp_path / "run.py"
+    script.write_text(script_text, encoding="utf-8")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-I", str(script), *map(str, args)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
 @pytest.mark.slow  # a fresh interpreter loading transformers
 def test_the_staged_folder_runs_where_the_dropmatch_package_cannot_be_imported(staged_folder, pair_dirs, tmp_path):
     """custom_generate=<the staged folder>: greedy at p 0 is the target's own generate(), p 0.3 counts lossy
     acceptances; generate.py names every module beside it (what transformers downloads from the Hub)."""
-    script = tmp_path / "run.py"
-    script.write_text(STAGED_RUN, encoding="utf-8")
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-I", str(script), str(staged_folder), *map(str, pair_dirs)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = _run_fresh(STAGED_RUN, [staged_folder, *pair_dirs], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["p0"] == found["own"] and found["dropmatch"] == []
@@ -274,10 +297,89 @@ def test_the_staged_folder_runs_where_the_dropmatch_package_cannot_be_imported(s
     assert set(found["named"]) == modules
 
 
-def test_the_staged_requirements_name_torch_and_transformers_only_with_lower_bounds(staged_folder):
+MISMATCHED_RUN = NO_DROPMATCH + r"""
+import json
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+folder, target_dir, draft_dir = sys.argv[1:4]
+target, draft = (AutoModelForCausalLM.from_pretrained(d) for d in (target_dir, draft_dir))
+tokenizer = AutoTokenizer.from_pretrained(target_dir)
+inputs = tokenizer("what is two plus three?", return_tensors="pt")
+errors = []
+for given in ({}, {"tokenizer": tokenizer}):
+    try:
+        target.generate(**inputs, assistant_model=draft, custom_generate=folder, trust_remote_code=True,
+                        max_new_tokens=8, do_sample=False, **given)
+        errors.append(None)
+    except Exception as error:
+        errors.append([type(error).__name__, str(error)])
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter loading transformers
+def test_a_draft_of_another_vocabulary_is_one_value_error_from_the_staged_folder(staged_folder, pair_dirs, tmp_path):
+    """A draft whose vocabulary is smaller than the target's, with and without tokenizer=: one ValueError line
+    before anything runs (as transformers' assisted generation gives), never an IndexError from an embedding."""
+    from tiny_models import make_llama
+
+    draft_dir = tmp_path / "small_draft"
+    make_llama(vocab_size=100, seed=3).save_pretrained(draft_dir)
+    done = _run_fresh(MISMATCHED_RUN, [staged_folder, pair_dirs[0], draft_dir], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for kind, message in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert kind == "ValueError" and "\n" not in message and "the draft must share the target's tokenizer" in message
+
+
+def test_the_staged_requirements_name_torch_and_transformers_only_and_the_tested_transformers_range(deploy,
+                                                                                                    staged_folder):
+    """One specifier a line (transformers' loader reads only a line's first): a lower bound on torch, and on
+    transformers the lowest tested version and an upper bound above every tested one."""
+    from packaging.version import Version
+
     lines = (staged_folder / "custom_generate" / "requirements.txt").read_text().split()
-    assert [re.match(r"[a-z]+", line).group() for line in lines] == ["torch", "transformers"]
-    assert all(re.fullmatch(r"[a-z]+>=[\d.]+", line) for line in lines)
+    assert [re.match(r"[a-z]+", line).group() for line in lines] == ["torch", "transformers", "transformers"]
+    assert all(re.fullmatch(r"[a-z]+(>=|<)[\d.]+", line) for line in lines)
+    tested = sorted(map(Version, deploy.TESTED["transformers"]))
+    assert lines[1] == f"transformers>={tested[0].major}.{tested[0].minor}"
+    assert lines[2].startswith("transformers<") and tested[-1] < Version(lines[2].split("<")[1])
+
+
+def _card_example(folder: Path, target_dir: Path, draft_dir: Path, deploy) -> str:
+    """The staged card's Python example on the tiny pair: the models it names and the Hub repository replaced."""
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    for name, local in (("HuggingFaceTB/SmolLM2-1.7B-Instruct", target_dir), ("HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                                             draft_dir), (deploy.HUB_REPO, folder)):
+        assert f'"{name}"' in example, name
+        example = example.replace(f'"{name}"', repr(str(local)))
+    return example
+
+
+@pytest.mark.slow  # a fresh interpreter loading transformers
+def test_the_staged_cards_example_loads_a_target_and_a_draft_and_runs(deploy, staged_folder, pair_dirs, tmp_path):
+    """The card's example as a Hub reader runs it (the tiny pair in place of SmolLM2's, the staged folder in place
+    of the Hub repository): it prints the answer and the counts per reason."""
+    done = _run_fresh(NO_DROPMATCH + _card_example(staged_folder, *pair_dirs, deploy), [], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'drafted':" in done.stdout and "'reasons':" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_staged_card_names_no_path_of_this_repository_and_ships_the_licence(deploy, staged_folder):
+    """A Hub reader has the folder, not the Studio: no tests/, scripts/, docs/, assets/, .venv or other file of
+    this repository that the folder lacks; the judge rules (no judge ships there) left out; the tested versions
+    and the Apache-2.0 licence, whose text sits beside the card."""
+    card = (staged_folder / "README.md").read_text(encoding="utf-8")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    ours = {path.split("/")[0] + ("/" if "/" in path else "") for path in tracked} | {".venv/", "runs/"}
+    foreign = sorted(name for name in ours if not (staged_folder / name).exists())
+    found = [name for name in foreign  # a folder as `name/`, a file by its whole name
+             if re.search(r"(?<![\w/.-])" + re.escape(name) + ("" if name.endswith("/") else r"(?![\w-])"), card)]
+    assert not found and "clone" not in card, found
+    assert "`judge`" not in card and "`dropmatch_judge`" not in card and "dropmatch_judge_threshold" not in card
+    assert all(version in card for versions in deploy.TESTED.values() for version in versions)
+    assert "license: apache-2.0" in card and (staged_folder / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
 
 
 IMPORT_LINE = re.compile(r"(?P<indent>\s*)from (?P<module>\.+[\w.]*) import (?P<names>.*)")
