@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from typing import Callable
+from typing import Callable, Sequence
 
 from .acceptance import REASONS, RULES, check_names
 from .config import DecodeConfig, RuleConfig
@@ -166,27 +166,32 @@ def _q(text: str) -> str:
 
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
                 stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken], str] | None = None,
-                rejected: bool = False) -> list[tuple[str, str, str]]:
+                rejected: bool = False, texts: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """(text, kind, tooltip) for every emitted token, in order. why: a drafted token's sentence (explainer).
-    rejected: also each round's rejected draft, kind "rejected", just before the correction that replaced it."""
-    spans = []
+    rejected: also each round's rejected draft, kind "rejected", just before the correction that replaced it.
+    texts: the run's own text of each output token (first, then every emitted one: trace.token_texts), where
+    a character split across tokens reads whole; else each token's own text."""
+    spans, position = [], 0  # position: the token's in the output (first token 0)
+    shown = (lambda token: texts[position]) if texts else token_text
     if first_token is not None and first_token not in stop_ids:
-        spans.append((token_text(first_token), "first", "first token, from the prefill call"))
+        spans.append((shown(first_token), "first", "first token, from the prefill call"))
     for r in rounds:
         for j, token in enumerate(r.emitted):
+            position += 1
             refused = rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted)
             if refused:  # shown even where the correction is a stop token (which is not)
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((token_text(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
+                spans.append((token_text(d.token).replace("\ufffd", "") or "◌", "rejected",
+                              tip + (f"\nwhy: {why(d)}" if why else "")))
             if token in stop_ids:
                 continue
             if j < r.num_accepted:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((token_text(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
+                spans.append((shown(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
             else:
-                spans.append((token_text(token), r.extra_kind, _extra_tooltip(r, token_text)))
+                spans.append((shown(token), r.extra_kind, _extra_tooltip(r, token_text)))
     return spans
 
 

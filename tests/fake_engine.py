@@ -22,6 +22,7 @@ class FakeServices:
 
     def __init__(self, engine: "FakeEngine"):
         self.token_text = engine.token_text
+        self.stream_texts = lambda ids: tuple(map(engine.token_text, ids))  # whole words: no character is split
         self.measured_costs = None
 
 

@@ -315,3 +315,49 @@ def test_model_work_is_one_group_of_one_and_cheap_events_are_not_queued_behind_i
                 fn.concurrency_limit > 1, fn.name
     assert heavy <= names and {"on_first_visit", "step_view", "on_recorded_choice"} <= names
     assert demo._queue.default_concurrency_limit > 1
+
+
+SPLIT_TEXTS = ("مرحبا بالعالم، كيف حالك؟", "你好，世界。今天天气很好", "party 🎉👍🏽 time 🧑‍🚀")
+
+
+@pytest.fixture(scope="module")
+def embedded_services():
+    """PairServices over the embedded pair's own tokenizer (byte-level BPE, offline), without its models."""
+    import os
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from dropmatch.models.loading import embedded_target_source
+    from dropmatch.pair_services import PairServices
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    tokenizer = AutoTokenizer.from_pretrained(embedded_target_source()[0])
+    return PairServices(SimpleNamespace(target=None, draft=None, tokenizer=tokenizer, source="embedded", spec=None))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", SPLIT_TEXTS, ids=("arabic", "cjk", "emoji"))
+def test_columns_show_characters_split_across_tokens_whole(embedded_services, text):
+    """Arabic, CJK and emoji answers: a running column and a finished run's column hold no U+FFFD, and read as the text."""
+    import html as html_lib
+    import re
+    from types import SimpleNamespace
+
+    from dropmatch.compare import Column
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.record import RunRecord
+    from dropmatch.trace import GenerationTrace, RoundTrace
+    from dropmatch.ui import views
+
+    ids = embedded_services.tokenizer(text)["input_ids"]
+    assert any("\ufffd" in embedded_services.token_text(t) for t in ids)  # the tokenizer does split characters
+    rounds = [RoundTrace(i, ids[i], (), (t,), "target", 0, 0.0, 0.01, 0.002, 0.0, 0.012, 1) for i, t in enumerate(ids[1:])]
+    engine = SimpleNamespace(services=embedded_services, stop_ids=frozenset())
+    running = views.column_html(Column("lossless", rounds), engine, DecodeConfig(), RuleConfig("lossless"))
+    trace = GenerationTrace("ar", "autoregressive", None, DecodeConfig(), RuleConfig("lossless"), (1,), ids[0],
+                            tuple(rounds), tuple(ids), embedded_services.decode_tokens(ids), text, "max_new_tokens", 0.1, 0.2)
+    record = RunRecord(text, "dropmatch", False, trace, trace, None, {t: embedded_services.token_text(t) for t in ids})
+    for column in (running, views.trace_html(trace, record)):
+        shown = html_lib.unescape("".join(re.findall(r'<span class="dm-tok[^"]*"[^>]*>([^<]*)</span>', column)))
+        assert "\ufffd" not in column and shown == text

@@ -42,14 +42,17 @@ def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
     """A column of a running comparison (compare.Column), with a cursor until it is done; each token's
     popover ends with the rule's sentence for it (decode, rule: the column's settings)."""
     why = explainer(engine.services.token_text, decode, rule)
-    spans = token_spans(column.first_token, column.rounds, engine.services.token_text, engine.stop_ids, why, rejected=True)
+    ids = [] if column.first_token is None else [column.first_token, *(t for r in column.rounds for t in r.emitted)]
+    spans = token_spans(column.first_token, column.rounds, engine.services.token_text, engine.stop_ids, why,
+                        rejected=True, texts=engine.services.stream_texts(ids))
     return text_html(spans, cursor=not column.done)
 
 
 def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
     stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
     why = explainer(record.token_text, trace.decode_config, trace.rule_config)
-    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids, why, rejected=True))
+    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids, why, rejected=True,
+                                 texts=trace.token_texts))
 
 
 def figures_of(record: RunRecord) -> dict:
