@@ -37,6 +37,7 @@ class PairServices:
         self._token_texts: dict[int, str] = {}
         self._joined_texts: dict[tuple[int, ...], str] = {}  # stream_texts' decodes of several tokens
         self._costs: drafting.StepCosts | None = None
+        self.prefill: tuple[int, float] | None = None  # (tokens, seconds): the longest prompt a run read so far
 
     @property
     def judge(self) -> TrainedJudge | None:
@@ -108,7 +109,13 @@ class PairServices:
         prepared = lab.prepare(trace, self.target, self.draft)
         return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
 
-    # ------------------------------------------------------------ step costs (gamma = auto)
+    # ------------------------------------------------------------ step costs (gamma = auto) and prefill
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A run read a prompt of `tokens` in `seconds`: the longest one read is what a long prompt's notice
+        estimates its reading time from (a short prompt's rate says little about a long one's)."""
+        if self.prefill is None or tokens >= self.prefill[0]:
+            self.prefill = (tokens, seconds)
 
     @property
     def measured_costs(self) -> drafting.StepCosts | None:

@@ -361,3 +361,18 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
     for column in (running, views.trace_html(trace, record)):
         shown = html_lib.unescape("".join(re.findall(r'<span class="dm-tok[^"]*"[^>]*>([^<]*)</span>', column)))
         assert "\ufffd" not in column and shown == text
+
+
+def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_engine):
+    """After a run, the notice's seconds are that run's measured prefill rate, not a per-position verify cost."""
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+    from dropmatch.ui.views import prompt_note
+
+    ids = [(7 * i + 3) % 200 for i in range(300)]
+    run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=2, max_new_tokens=4), RuleConfig("lossless")))
+    tokens, seconds = tiny_engine.services.prefill
+    assert tokens >= 300 and seconds > 0
+    long_prompt = " ".join(["word"] * 1500)
+    expected = seconds * len(tiny_engine.encode(long_prompt)) / tokens
+    assert f"≈ {expected:.{0 if expected >= 10 else 1}f} s per run" in prompt_note(long_prompt, tiny_engine)

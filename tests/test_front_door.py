@@ -209,8 +209,12 @@ def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
 
     measured = FakeEngine()
     measured.services.measured_costs = StepCosts(draft_step=0.001, verify_base=0.02, verify_per_position=0.002)
+    assert "≈" not in prompt_note(long_prompt, measured)  # a cost per verified position says little of a prefill
+    measured.services.prefill = (3000, 36.0)  # a run here read 3,000 tokens in 36 s
     note = prompt_note(long_prompt, measured)
-    assert "≈ 3.0 s" in note  # 0.02 + 0.002 * 1499, said as this machine's
+    assert "≈ 18 s per run" in note and "83 tokens/s" in note  # 36 * 1500 / 3000, said as this machine's
+    measured.services.prefill = (500, 1.5)
+    assert "at least ≈ 4.5 s" in prompt_note(long_prompt, measured)  # beyond the longest read: a lower bound
 
 
 def test_the_right_columns_title_names_the_rule_as_a_reader_does():

@@ -332,7 +332,7 @@ CHARS_PER_TOKEN = 4  # the rough count said while no tokenizer is loaded
 
 def prompt_note(prompt: str, engine) -> str:
     """One line under a long prompt, before the run: its tokens (the loaded pair's tokenizer; a rough count by
-    characters while none is loaded) and, once this machine's step costs are measured, what reading it costs."""
+    characters while none is loaded) and, once a run on this machine read a prompt, what reading this one costs."""
     if not isinstance(prompt, str) or len(prompt) < LONG_PROMPT_TOKENS:
         return ""
     if engine is None:
@@ -344,11 +344,21 @@ def prompt_note(prompt: str, engine) -> str:
     tokens = len(engine.encode(prompt))
     if tokens < LONG_PROMPT_TOKENS:
         return ""
-    costs = engine.services.measured_costs
-    cost = "" if costs is None else (f" Reading it once takes ≈ {costs.verify(tokens):.1f} s on this machine (from the "
-                                     "target's measured cost per position; attention over a long context costs more).")
-    return (f"⏱ A long prompt: **{tokens:,} tokens**.{cost} Each of the three runs (lossless SD, the rule, the "
-            "autoregressive baseline) reads it, then attends over it at every step: expect a slower run.")
+    return (f"⏱ A long prompt: **{tokens:,} tokens**.{_reading_time(tokens, engine.services.prefill)} Each of the three "
+            "runs (lossless SD, the rule, the autoregressive baseline) reads it, then attends over it at every step: "
+            "expect a slower run.")
+
+
+def _reading_time(tokens: int, prefill: tuple[int, float] | None) -> str:
+    """The seconds reading `tokens` takes, at the rate a run on this machine read its longest prompt (prefill:
+    (tokens, seconds)); "at least" beyond it, as attention makes every further token slower. "" before any run."""
+    if not prefill or prefill[1] <= 0:
+        return ""
+    read, seconds = prefill
+    estimate = seconds * tokens / read
+    bound = "at least " if tokens > read else ""
+    return (f" Reading it takes {bound}≈ {estimate:.{0 if estimate >= 10 else 1}f} s per run on this machine (at the "
+            f"{read / seconds:,.0f} tokens/s a run here read a {read:,}-token prompt).")
 
 
 def load_status_view(status) -> tuple:
