@@ -71,3 +71,46 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
     for path in found["screenshots"]:
         assert Path(path).stat().st_size > 10_000
     print("screenshots:", found["screenshots"])
+
+
+# ---------------------------------------------------------------- the page on a model-free engine
+
+
+@pytest.fixture(scope="module")
+def fake_page():
+    """(url, browser): the app on a FakeEngine, served on loopback, with Debian's Chromium."""
+    from conftest import fake_app_served
+    from fake_engine import FakeEngine
+
+    yield from fake_app_served(FakeEngine(max_context=10_000))
+
+
+def _page(browser, url: str, width: int = 1400, height: int = 900, settings: bool = False):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(url)
+    page.wait_for_function("() => document.querySelectorAll('#lossy-text .dm-tok').length > 5", timeout=60_000)
+    if settings:
+        page.locator("#settings").get_by_text("Settings", exact=True).first.click()
+        page.locator("#rule-choice").wait_for(state="visible")
+    return page
+
+
+def test_max_new_tokens_typed_as_letters_or_an_empty_box_says_what_it_became(fake_page):
+    """Letters or an empty box in max new tokens are set to 1 by Gradio: one line under the control says so."""
+    url, browser = fake_page
+    page = _page(browser, url, settings=True)
+    field = page.get_by_label("number input for max new tokens", exact=True)
+    block = page.locator("#settings .block").filter(has=field).last
+    for typed in ("abc", ""):
+        field.click()
+        field.press("Control+a")
+        field.press("Backspace")
+        page.keyboard.type(typed)
+        field.press("Tab")
+        note = block.locator(".dm-clamp")
+        note.wait_for(timeout=5000)
+        assert note.inner_text() == f"That is not a number (letters or an empty box): it is set to {field.input_value()}."
+        field.fill("7")
+        field.press("Tab")
+        note.wait_for(state="detached", timeout=5000)
+    page.close()
