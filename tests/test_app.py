@@ -376,3 +376,13 @@ def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_e
     long_prompt = " ".join(["word"] * 1500)
     expected = seconds * len(tiny_engine.encode(long_prompt)) / tokens
     assert f"≈ {expected:.{0 if expected >= 10 else 1}f} s per run" in prompt_note(long_prompt, tiny_engine)
+
+
+def test_the_ensemble_at_temperature_0_runs_its_transformers_peer_greedy(tiny_engine):
+    """Greedy settings run transformers' static ensemble greedy too: no raw "strictly positive float" error."""
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import DecodeConfig, RuleConfig
+
+    *_, state = compare_stream(tiny_engine, "what is two plus three?", DecodeConfig(gamma=3, max_new_tokens=8),
+                               RuleConfig("ensemble"), run_ar=False)
+    assert state.phase == "done" and state.peer["tokens"] > 0
