@@ -86,11 +86,11 @@ BASE_CSS = """
 .dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
-body.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
+.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
 .dm-rejected-toggle { margin-top: 4px; font-size: 0.85rem; padding: 2px 8px; border-radius: 6px; border: 1px solid #90a4ae;
   background: transparent; color: inherit; cursor: pointer; }
-.dm-rejected-toggle .dm-when-hidden, body.dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
-body.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
+.dm-rejected-toggle .dm-when-hidden, .dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
+.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
 """
 
 
@@ -252,8 +252,8 @@ def key_html(kinds: list[str]) -> str:
 
 
 def rejected_toggle(count: int) -> str:
-    """The switch that hides or shows the struck-through rejected drafts (both columns; layout's POPOVER_JS
-    toggles the page's dm-hide-rejected class), with how many this column has."""
+    """The switch that hides or shows this column's struck-through rejected drafts (layout's REJECTED_TOGGLE_JS
+    toggles the column's dm-hide-rejected class), with how many it has."""
     if not count:
         return ""
     return (f'<button type="button" class="dm-rejected-toggle"><span class="dm-when-shown">Hide</span>'

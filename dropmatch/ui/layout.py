@@ -24,10 +24,13 @@ SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
 # Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
 # it opens below the token, or above it near the window's bottom, and never leaves the window.
-# The switch under a column that hides or shows the struck-through rejected drafts, in both columns at once.
+# The switch under a column that hides or shows its struck-through rejected drafts: a class on the column itself
+# (Gradio scopes the page's styles under its container, so a class on <body> would match no scoped rule), which
+# stays through the column's later runs.
 REJECTED_TOGGLE_JS = """
 element.addEventListener('click', (e) => {
-  if (e.target.closest('.dm-rejected-toggle')) document.body.classList.toggle('dm-hide-rejected');
+  const toggle = e.target.closest('.dm-rejected-toggle');
+  if (toggle) toggle.setAttribute('aria-pressed', String(element.classList.toggle('dm-hide-rejected')));
 });
 """
 POPOVER_JS = """
