@@ -386,3 +386,19 @@ def test_the_ensemble_at_temperature_0_runs_its_transformers_peer_greedy(tiny_en
     *_, state = compare_stream(tiny_engine, "what is two plus three?", DecodeConfig(gamma=3, max_new_tokens=8),
                                RuleConfig("ensemble"), run_ar=False)
     assert state.phase == "done" and state.peer["tokens"] > 0
+
+
+def test_a_recorded_runs_settings_put_back_in_the_controls_parse_to_its_own():
+    """Each shipped run's prompt, rule and settings, as the controls would hold them, parse to the run's own configs."""
+    from dropmatch.config import DEFAULTS, Settings
+    from dropmatch.record import read_recorded_run, recorded_runs
+    from dropmatch.ui.views import settings_view
+
+    assert recorded_runs()
+    for title, path in recorded_runs().items():
+        record = read_recorded_run(path)
+        view = settings_view(record)
+        decode, rule = Settings(**{**DEFAULTS.as_arguments(), **view}).parse()
+        assert view["prompt"] == record.prompt and view["rule"] == record.rule, title
+        assert decode == record.lossy.decode_config, title
+        assert rule == record.lossy.rule_config, title

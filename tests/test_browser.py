@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from local_server import serve_locally
+from local_server import open_tab, serve_locally
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,4 +113,45 @@ def test_max_new_tokens_typed_as_letters_or_an_empty_box_says_what_it_became(fak
         field.fill("7")
         field.press("Tab")
         note.wait_for(state="detached", timeout=5000)
+    page.close()
+
+
+def _run_file(path: Path) -> dict:
+    """A run file of the FakeEngine at settings other than the page's defaults; returns those settings."""
+    from fake_engine import FakeEngine
+
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import Settings
+    from dropmatch.record import RunRecord
+
+    given = dict(rule="majority", temperature=0.5, max_new_tokens=17, seed=5, gamma="3", draft_source="model", k=7)
+    settings = Settings("one two three four five six", **given)
+    engine = FakeEngine()
+    *_, state = compare_stream(engine, settings.prompt, *settings.parse())
+    tokens = {t: engine.token_text(t) for t in range(len(engine.words))}
+    record = RunRecord(settings.prompt, "majority", False, state.lossless.trace, state.lossy.trace, state.ar, tokens)
+    path.write_text(json.dumps(record.to_dict()))
+    return {"prompt": settings.prompt, **given}
+
+
+def test_an_opened_run_file_puts_its_prompt_rule_and_settings_back_so_run_reproduces_it(fake_page, tmp_path):
+    """Opening a run file sets the prompt, the rule and the settings it was made with; Run then makes the same run."""
+    url, browser = fake_page
+    given = _run_file(tmp_path / "run.json")
+    page = _page(browser, url, settings=True)
+    open_tab(page, "Recorded runs")
+    page.locator("#recorded-upload input[type=file]").set_input_files(str(tmp_path / "run.json"))
+    page.wait_for_function("p => document.querySelector('#prompt textarea').value === p", arg=given["prompt"],
+                           timeout=30_000)
+    number = lambda label: float(page.get_by_label(f"number input for {label}", exact=True).input_value())
+    assert (number("temperature (0 = greedy)"), number("max new tokens")) == (0.5, 17)
+    assert float(page.get_by_label("seed", exact=True).input_value()) == 5
+    assert page.locator("#rule-choice input").input_value() == "path majority"
+    assert number("K (paths)") == 7
+    assert page.get_by_label("model", exact=True).is_checked()
+    columns = "() => ['#lossless-text', '#lossy-text'].map((c) => document.querySelector(c + ' .dm-text').innerText)"
+    opened = page.evaluate(columns)
+    page.locator("#run-button").click()
+    page.wait_for_function("() => /^Done/.test(document.querySelector('#status').innerText)", timeout=60_000)
+    assert page.evaluate(columns) == opened  # the same run again
     page.close()

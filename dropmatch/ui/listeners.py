@@ -9,7 +9,7 @@ import gradio as gr
 from ..acceptance import knob_by_key
 from ..builtin_lessons import SPECS
 from ..config import METHOD_SETTINGS, PRESETS, Settings
-from ..record import Downloads, recorded_runs
+from ..record import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
 from ..studio import Studio
@@ -159,14 +159,23 @@ def _lab_listeners(ui: Ui, studio: Studio) -> None:
 
 
 def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
+    """A recorded run, shipped or uploaded, shown with its prompt, rule and settings put back in the controls."""
+    restored = [name for name in ui.setting_names() if name not in ("pair", "target_id", "draft_id")]
+
+    def with_settings(view: dict) -> dict:
+        record = view.get("last_run")
+        settings = views.settings_view(record) if isinstance(record, RunRecord) else {}
+        return ui.bind({**view, **{name: value for name, value in settings.items() if name in restored}})
+
     def on_recorded_choice(title):
-        return ui.bind(_copy(shipped_view(title)) if title in recorded_runs() else {})
+        return with_settings(_copy(shipped_view(title)) if title in recorded_runs() else {})
 
     def on_recorded_upload(file):
-        return ui.bind(callbacks.open_recorded(downloads, file))
+        return with_settings(callbacks.open_recorded(downloads, file))
 
-    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
-    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+    outputs = [*ui.view_components(), *(ui.component(name) for name in restored)]
+    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, outputs, api_visibility="private")
+    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, outputs, api_visibility="private")
 
 
 def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: str) -> dict:

@@ -222,6 +222,18 @@ def with_cannot_act(text: str, trace) -> str:
     return f"{headline}\n\n**{note}**" + (f"\n\n{rest}" if rest else "")
 
 
+def settings_view(record: RunRecord) -> dict:
+    """A run's prompt, rule and settings as the Settings controls hold them, by Settings name (an auto knob's box
+    says "auto"; the pair stays as chosen): a loaded run put back in the controls, so that Run runs it again."""
+    decode, rule = record.lossy.decode_config, record.lossy.rule_config
+    knobs = {KNOBS[name].user_key: ("auto" if value is None else str(value)) if KNOBS[name].auto else value
+             for name, value in rule.knobs.items() if name in KNOBS}
+    return {"prompt": record.prompt, "rule": record.rule, "gamma": "auto" if decode.gamma_auto else str(decode.gamma),
+            "temperature": decode.temperature, "top_p": decode.top_p, "max_new_tokens": decode.max_new_tokens,
+            "seed": decode.seed, "draft_source": decode.draft_source, "run_autoregressive": record.ar is not None,
+            "gamma_tuned_for_rule": decode.gamma_tuned_for_rule, **knobs}
+
+
 def fix_view(trace) -> dict:
     """The fix button under the verdict: shown with the settings it applies where the rule could not act."""
     rule = RULES.get(trace.rule)
