@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -76,13 +77,31 @@ def test_run_on_an_example_fills_both_columns_every_chart_and_the_step_view(embe
 # ---------------------------------------------------------------- the page on a model-free engine
 
 
+def _lengthened(engine_class):
+    """A FakeEngine whose runs make `tokens` new tokens whatever max new tokens says (the page's slider stops at
+    512), so that the page can be tested on runs of any length."""
+    class Lengthened(engine_class):
+        tokens = 96
+
+        def speculative(self, prompt_ids, decode, *args, **kwargs):
+            return super().speculative(prompt_ids, dataclasses.replace(decode, max_new_tokens=self.tokens), *args, **kwargs)
+
+        def autoregressive(self, prompt_ids, decode, *args, **kwargs):
+            return super().autoregressive(prompt_ids, dataclasses.replace(decode, max_new_tokens=self.tokens), *args, **kwargs)
+
+    return Lengthened
+
+
 @pytest.fixture(scope="module")
 def fake_page():
-    """(url, browser): the app on a FakeEngine, served on loopback, with Debian's Chromium."""
+    """(url, browser, engine): the app on a FakeEngine of runs of engine.tokens tokens, served on loopback, with
+    Debian's Chromium."""
     from conftest import fake_app_served
     from fake_engine import FakeEngine
 
-    yield from fake_app_served(FakeEngine(max_context=10_000))
+    engine = _lengthened(FakeEngine)(max_context=20_000)
+    for url, browser in fake_app_served(engine):
+        yield url, browser, engine
 
 
 def _page(browser, url: str, width: int = 1400, height: int = 900, settings: bool = False):
@@ -97,7 +116,7 @@ def _page(browser, url: str, width: int = 1400, height: int = 900, settings: boo
 
 def test_max_new_tokens_typed_as_letters_or_an_empty_box_says_what_it_became(fake_page):
     """Letters or an empty box in max new tokens are set to 1 by Gradio: one line under the control says so."""
-    url, browser = fake_page
+    url, browser, _ = fake_page
     page = _page(browser, url, settings=True)
     field = page.get_by_label("number input for max new tokens", exact=True)
     block = page.locator("#settings .block").filter(has=field).last
@@ -136,7 +155,7 @@ def _run_file(path: Path) -> dict:
 
 def test_an_opened_run_file_puts_its_prompt_rule_and_settings_back_so_run_reproduces_it(fake_page, tmp_path):
     """Opening a run file sets the prompt, the rule and the settings it was made with; Run then makes the same run."""
-    url, browser = fake_page
+    url, browser, _ = fake_page
     given = _run_file(tmp_path / "run.json")
     page = _page(browser, url, settings=True)
     open_tab(page, "Recorded runs")
@@ -154,4 +173,27 @@ def test_an_opened_run_file_puts_its_prompt_rule_and_settings_back_so_run_reprod
     page.locator("#run-button").click()
     page.wait_for_function("() => /^Done/.test(document.querySelector('#status').innerText)", timeout=60_000)
     assert page.evaluate(columns) == opened  # the same run again
+    page.close()
+
+
+ERROR_BADGES_JS = "() => Array.from(document.querySelectorAll('.error')).filter((e) => e.offsetParent).length"
+
+
+@pytest.mark.parametrize("tokens", [1, 96, 4000])
+def test_stop_during_a_run_of_any_length_leaves_no_error_badge(fake_page, tokens):
+    """Stop while runs of 1, 96 and 4,000 tokens stream: the status says Stopped (or Done), and no output wears
+    Gradio's red Error badge."""
+    url, browser, engine = fake_page
+    engine.tokens = tokens
+    page = _page(browser, url)
+    page.locator("#prompt textarea").fill(" ".join(f"w{i}" for i in range(max(tokens, 10) + 5)))
+    page.locator("#run-button").click()
+    page.wait_for_function("() => !document.querySelector('#stop-button').disabled", timeout=30_000)
+    if tokens > 96:  # stop a long run while its columns stream
+        page.wait_for_function("() => document.querySelectorAll('#lossy-text .dm-tok').length > 200", timeout=60_000)
+    page.locator("#stop-button").click()
+    page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=60_000)
+    page.wait_for_timeout(1500)  # what a cancelled event's stream says arrives after Stop's own update
+    assert page.evaluate(ERROR_BADGES_JS) == 0
+    assert re.match(r"(Stopped|Done)", page.locator("#status").inner_text()), page.locator("#status").inner_text()
     page.close()

@@ -265,14 +265,6 @@ def early_stats(state, shown: set) -> dict:
     return update
 
 
-RUNNING_STATUSES = ("Running", "Reading", "Loading", "Both runs done")  # what the status line says while a run goes on
-
-
-def status_after_stop(status: str):
-    """Stop's status line: "Stopped." while a run was going on; after a finished run, nothing changes."""
-    return "Stopped." if str(status or "").startswith(RUNNING_STATUSES) else gr.skip()
-
-
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
     """The status after a run, short enough to stay on a phone's first screen under Run."""
     if recorded_from is None:
