@@ -197,3 +197,32 @@ def test_stop_during_a_run_of_any_length_leaves_no_error_badge(fake_page, tokens
     assert page.evaluate(ERROR_BADGES_JS) == 0
     assert re.match(r"(Stopped|Done)", page.locator("#status").inner_text()), page.locator("#status").inner_text()
     page.close()
+
+
+def test_the_first_screen_at_1400x900_shows_the_verdict_and_both_columns_first_tokens(fake_page):
+    """No scrolling on a 1400x900 screen: the verdict's headline and the first tokens of both columns are in view."""
+    url, browser, _ = fake_page
+    page = _page(browser, url)
+    page.wait_for_function("() => document.querySelector('#verdict').innerText.trim().length > 0")
+    for selector in ("#verdict p", "#lossless-text .dm-tok", "#lossy-text .dm-tok"):
+        box = page.locator(selector).first.bounding_box()
+        assert box and 0 <= box["y"] and box["y"] + box["height"] <= 900, (selector, box)
+    page.close()
+
+
+def test_a_skip_link_takes_the_keyboard_past_the_tokens(fake_page):
+    """Tab reaches "Skip past the tokens" before any token; Enter on it puts the next Tab on the tabs, not a token."""
+    url, browser, _ = fake_page
+    page = _page(browser, url)
+    page.locator("#prompt textarea").focus()
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("() => document.activeElement.className")
+        assert "dm-tok" not in focused, "a token was reached before the skip link"
+        if "dm-skip" in focused:
+            break
+    assert page.locator(".dm-skip").evaluate("(e) => e.getBoundingClientRect().width > 0")  # seen while focused
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.getAttribute('role')") == "tab"
+    page.close()

@@ -134,6 +134,8 @@ LAYOUT_CSS = """
 @media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
 #stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
 #theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
+.dm-skip { position: absolute; left: -10000px; }  /* shown only while it has the keyboard's focus */
+.dm-skip:focus { position: static; display: inline-block; padding: 4px 10px; border: 2px solid currentColor; }
 #verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
 .dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
 """
@@ -257,11 +259,12 @@ def build_layout() -> Ui:
 
 
 def _run_view(parts: dict) -> None:
-    """The Watch group above its tabs: examples, settings, the legend with its terms, the verdict, both columns."""
+    """The Watch group above its tabs: examples, settings, the verdict, both columns (on a 1400x900 first screen
+    with their first tokens), then the legend with its terms (each column has its own colour key)."""
     _examples(parts)
     _settings(parts)
-    gr.HTML(legend_html() + TERMS_HTML, elem_id="legend")
     _columns(parts)
+    gr.HTML(f'<div id="dm-after-tokens" tabindex="-1"></div>{legend_html()}{TERMS_HTML}', elem_id="legend")
 
 
 def _prompt_and_pair(parts: dict) -> None:
@@ -354,6 +357,8 @@ def _columns(parts: dict) -> None:
     # A rule that could not act at these settings: the fix it names, one click away (views.fix_view).
     parts["fix_button"] = gr.Button("", visible=False, size="sm", elem_id="fix-button")
     parts["fix_settings"] = gr.State({})
+    # A keyboard user's way past the columns' hundreds of focusable tokens (to the tabs: Replay's Play, ...).
+    gr.HTML('<a class="dm-skip" href="#dm-after-tokens">Skip past the tokens</a>', elem_id="skip-tokens", padding=False)
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
