@@ -402,3 +402,26 @@ def test_a_recorded_runs_settings_put_back_in_the_controls_parse_to_its_own():
         assert view["prompt"] == record.prompt and view["rule"] == record.rule, title
         assert decode == record.lossy.decode_config, title
         assert rule == record.lossy.rule_config, title
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB "#rrggbb"."""
+    linear = [(c / 255) for c in bytes.fromhex(colour[1:])]
+    r, g, b = [((c + 0.055) / 1.055) ** 2.4 if c > 0.04045 else c / 12.92 for c in linear]
+    xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    x, y, z = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
+    return 116 * y - 16, 500 * (x - y), 200 * (y - z)
+
+
+def test_every_rule_and_the_runs_star_wear_colours_told_apart_in_trade_offs():
+    """No two rules' lines, nor a rule and this run's star, share a colour (CIE76 distance at least 20)."""
+    import itertools
+    import math
+
+    from dropmatch.acceptance import RULES
+    from dropmatch.plots import RUN_STAR
+
+    colours = {name: rule.colour for name, rule in RULES.items()} | {"this run's star": RUN_STAR["color"]}
+    for (a, first), (b, second) in itertools.combinations(colours.items(), 2):
+        assert math.dist(_lab(first), _lab(second)) >= 20, (a, first, b, second)
