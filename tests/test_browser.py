@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from local_server import open_tab, serve_locally
+from local_server import TEXT_CONTRAST_JS, assert_contrast, open_tab, serve_locally
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,4 +225,19 @@ def test_a_skip_link_takes_the_keyboard_past_the_tokens(fake_page):
     page.keyboard.press("Enter")
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.getAttribute('role')") == "tab"
+    page.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_every_text_of_the_first_view_with_settings_open_meets_4_5_contrast(fake_page, theme):
+    """Hint text, slider ends, Run, the selected tab and the footer too: WCAG's 4.5:1 in both themes."""
+    url, browser, _ = fake_page
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(url + f"?__theme={theme}")
+    page.wait_for_function("() => document.querySelectorAll('#lossy-text .dm-tok').length > 5", timeout=60_000)
+    page.locator("#settings").get_by_text("Settings", exact=True).first.click()
+    page.locator("#rule-choice").wait_for(state="visible")
+    found = page.evaluate(TEXT_CONTRAST_JS, "body")
+    assert len(found) > 300 and any("info" in str(item["cls"]) for item in found)
+    assert_contrast(found)
     page.close()
