@@ -81,9 +81,9 @@ BASE_CSS = """
 .dm-command { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.85rem; padding: 6px 8px; border-radius: 6px; }
 .dm-scroll { overflow-x: auto; max-width: 100%; }  /* a wide table scrolls inside its box on a phone */
 .dm-lab { max-height: 560px; overflow: auto; }
-.dm-lab table { border-collapse: collapse; font-size: 0.95rem; }
-.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 8px; border: 1px solid #cfd8dc; }
-.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
+.dm-lab table { border-collapse: collapse; font-size: 0.9rem; }
+.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 6px; border: 1px solid #cfd8dc; }
+.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 6px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
 .dm-hide-rejected .dm-tok.dm-rejected { display: none; }
@@ -521,7 +521,7 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
     rule; a cell's colour is its reason, its hover the numbers the rule read. disagreements_only:
     only the rows where the rules do not all decide alike."""
     rules = matrix["rules"]
-    head = "".join(f"<th title=\"{html.escape(rule['name'])}\">{html.escape(rule['label'])}</th>" for rule in rules)
+    head = "".join(f"<th title=\"{html.escape(rule['label'])}\">{html.escape(_short(rule))}</th>" for rule in rules)
     body = []
     for row in matrix["rows"]:
         if disagreements_only and len({cell["accepted"] for cell in row["cells"]}) == 1:
@@ -542,6 +542,12 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
             else "<p>No drafted tokens in this run.</p>"
     return (f'<div class="dm-lab"><table><tr><th>round</th><th>slot</th><th>drafted</th>{head}</tr>'
             f'{"".join(body)}</table></div>')
+
+
+def _short(rule: dict) -> str:
+    """A matrix column's heading: the rule's short column title (its label is the heading's hover)."""
+    known = RULES.get(rule["name"])
+    return known.title or known.label.split(" (")[0] if known else rule["label"]
 
 
 def lab_summary_html(matrix: dict) -> str:

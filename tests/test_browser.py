@@ -241,3 +241,21 @@ def test_every_text_of_the_first_view_with_settings_open_meets_4_5_contrast(fake
     assert len(found) > 300 and any("info" in str(item["cls"]) for item in found)
     assert_contrast(found)
     page.close()
+
+
+OVERFLOWING_JS = """(selector) => [...document.querySelectorAll(selector + ' *')].filter((e) => e.offsetParent !== null
+    && e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX))
+    .map((e) => `${e.tagName}.${String(e.className).slice(0, 40)}#${e.id}: ${e.scrollWidth} > ${e.clientWidth}`)"""
+
+
+@pytest.mark.parametrize("tab, selector", [("Rule lab", "#lab-tab"), ("Step through", "#step-tab"),
+                                           ("Robustness", "#robustness-tab")])
+def test_the_wide_tabs_fit_1400_px_without_inner_scrollbars_or_clipped_controls(fake_page, tab, selector):
+    """At 1400 px the rule lab's controls and matrix, the step table and every Robustness table fit their boxes."""
+    url, browser, _ = fake_page
+    page = _page(browser, url)
+    open_tab(page, tab)
+    page.locator(selector + " table").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(500)
+    assert page.evaluate(OVERFLOWING_JS, selector) == []
+    page.close()

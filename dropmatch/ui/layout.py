@@ -140,6 +140,10 @@ LAYOUT_CSS = """
 @media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
 #stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
 #theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
+/* At a desktop's width the wide tables wrap their cells instead of scrolling in a box of their own (a phone's
+   keeps each row on one line and scrolls it). */
+@media (min-width: 1000px) { .dm-nowrap-table th, .dm-nowrap-table td { white-space: normal; } }
+#lab-knobs > .form, #lab-knobs { flex-wrap: wrap; }
 .dm-skip { position: absolute; left: -10000px; }  /* shown only while it has the keyboard's focus */
 .dm-skip:focus { position: static; display: inline-block; padding: 4px 10px; border: 2px solid currentColor; }
 #verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
@@ -341,6 +345,8 @@ def knob_control(knob: Knob, rule: str, elem_id: str, lab: bool = False):
     value = DEFAULTS.knobs.get(knob.user_key, knob.app_default) if not lab else knob.default
     common = dict(label=knob.label + (" (or auto)" if knob.auto and not lab else ""), info=None if lab else knob.help,
                   elem_id=elem_id, visible=lab or knob_shown(knob.name, rule))
+    if lab:  # wide enough for its label, number box and slider ends: the lab's row wraps instead of clipping them
+        common["min_width"] = 250
     if knob.auto and not lab:
         return gr.Textbox(value=str(value), **common)
     if knob.kind is bool:
@@ -420,7 +426,7 @@ def _lab_tab(parts: dict) -> None:
                     "rule at once, re-judged through the models' heads when you move a control. The totals under "
                     "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
                     "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
-        with gr.Row():  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
+        with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
             parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
                                   for knob in KNOBS.values() if knob.lab}
         with gr.Row():
