@@ -1,5 +1,5 @@
 // The toy head: a vocabulary of 6 tokens, a hidden state h of 8 numbers, a head W (6 x 8), the
-// draft's distribution q and K dropout masks, computed live in the page with the project's formulas
+// draft's distribution q and K dropout masks (each path's uniform draws against 1 - p, so they follow p), computed live in the page with the project's formulas
 // (dropmatch/toy_head.py runs the Python functions on the same inputs; tests/test_toy_head.py
 // checks the two agree). Greedy: the smooth distributions are read at T = 1. Gradio runs this file
 // as the toy head component's js_on_load (`element` is the component).
@@ -92,17 +92,22 @@
   function normal(next) { return Math.sqrt(-2 * Math.log(1 - next())) * Math.cos(2 * Math.PI * next()); }
   const round2 = (x) => Math.round(x * 100) / 100;
   const headOf = (seed) => { const next = stream(seed); return TOKENS.map(() => Array.from({length: H}, () => round2(normal(next)))); };
-  const masksOf = (k, p, next) => Array.from({length: k}, () => Array.from({length: H}, () => (next() < 1 - p ? 1 : 0)));
+  // A path keeps h_j where its uniform draw u_j < 1 - p: the draws stay when p moves, so every mask follows p
+  // (p = 0 keeps every coordinate: each path is the clean target, as in the engine, and the rules are lossless).
+  const drawsOf = (k, next) => Array.from({length: k}, () => Array.from({length: H}, () => next()));
+  const keepOf = (draws, p) => draws.map((row) => row.map((u) => (u < 1 - p ? 1 : 0)));
+  // Draws that give a shipped preset's masks at its p: a kept coordinate's below 1 - p, a dropped one's above.
+  const drawsFor = (keep, p, next) => keep.map((row) => row.map((m) => (m ? next() * (1 - p) : 1 - p + next() * p)));
 
   function presetState(name) {
     const s = SHIPPED.presets[name];
     const weights = s.q.slice();
-    return {W: SHIPPED.W, h: s.h.slice(), qWeights: weights, keep: s.keep.map((m) => m.slice()), p: s.p, draft: s.draft, seed: 1, preset: name};
+    return {W: SHIPPED.W, h: s.h.slice(), qWeights: weights, draws: drawsFor(s.keep, s.p, stream(3)), p: s.p, draft: s.draft, seed: 1, preset: name};
   }
   function inputOf(state) {
     const total = sum(state.qWeights);
     const q = total > 0 ? state.qWeights.map((x) => x / total) : state.qWeights.map(() => 1 / V);
-    return {W: state.W, h: state.h, q, keep: state.keep, p: state.p, draft: state.draft};
+    return {W: state.W, h: state.h, q, keep: keepOf(state.draws, state.p), p: state.p, draft: state.draft};
   }
 
   // ------------------------------------------------ the view
@@ -124,7 +129,7 @@
     return `<div class="dm-toy-row">${presets}<button type="button" data-act="masks">new masks</button>
       <label>head seed <input type="number" data-field="seed" value="${state.seed}" min="0" step="1" style="width:5em"></label>
       <button type="button" data-act="head">new head</button></div>
-      <div class="dm-toy-row">${slider("k", 0, state.keep.length, 1, 16, 1, "K paths")}${slider("p", 0, state.p, 0, 0.9, 0.01, "dropout p")}
+      <div class="dm-toy-row">${slider("k", 0, state.draws.length, 1, 16, 1, "K paths")}${slider("p", 0, state.p, 0, 0.9, 0.01, "dropout p")}
       <label>draft token <select data-field="draft">${draft}</select></label></div>
       <details open><summary>hidden state h (8 numbers) and the draft's q (weights, normalised to sum 1)</summary><div class="dm-toy-sliders">
       ${state.h.map((x, j) => slider("h", j, x, -3, 3, 0.01, "h" + (j + 1))).join("")}</div><div class="dm-toy-sliders">
@@ -132,11 +137,11 @@
   }
 
   function outputHtml(state, n) {
-    const input = inputOf(state);
+    const input = inputOf(state), keep = input.keep;
     const tok = (i) => (i < 0 ? "(tie)" : TOKENS[i]);
     const probsRow = (row, top) => row.map((x, i) => `<td class="${i === top ? "dm-toy-top" : ""}">${fmt(x)}</td>`).join("");
     const head = `<tr><th>row</th><th>mask m (■ kept)</th>${TOKENS.map((t) => `<th>${t}</th>`).join("")}<th>argmax</th><th>JS vs centroid</th></tr>`;
-    const paths = n.path_probs.map((row, k) => `<tr data-path="${k}"><td>path ${k + 1}</td><td class="dm-toy-mask">${state.keep[k].map((m) => (m ? "■" : "□")).join("")}</td>
+    const paths = n.path_probs.map((row, k) => `<tr data-path="${k}"><td>path ${k + 1}</td><td class="dm-toy-mask">${keep[k].map((m) => (m ? "■" : "□")).join("")}</td>
       ${probsRow(row, n.path_tokens[k])}<td>${tok(n.path_tokens[k])}</td><td>${fmt(n.path_js[k], 4)}</td></tr>`).join("");
     const clean = `<tr><td>clean target</td><td class="dm-toy-mask">■■■■■■■■</td>${probsRow(n.target_probs, n.target_token)}<td>${tok(n.target_token)}</td><td></td></tr>`;
     const centroid = `<tr class="dm-toy-centroid"><td>centroid</td><td>mean of the paths</td>${probsRow(n.centroid, topToken(n.centroid))}<td></td><td>max: ${fmt(n.threshold, 4)}</td></tr>`;
@@ -151,7 +156,7 @@
       <div class="dm-toy-js"><div>JS(q ‖ centroid) ${bar(n.js_draft_centroid / scale, "dm-toy-draft")} ${fmt(n.js_draft_centroid, 4)}</div>
       <div>threshold = max path JS ${bar(n.threshold / scale, "dm-toy-threshold")} ${fmt(n.threshold, 4)}
       (${n.js_draft_centroid <= n.threshold ? "within: JS accepts" : "above: JS rejects"})</div></div>
-      <p>Votes: ${votes}. Majority token: ${tok(n.majority_token)} with ${n.majority_votes}; the draft has ${n.draft_votes}, majority needs ${n.votes_needed} of ${state.keep.length}.</p>
+      <p>Votes: ${votes}. Majority token: ${tok(n.majority_token)} with ${n.majority_votes}; the draft has ${n.draft_votes}, majority needs ${n.votes_needed} of ${keep.length}.</p>
       <table class="dm-toy-verdicts"><tr><th>rule</th><th>verdict on “${tok(input.draft)}”</th></tr>${verdicts}</table>`;
   }
 
@@ -172,8 +177,8 @@
       if (field === "q") this.state.qWeights[i] = value;
       if (field === "p") this.state.p = Math.min(Math.max(value, 0), 0.9);
       if (field === "draft") this.state.draft = value;
-      if (field === "k") this.state.keep = value > this.state.keep.length
-        ? this.state.keep.concat(masksOf(value - this.state.keep.length, this.state.p, this.next)) : this.state.keep.slice(0, value);
+      if (field === "k") this.state.draws = value > this.state.draws.length
+        ? this.state.draws.concat(drawsOf(value - this.state.draws.length, this.next)) : this.state.draws.slice(0, value);
       const out = el.parentElement.querySelector("output");
       if (out) out.textContent = fmt(value, field === "k" ? 0 : 2);
       this.render(false);
@@ -182,7 +187,7 @@
       const button = e.target.closest("button");
       if (!button) return;
       if (button.dataset.preset) { this.state = presetState(button.dataset.preset); this.render(true); return; }
-      if (button.dataset.act === "masks") this.state.keep = masksOf(this.state.keep.length, this.state.p, this.next);
+      if (button.dataset.act === "masks") this.state.draws = drawsOf(this.state.draws.length, this.next);
       if (button.dataset.act === "head") {
         const seed = Math.max(0, Math.floor(Number(this.host.querySelector("[data-field=seed]").value) || 0));
         this.state.seed = seed;
@@ -190,6 +195,7 @@
       }
       this.render(false);
     }
+    input() { return inputOf(this.state); }
     render(withControls) {
       if (withControls) this.host.querySelector("[data-controls]").innerHTML = controlsHtml(this.state);
       this.numbers = compute(inputOf(this.state));

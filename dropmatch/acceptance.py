@@ -671,7 +671,7 @@ for _rule in (
     Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p",
          knobs=PATH_KNOBS, checks=("naive",)),
     # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
-    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#1565c0", check=_js, checks=("js",),
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#42a5f5", check=_js, checks=("js",),
          knobs=PATH_KNOBS, reads_draft=True),
     Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p",
          knobs=MAJORITY_KNOBS, checks=("majority",), numbers=_path_numbers),
@@ -690,12 +690,12 @@ for _rule in (
     Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
          check=_dropmatch_judge, knob="p", knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True,
          checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
-    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#f9a825", check=_fly,
+    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#2e7d32", check=_fly,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
          reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1, title="FLy",
          authors_gamma=15,
          port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
-    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#9e9d24", check=_ensemble,
+    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#c0ca33", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
          title="static ensemble",
@@ -703,7 +703,7 @@ for _rule in (
          exact_on_lookup="the static ensemble never judges prompt-lookup drafts (transformers refuses "
                          "assistant_ensemble_weight with prompt lookup; against a one-hot q it would accept any "
                          "token the target gives mass): a lookup round gets the exact test"),
-    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#5d4037", check=_mars,
+    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#c62828", check=_mars,
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
          numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS",
          port=MARS_PORT),

@@ -263,6 +263,7 @@ class Engine:
         prefill.mark("end")
         seconds = prefill.read()
         t_calibration = prefill.between("calibration", "calibrated", seconds)
+        self.services.note_prefill(len(prompt_ids), seconds["end"] - t_calibration)
         run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
                         masks, space.verify_cost, states=[] if keep_states else None)
         return run, _Prefill(first_logits, seconds["end"] - t_calibration, t_calibration,

@@ -5,6 +5,7 @@ or re-judges its runs.
 
     services = PairServices(pair)
     services.token_text(42)          # " the"
+    services.stream_texts([42, 7])   # each token's text in its run, whole characters only
     services.step_costs()            # measured once, on first use
     services.rule_lab(trace, RuleConfig("dropmatch", p=0.2))
 """
@@ -34,7 +35,9 @@ class PairServices:
         self._judge = judge  # None: the shipped one where it fits, looked up on first use
         self._judge_looked_up = judge is not None
         self._token_texts: dict[int, str] = {}
+        self._joined_texts: dict[tuple[int, ...], str] = {}  # stream_texts' decodes of several tokens
         self._costs: drafting.StepCosts | None = None
+        self.prefill: tuple[int, float] | None = None  # (tokens, seconds): the longest prompt a run read so far
 
     @property
     def judge(self) -> TrainedJudge | None:
@@ -77,7 +80,21 @@ class PairServices:
         return text
 
     def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
-        return tuple(self.token_text(i) for i in ids)
+        """Each token's text in this run of tokens (stream_texts): what a trace keeps per output token."""
+        return self.stream_texts(ids)
+
+    def stream_texts(self, ids) -> tuple[str, ...]:
+        """Each token's text as it reads in the run `ids` (stream_texts), decodes cached."""
+        return stream_texts(ids, self._joined_text)
+
+    def _joined_text(self, ids: tuple[int, ...]) -> str:
+        if len(ids) == 1:
+            return self.token_text(ids[0])
+        text = self._joined_texts.get(ids)
+        if text is None:
+            text = self._joined_texts[ids] = (self.tokenizer.decode(list(ids)) if self.tokenizer
+                                                 else "".join(map(self.token_text, ids)))
+        return text
 
     # ------------------------------------------------------------ the trained judge and the rule lab
 
@@ -99,7 +116,13 @@ class PairServices:
         prepared = lab.prepare(trace, self.target, self.draft)
         return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
 
-    # ------------------------------------------------------------ step costs (gamma = auto)
+    # ------------------------------------------------------------ step costs (gamma = auto) and prefill
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A run read a prompt of `tokens` in `seconds`: the longest one read is what a long prompt's notice
+        estimates its reading time from (a short prompt's rate says little about a long one's)."""
+        if self.prefill is None or tokens >= self.prefill[0]:
+            self.prefill = (tokens, seconds)
 
     @property
     def measured_costs(self) -> drafting.StepCosts | None:
@@ -115,6 +138,26 @@ class PairServices:
         if self._costs is None:
             self._costs = measure_step_costs(self.target, self.draft)
         return self._costs
+
+
+BROKEN = "\ufffd"  # what a tokenizer decodes a character's partial bytes to
+MAX_CHARACTER_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so at most 4 byte-level tokens
+
+
+def stream_texts(ids, decode) -> tuple[str, ...]:
+    """Each token's text as it reads in the run `ids`: a token that ends inside a character (byte-level
+    tokenizers split Arabic, CJK and emoji into byte tokens) shows "", its bytes joining the next token's text,
+    so no text holds a broken character and they join to the run's text. decode: a tuple of ids -> text."""
+    texts, pending = [], ()
+    for token in ids:
+        pending += (token,)
+        text = decode(pending)
+        if text.endswith(BROKEN) and len(pending) < MAX_CHARACTER_TOKENS:
+            texts.append("")  # not a whole character yet
+            continue
+        texts.append(text)
+        pending = ()
+    return tuple(texts)
 
 
 @torch.inference_mode()

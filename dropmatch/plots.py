@@ -17,6 +17,8 @@ from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
 RUN_COLORS = {"lossless": "#455a64", "lossy": "#1565c0", "autoregressive": "#9e9e9e"}
+# The run's own point in Trade-offs: a yellow star outlined in black, a colour no rule wears (test_app checks).
+RUN_STAR = dict(symbol="star", size=18, color="#ffd600", line=dict(width=1.5, color="#212121"))
 FONT = dict(size=16)
 MAX_HEATMAP_COLUMNS = 60
 
@@ -249,7 +251,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         for row, x in ((1, current["target_nll"]), (2, 100 * (current.get("off_nucleus_rate") or 0.0))):
             fig.add_trace(go.Scatter(x=[x], y=[100 * current["tau_gain"]], mode="markers",
                                      name=current.get("label", "this run"), legendgroup="current",
-                                     showlegend=row == 1, marker=dict(symbol="star", size=18, color="#d81b60")),
+                                     showlegend=row == 1, marker=RUN_STAR),
                           row=row, col=1)
     if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
         for row, x1 in ((1, reference["target_nll"]), (2, 100 * MAX_OFF_NUCLEUS)):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from typing import Callable
+from typing import Callable, Sequence
 
 from .acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
 from .config import DecodeConfig, RuleConfig
@@ -81,16 +81,16 @@ BASE_CSS = """
 .dm-command { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.85rem; padding: 6px 8px; border-radius: 6px; }
 .dm-scroll { overflow-x: auto; max-width: 100%; }  /* a wide table scrolls inside its box on a phone */
 .dm-lab { max-height: 560px; overflow: auto; }
-.dm-lab table { border-collapse: collapse; font-size: 0.95rem; }
-.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 8px; border: 1px solid #cfd8dc; }
-.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 8px; text-align: center; cursor: help; white-space: nowrap; }
+.dm-lab table { border-collapse: collapse; font-size: 0.9rem; }
+.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 6px; border: 1px solid #cfd8dc; }
+.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 6px; text-align: center; cursor: help; white-space: nowrap; }
 .dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
 .dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
-body.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
+.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
 .dm-rejected-toggle { margin-top: 4px; font-size: 0.85rem; padding: 2px 8px; border-radius: 6px; border: 1px solid #90a4ae;
   background: transparent; color: inherit; cursor: pointer; }
-.dm-rejected-toggle .dm-when-hidden, body.dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
-body.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
+.dm-rejected-toggle .dm-when-hidden, .dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
+.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
 """
 
 
@@ -169,12 +169,18 @@ END_TEXT = "⟨end⟩"  # an end of text's place in a column: a new token like a
 
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
                 stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken], str] | None = None,
-                rejected: bool = False) -> list[tuple[str, str, str]]:
+                rejected: bool = False, texts: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """(text, kind, tooltip) for every emitted token, in order, an end of text (stop_ids) shown as END_TEXT
     with the kind of whatever emitted it. why: a drafted token's sentence (explainer). rejected: also each
-    round's rejected draft, kind "rejected", just before the correction that replaced it."""
+    round's rejected draft, kind "rejected", just before the correction that replaced it. texts: the run's
+    own text of each output token (first, then every emitted one: trace.token_texts), where a character
+    split across tokens reads whole; else each token's own text."""
+    position = 0  # the token's in the output (first token 0)
+
     def shown(token: int) -> str:
-        return END_TEXT if token in stop_ids else token_text(token)
+        if token in stop_ids:
+            return END_TEXT
+        return texts[position] if texts else token_text(token)
 
     def ending(token: int) -> str:
         return "\nthe end of text: the answer stops here" if token in stop_ids else ""
@@ -184,11 +190,13 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
         spans.append((shown(first_token), "first", "first token, from the prefill call" + ending(first_token)))
     for r in rounds:
         for j, token in enumerate(r.emitted):
+            position += 1
             refused = rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted)
             if refused:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((shown(d.token), "rejected", tip + (f"\nwhy: {why(d)}" if why else "")))
+                spans.append((token_text(d.token).replace("\ufffd", "") or "◌", "rejected",
+                              tip + (f"\nwhy: {why(d)}" if why else "")))
             if j < r.num_accepted:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source) + ending(token)
@@ -255,8 +263,8 @@ def key_html(kinds: list[str]) -> str:
 
 
 def rejected_toggle(count: int) -> str:
-    """The switch that hides or shows the struck-through rejected drafts (both columns; layout's POPOVER_JS
-    toggles the page's dm-hide-rejected class), with how many this column has."""
+    """The switch that hides or shows this column's struck-through rejected drafts (layout's REJECTED_TOGGLE_JS
+    toggles the column's dm-hide-rejected class), with how many it has."""
     if not count:
         return ""
     return (f'<button type="button" class="dm-rejected-toggle"><span class="dm-when-shown">Hide</span>'
@@ -608,7 +616,7 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
     rule; a cell's colour is its reason, its hover the numbers the rule read. disagreements_only:
     only the rows where the rules do not all decide alike."""
     rules = matrix["rules"]
-    head = "".join(f"<th title=\"{html.escape(rule['name'])}\">{html.escape(rule['label'])}</th>" for rule in rules)
+    head = "".join(f"<th title=\"{html.escape(rule['label'])}\">{html.escape(_short(rule))}</th>" for rule in rules)
     body = []
     for row in matrix["rows"]:
         if disagreements_only and len({cell["accepted"] for cell in row["cells"]}) == 1:
@@ -629,6 +637,12 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
             else "<p>No drafted tokens in this run.</p>"
     return (f'<div class="dm-lab"><table><tr><th>round</th><th>slot</th><th>drafted</th>{head}</tr>'
             f'{"".join(body)}</table></div>')
+
+
+def _short(rule: dict) -> str:
+    """A matrix column's heading: the rule's short column title (its label is the heading's hover)."""
+    known = RULES.get(rule["name"])
+    return known.title or known.label.split(" (")[0] if known else rule["label"]
 
 
 def lab_summary_html(matrix: dict) -> str:

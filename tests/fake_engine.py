@@ -22,7 +22,9 @@ class FakeServices:
 
     def __init__(self, engine: "FakeEngine"):
         self.token_text = engine.token_text
+        self.stream_texts = lambda ids: tuple(map(engine.token_text, ids))  # whole words: no character is split
         self.measured_costs = None
+        self.prefill = None  # (tokens, seconds) of the longest prompt read: the fake reads in no time
 
 
 class FakeEngine:

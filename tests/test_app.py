@@ -317,3 +317,113 @@ def test_model_work_is_one_group_of_one_and_cheap_events_are_not_queued_behind_i
                 fn.concurrency_limit > 1, fn.name
     assert heavy <= names and {"on_first_visit", "step_view", "on_recorded_choice"} <= names
     assert demo._queue.default_concurrency_limit > 1
+
+
+SPLIT_TEXTS = ("مرحبا بالعالم، كيف حالك؟", "你好，世界。今天天气很好", "party 🎉👍🏽 time 🧑‍🚀")
+
+
+@pytest.fixture(scope="module")
+def embedded_services():
+    """PairServices over the embedded pair's own tokenizer (byte-level BPE, offline), without its models."""
+    import os
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from dropmatch.models.loading import embedded_target_source
+    from dropmatch.pair_services import PairServices
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    tokenizer = AutoTokenizer.from_pretrained(embedded_target_source()[0])
+    return PairServices(SimpleNamespace(target=None, draft=None, tokenizer=tokenizer, source="embedded", spec=None))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", SPLIT_TEXTS, ids=("arabic", "cjk", "emoji"))
+def test_columns_show_characters_split_across_tokens_whole(embedded_services, text):
+    """Arabic, CJK and emoji answers: a running column and a finished run's column hold no U+FFFD, and read as the text."""
+    import html as html_lib
+    import re
+    from types import SimpleNamespace
+
+    from dropmatch.compare import Column
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.record import RunRecord
+    from dropmatch.trace import GenerationTrace, RoundTrace
+    from dropmatch.ui import views
+
+    ids = embedded_services.tokenizer(text)["input_ids"]
+    assert any("\ufffd" in embedded_services.token_text(t) for t in ids)  # the tokenizer does split characters
+    rounds = [RoundTrace(i, ids[i], (), (t,), "target", 0, 0.0, 0.01, 0.002, 0.0, 0.012, 1) for i, t in enumerate(ids[1:])]
+    engine = SimpleNamespace(services=embedded_services, stop_ids=frozenset())
+    running = views.column_html(Column("lossless", rounds), engine, DecodeConfig(), RuleConfig("lossless"))
+    trace = GenerationTrace("ar", "autoregressive", None, DecodeConfig(), RuleConfig("lossless"), (1,), ids[0],
+                            tuple(rounds), tuple(ids), embedded_services.decode_tokens(ids), text, "max_new_tokens", 0.1, 0.2)
+    record = RunRecord(text, "dropmatch", False, trace, trace, None, {t: embedded_services.token_text(t) for t in ids})
+    for column in (running, views.trace_html(trace, record)):
+        shown = html_lib.unescape("".join(re.findall(r'<span class="dm-tok[^"]*"[^>]*>([^<]*)</span>', column)))
+        assert "\ufffd" not in column and shown == text
+
+
+def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_engine):
+    """After a run, the notice's seconds are that run's measured prefill rate, not a per-position verify cost."""
+    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.engine import run_to_end
+    from dropmatch.ui.views import prompt_note
+
+    ids = [(7 * i + 3) % 200 for i in range(300)]
+    run_to_end(tiny_engine.speculative(ids, DecodeConfig(gamma=2, max_new_tokens=4), RuleConfig("lossless")))
+    tokens, seconds = tiny_engine.services.prefill
+    assert tokens >= 300 and seconds > 0
+    long_prompt = " ".join(["word"] * 1500)
+    expected = seconds * len(tiny_engine.encode(long_prompt)) / tokens
+    assert f"≈ {expected:.{0 if expected >= 10 else 1}f} s per run" in prompt_note(long_prompt, tiny_engine)
+
+
+def test_the_ensemble_at_temperature_0_runs_its_transformers_peer_greedy(tiny_engine):
+    """Greedy settings run transformers' static ensemble greedy too: no raw "strictly positive float" error."""
+    from dropmatch.compare import compare_stream
+    from dropmatch.config import DecodeConfig, RuleConfig
+
+    *_, state = compare_stream(tiny_engine, "what is two plus three?", DecodeConfig(gamma=3, max_new_tokens=8),
+                               RuleConfig("ensemble"), run_ar=False)
+    assert state.phase == "done" and state.peer["tokens"] > 0
+
+
+def test_a_recorded_runs_settings_put_back_in_the_controls_parse_to_its_own():
+    """Each shipped run's prompt, rule and settings, as the controls would hold them, parse to the run's own configs."""
+    from dropmatch.config import DEFAULTS, Settings
+    from dropmatch.record import read_recorded_run, recorded_runs
+    from dropmatch.ui.views import settings_view
+
+    assert recorded_runs()
+    for title, path in recorded_runs().items():
+        record = read_recorded_run(path)
+        view = settings_view(record)
+        decode, rule = Settings(**{**DEFAULTS.as_arguments(), **view}).parse()
+        assert view["prompt"] == record.prompt and view["rule"] == record.rule, title
+        assert decode == record.lossy.decode_config, title
+        assert rule == record.lossy.rule_config, title
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB "#rrggbb"."""
+    linear = [(c / 255) for c in bytes.fromhex(colour[1:])]
+    r, g, b = [((c + 0.055) / 1.055) ** 2.4 if c > 0.04045 else c / 12.92 for c in linear]
+    xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    x, y, z = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
+    return 116 * y - 16, 500 * (x - y), 200 * (y - z)
+
+
+def test_every_rule_and_the_runs_star_wear_colours_told_apart_in_trade_offs():
+    """No two rules' lines, nor a rule and this run's star, share a colour (CIE76 distance at least 20)."""
+    import itertools
+    import math
+
+    from dropmatch.acceptance import RULES
+    from dropmatch.plots import RUN_STAR
+
+    colours = {name: rule.colour for name, rule in RULES.items()} | {"this run's star": RUN_STAR["color"]}
+    for (a, first), (b, second) in itertools.combinations(colours.items(), 2):
+        assert math.dist(_lab(first), _lab(second)) >= 20, (a, first, b, second)

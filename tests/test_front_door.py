@@ -209,8 +209,12 @@ def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
 
     measured = FakeEngine()
     measured.services.measured_costs = StepCosts(draft_step=0.001, verify_base=0.02, verify_per_position=0.002)
+    assert "≈" not in prompt_note(long_prompt, measured)  # a cost per verified position says little of a prefill
+    measured.services.prefill = (3000, 36.0)  # a run here read 3,000 tokens in 36 s
     note = prompt_note(long_prompt, measured)
-    assert "≈ 3.0 s" in note  # 0.02 + 0.002 * 1499, said as this machine's
+    assert "≈ 18 s per run" in note and "83 tokens/s" in note  # 36 * 1500 / 3000, said as this machine's
+    measured.services.prefill = (500, 1.5)
+    assert "at least ≈ 4.5 s" in prompt_note(long_prompt, measured)  # beyond the longest read: a lower bound
 
 
 def test_the_right_columns_title_names_the_rule_as_a_reader_does():
@@ -226,8 +230,9 @@ def test_the_right_columns_title_names_the_rule_as_a_reader_does():
 @pytest.mark.browser
 @pytest.mark.parametrize("width", [390, 1400])
 def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(fake_app_page, width):
-    """Each cell of the Robustness table holds one line (the table scrolls in its box instead of breaking
-    "dropmatch_judge" or "ΔNLL"), and the command block wraps inside the page."""
+    """No cell of the Robustness table breaks a word ("dropmatch_judge", "ΔNLL"): on a phone each holds one line
+    (the table scrolls in its box); at 1400 px the cells wrap between words and the table fits without a
+    scrollbar of its own (issue 67). The command block wraps inside the page."""
     url, browser = fake_app_page
     page = _opened(browser, url, width=width)
     open_tab(page, "Robustness")
@@ -237,7 +242,12 @@ def test_the_robustness_tables_cells_break_no_word_and_its_command_shows_whole(f
         .filter(c => { const s = getComputedStyle(c); const line = parseFloat(s.lineHeight) || 1.4 * parseFloat(s.fontSize);
                        return c.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom) > 1.6 * line; })
         .map(c => c.innerText)""")
-    assert tall == []
+    broken = page.evaluate("""() => [...document.querySelectorAll('#robustness-table th, #robustness-table td')]
+        .filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)""")
+    assert (tall if width < 1000 else broken) == []
+    if width >= 1000:
+        assert page.evaluate("() => [...document.querySelectorAll('#robustness-table .dm-scroll')]"
+                             ".every(e => e.scrollWidth <= e.clientWidth + 1)")
     command = page.locator("#robustness-table pre")
     box = command.bounding_box()
     assert box["x"] + box["width"] <= width + 1

@@ -163,10 +163,10 @@ def test_a_tokens_popover_stays_inside_the_window_at_its_bottom_edge(fake_app_pa
 
 
 def test_tau_js_and_the_centroid_are_defined_in_a_line_each_beside_the_legend(fake_app_page):
-    """Under the colour legend, where the columns' colours and numbers are first met: one line for each term."""
+    """Under the colour legend (below the columns, whose keys name their colours): one line for each term."""
     url, browser = fake_app_page
     page = _page(browser, url)
-    legend = page.locator(".dm-legend").filter(has_text="correction").first
+    legend = page.locator("#legend .dm-legend").filter(has_text="correction").first
     terms = page.locator(".dm-terms > *")
     assert terms.count() == 3
     defined = terms.all_inner_texts()

@@ -36,7 +36,7 @@ def _settings(page) -> None:
 
 def test_the_first_view_strikes_through_rejected_drafts_with_their_reason_and_a_switch_hides_them(fly_app_page):
     """The shipped run's lossy column shows .dm-rejected tokens before their corrections; a rejected draft's
-    popover names its verdict and why the rule turned it down; the switch hides them in both columns."""
+    popover names its verdict and why the rule turned it down; each column's switch hides its own, saying Hide or Show."""
     url, browser = fly_app_page
     page = _first_view(browser, url)
     rejected = page.locator("#lossy-text .dm-tok.dm-rejected")
@@ -48,12 +48,20 @@ def test_the_first_view_strikes_through_rejected_drafts_with_their_reason_and_a_
     popover.wait_for(state="visible")
     text = popover.inner_text()
     assert "rejected" in text and "rejected:" in text and ("JS" in text or "paths" in text), text
-    page.locator("#lossy-text .dm-rejected-toggle").click()
-    page.wait_for_function("() => document.body.classList.contains('dm-hide-rejected')")
-    assert not page.locator("#lossy-text .dm-tok.dm-rejected").first.is_visible()
-    assert not page.locator("#lossless-text .dm-tok.dm-rejected").first.is_visible()
-    page.locator("#lossy-text .dm-rejected-toggle").click()
+    lossy, lossless = page.locator("#lossy-text .dm-rejected-toggle"), page.locator("#lossless-text .dm-rejected-toggle")
+    count = rejected.count()
+    assert lossy.inner_text() == f"Hide the {count} rejected drafts (struck through)"
+    lossy.click()
+    page.locator("#lossy-text .dm-tok.dm-rejected").first.wait_for(state="hidden")
+    assert lossy.inner_text() == f"Show the {count} rejected drafts (struck through)"
+    assert page.locator("#lossless-text .dm-tok.dm-rejected").first.is_visible()  # the other column keeps its own
+    assert lossless.inner_text().startswith("Hide the ")
+    lossless.click()
+    page.locator("#lossless-text .dm-tok.dm-rejected").first.wait_for(state="hidden")
+    assert lossless.inner_text().startswith("Show the ")
+    lossy.click()
     assert page.locator("#lossy-text .dm-tok.dm-rejected").first.is_visible()
+    assert lossy.inner_text().startswith("Hide the ") and lossy.get_attribute("aria-pressed") == "false"
     page.close()
 
 

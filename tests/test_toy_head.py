@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from toy_head import TOY_RULES, toy_numbers
+from toy_head import PATH_RULES, TOY_RULES, keep_at, toy_numbers
 
 from local_server import TEXT_CONTRAST_JS, assert_contrast, assert_no_horizontal_scroll, open_tab
 
@@ -84,6 +84,25 @@ def test_the_fixtures_reach_every_verdict_of_every_rule():
     for rule in TOY_RULES:
         assert {"exact", "rejected"} <= seen[rule], (rule, seen[rule])
         assert len(seen[rule]) >= (2 if rule == "lossless" else 3), (rule, seen[rule])
+
+
+def assert_lossless(numbers: dict, draft: int, where: str) -> None:
+    """Every path rule accepts the draft only as the clean target's own top token."""
+    wanted = "exact" if draft == numbers["target_token"] else "rejected"
+    assert all(numbers["verdicts"][rule] == wanted for rule in PATH_RULES), (where, numbers["verdicts"], wanted)
+
+
+def test_the_toy_heads_masks_follow_p_and_at_p_0_accept_only_the_targets_top_token():
+    """The page's masks come from fixed draws against 1 - p: at p = 0 every path is the clean target (lossless)."""
+    generator = torch.Generator().manual_seed(1)
+    lossy_before = 0
+    for fixture in random_fixtures(50):
+        draws = torch.rand(len(fixture["keep"]), 8, generator=generator, dtype=torch.float64).tolist()
+        at_p = python_numbers({**fixture, "keep": keep_at(draws, fixture["p"])})
+        lossy_before += any(at_p["verdicts"][rule] not in ("exact", "rejected") for rule in PATH_RULES)
+        assert keep_at(draws, 0.0) == [[1] * 8] * len(draws)
+        assert_lossless(python_numbers({**fixture, "keep": keep_at(draws, 0.0), "p": 0.0}), fixture["draft"], "p = 0")
+    assert lossy_before > 5  # the same draws at the fixtures' own p let the path rules accept other tokens
 
 
 def test_assert_close_tells_a_wrong_number():
@@ -165,6 +184,28 @@ def test_moving_a_control_recomputes_live_and_new_masks_redraw_the_paths(toy_pag
     masks = page.locator(".dm-toy-mask").all_inner_texts()
     page.locator("[data-act=masks]").click()
     assert page.locator(".dm-toy-mask").all_inner_texts() != masks
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_toy_head_at_p_0_keeps_every_coordinate_and_accepts_only_the_targets_top_token(toy_page):
+    """Moving p to 0 redraws the masks (all kept): the path rules accept only the clean target's top token, as in
+    Python; moving p back restores the preset's masks and its lossy verdict."""
+    url, browser = toy_page
+    page = _open(browser, url)
+    for name in ("flat", "majority"):
+        page.locator(f"[data-preset={name}]").click()
+        shown = page.locator(".dm-toy-mask").all_inner_texts()
+        lossy = page.evaluate("window.DMToy.current.numbers.verdicts")
+        page.locator("input[data-field=p]").fill("0")
+        assert set(page.locator("[data-path] .dm-toy-mask").all_inner_texts()) == {"■" * 8}
+        given, numbers = page.evaluate("[window.DMToy.current.input(), window.DMToy.current.numbers]")
+        assert_close(numbers, toy_numbers(given["W"], given["h"], given["q"], given["keep"], 0.0, given["draft"]), name)
+        assert_lossless(numbers, given["draft"], name)
+        page.locator("input[data-field=p]").fill(str(page.evaluate(f"window.DMToy.presetInput('{name}').p")))
+        assert page.locator(".dm-toy-mask").all_inner_texts() == shown
+        assert page.evaluate("window.DMToy.current.numbers.verdicts") == lossy
     page.close()
 
 

@@ -20,6 +20,13 @@ from dropmatch.sampling import signal_probs
 from reference_rules import scan_reasons
 
 TOY_RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")
+PATH_RULES = ("naive", "js", "majority", "dropmatch")  # the rules that read the K paths, lossless at p = 0
+
+
+def keep_at(draws, p: float) -> list[list[int]]:
+    """draws [K, H] uniforms in [0, 1): the page's keep masks at dropout p (a coordinate kept where its draw < 1 - p),
+    so the masks follow p and p = 0 keeps every coordinate (assets/toy_head.js keepOf)."""
+    return [[int(u < 1 - p) for u in row] for row in draws]
 
 
 def toy_numbers(weight, hidden, q_draft, keep, p: float, draft_token: int, majority_fraction: float = 0.8,

@@ -89,7 +89,8 @@ def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: li
     """transformers' own static-ensemble verification (assisted generation with `assistant_ensemble_weight`,
     DIVERSED's rule), sampled at the same temperature and top-p on the same pair, timed; seeded with
     torch.manual_seed(seed) (its draws are not ours, so its tokens are a sample of the same rule, not a copy).
-    Returns (new tokens, seconds)."""
+    Temperature 0 is greedy (transformers then keeps a draft where it is the mixture's argmax; sampling
+    refuses a temperature of 0). Returns (new tokens, seconds)."""
     config = draft.model.generation_config
     saved = {name: getattr(config, name, None) for name in ("num_assistant_tokens", "num_assistant_tokens_schedule")}
     if gamma is not None:
@@ -98,7 +99,8 @@ def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: li
     torch.manual_seed(seed)
     try:
         return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model,
-                               sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0),
+                               sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+                               if temperature > 0 else None,
                                assistant_ensemble_weight=weight)
     finally:
         for name, value in saved.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -50,9 +51,11 @@ def _same(shown, wanted) -> bool:
         return str(shown).strip() == str(wanted)
 
 
-def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
+def run_comparison(studio: Studio, downloads: Downloads, settings: Settings, stop: threading.Event | None = None):
     """Yields partial views (by Ui field name) while both columns grow, then the finished view.
-    The pair loads outside the GPU call (on ZeroGPU only the generation runs in it: `generation`)."""
+    The pair loads outside the GPU call (on ZeroGPU only the generation runs in it: `generation`).
+    stop: Stop's flag, read at every step: the run then ends itself, its columns as they are, "Stopped." (a
+    cancelled event could leave Gradio's Error badges and a late "Running" status)."""
     try:
         decode, rule = settings.parse()
         studio.policy.check_length(decode.max_new_tokens)
@@ -67,7 +70,12 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings):
         cleared = {"lossy_header": views.lossy_title(rule.rule), "lossless_out": "", "lossy_out": "",
                    "lossless_stats": "", "lossy_stats": "", "verdict": "", "fix_button": gr.update(visible=False)}
         record, reading, said = None, Reading(rule), False
-        for item in generation(studio, engine, settings, decode, rule, reading):
+        items = generation(studio, engine, settings, decode, rule, reading)
+        for item in items:
+            if stop is not None and stop.is_set():
+                items.close()
+                yield {"status": "Stopped."}
+                return
             if isinstance(item, RunRecord):
                 record = item
                 continue

@@ -24,10 +24,13 @@ SESSION_TTL_S = 3600
 # A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
 # Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
 # it opens below the token, or above it near the window's bottom, and never leaves the window.
-# The switch under a column that hides or shows the struck-through rejected drafts, in both columns at once.
+# The switch under a column that hides or shows its struck-through rejected drafts: a class on the column itself
+# (Gradio scopes the page's styles under its container, so a class on <body> would match no scoped rule), which
+# stays through the column's later runs.
 REJECTED_TOGGLE_JS = """
 element.addEventListener('click', (e) => {
-  if (e.target.closest('.dm-rejected-toggle')) document.body.classList.toggle('dm-hide-rejected');
+  const toggle = e.target.closest('.dm-rejected-toggle');
+  if (toggle) toggle.setAttribute('aria-pressed', String(element.classList.toggle('dm-hide-rejected')));
 });
 """
 POPOVER_JS = """
@@ -84,26 +87,32 @@ document.addEventListener('click', (e) => {
   if (pinned && !element.contains(e.target)) { pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
 });
 """
-# A number typed outside a slider's range is set to the nearest end by Gradio without a word: say so, in one line
-# under the control, until the next change (the capture phase sees the typed value before Gradio clamps it).
+# A number typed outside a slider's range, or no number at all (letters, an empty box), is set by Gradio without a
+# word: say so, in one line under the control, until the next change (the capture phase sees the typed value
+# before Gradio clamps it; what a non-number became is read after Gradio's own handler).
 CLAMP_JS = """
 if (!window.dmClampNotes) {
   window.dmClampNotes = true;
+  const say = (block, text) => {
+    let note = block.querySelector('.dm-clamp');
+    if (!text) { if (note) note.remove(); return; }
+    if (!note) { note = document.createElement('div'); note.className = 'dm-clamp'; note.setAttribute('role', 'status'); block.append(note); }
+    note.textContent = text;
+  };
   document.addEventListener('change', (e) => {
     const input = e.target;
     if (!(input instanceof HTMLInputElement) || input.type !== 'number' || !input.closest('#settings')) return;
     const block = input.closest('.block') || input.parentElement;
     const typed = input.value, value = Number(typed);
     const min = input.min === '' ? null : Number(input.min), max = input.max === '' ? null : Number(input.max);
-    let text = '';
-    if (typed !== '' && !Number.isNaN(value)) {
-      if (min !== null && value < min) text = typed + ' is below the smallest value this setting takes: it is set to ' + min + '.';
-      else if (max !== null && value > max) text = typed + ' is above the largest value this setting takes: it is set to ' + max + '.';
+    if (typed === '' && min !== null) {
+      setTimeout(() => say(block, 'That is not a number (letters or an empty box): it is set to ' + input.value + '.'), 50);
+      return;
     }
-    let note = block.querySelector('.dm-clamp');
-    if (!text) { if (note) note.remove(); return; }
-    if (!note) { note = document.createElement('div'); note.className = 'dm-clamp'; note.setAttribute('role', 'status'); block.append(note); }
-    note.textContent = text;
+    let text = '';
+    if (min !== null && value < min) text = typed + ' is below the smallest value this setting takes: it is set to ' + min + '.';
+    else if (max !== null && value > max) text = typed + ' is above the largest value this setting takes: it is set to ' + max + '.';
+    say(block, text);
   }, true);
 }
 """
@@ -119,12 +128,24 @@ TERMS_HTML = ('<div class="dm-terms"><span><b>tau</b>: tokens per target call (r
               'apart two next-token distributions are (0 = the same, at most ln 2 ≈ 0.69).</span><span><b>centroid'
               '</b>: the mean of the K dropout paths\' distributions, the point the draft is measured against.</span>'
               '</div>')
-# The group row reads as the page's navigation; Stop looks inactive until a run goes on.
+# The group row reads as the page's navigation; Stop looks inactive until a run goes on. Gradio's default theme
+# draws hint text (1.9:1), Run's white on orange (2.8:1) and the selected tab's orange (2.8:1) under WCAG's 4.5:1:
+# darker shades, in both themes.
 LAYOUT_CSS = """
+:root, .gradio-container { --body-text-color-subdued: #5f6368; --color-accent: #c2410c;
+  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
+.dark, .dark .gradio-container { --body-text-color-subdued: #b0b7c3; --color-accent: #fb923c;
+  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
 #tabs > .tab-wrapper button[role=tab] { font-size: 1.1rem; font-weight: 600; }
 @media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
 #stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
 #theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
+/* At a desktop's width the wide tables wrap their cells instead of scrolling in a box of their own (a phone's
+   keeps each row on one line and scrolls it). */
+@media (min-width: 1000px) { .dm-nowrap-table th, .dm-nowrap-table td { white-space: normal; } }
+#lab-knobs > .form, #lab-knobs { flex-wrap: wrap; }
+.dm-skip { position: absolute; left: -10000px; }  /* shown only while it has the keyboard's focus */
+.dm-skip:focus { position: static; display: inline-block; padding: 4px 10px; border: 2px solid currentColor; }
 #verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
 .dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
 """
@@ -248,11 +269,12 @@ def build_layout() -> Ui:
 
 
 def _run_view(parts: dict) -> None:
-    """The Watch group above its tabs: examples, settings, the legend with its terms, the verdict, both columns."""
+    """The Watch group above its tabs: examples, settings, the verdict, both columns (on a 1400x900 first screen
+    with their first tokens), then the legend with its terms (each column has its own colour key)."""
     _examples(parts)
     _settings(parts)
-    gr.HTML(legend_html() + TERMS_HTML, elem_id="legend")
     _columns(parts)
+    gr.HTML(f'<div id="dm-after-tokens" tabindex="-1"></div>{legend_html()}{TERMS_HTML}', elem_id="legend")
 
 
 def _prompt_and_pair(parts: dict) -> None:
@@ -323,6 +345,8 @@ def knob_control(knob: Knob, rule: str, elem_id: str, lab: bool = False):
     value = DEFAULTS.knobs.get(knob.user_key, knob.app_default) if not lab else knob.default
     common = dict(label=knob.label + (" (or auto)" if knob.auto and not lab else ""), info=None if lab else knob.help,
                   elem_id=elem_id, visible=lab or knob_shown(knob.name, rule))
+    if lab:  # wide enough for its label, number box and slider ends: the lab's row wraps instead of clipping them
+        common["min_width"] = 250
     if knob.auto and not lab:
         return gr.Textbox(value=str(value), **common)
     if knob.kind is bool:
@@ -345,6 +369,8 @@ def _columns(parts: dict) -> None:
     # A rule that could not act at these settings: the fix it names, one click away (views.fix_view).
     parts["fix_button"] = gr.Button("", visible=False, size="sm", elem_id="fix-button")
     parts["fix_settings"] = gr.State({})
+    # A keyboard user's way past the columns' hundreds of focusable tokens (to the tabs: Replay's Play, ...).
+    gr.HTML('<a class="dm-skip" href="#dm-after-tokens">Skip past the tokens</a>', elem_id="skip-tokens", padding=False)
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
@@ -400,7 +426,7 @@ def _lab_tab(parts: dict) -> None:
                     "rule at once, re-judged through the models' heads when you move a control. The totals under "
                     "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
                     "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
-        with gr.Row():  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
+        with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
             parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
                                   for knob in KNOBS.values() if knob.lab}
         with gr.Row():

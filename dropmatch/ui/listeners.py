@@ -9,7 +9,7 @@ import gradio as gr
 from ..acceptance import knob_by_key
 from ..builtin_lessons import SPECS
 from ..config import METHOD_SETTINGS, PRESETS, Settings
-from ..record import Downloads, recorded_runs
+from ..record import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
 from ..studio import Studio
@@ -28,9 +28,18 @@ METHOD_NOTE = ("Settings: the paper's own (DropMatch, K 5 paths, p 0.3, the mean
 def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
     """Every event of the app, in one place."""
 
-    def on_run(*values):
-        for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(ui.setting_names(), values)))):
-            yield ui.bind(view)
+    stops: dict[str, threading.Event] = {}  # each page's Stop flag for its latest Run, by session
+
+    def on_run(request: gr.Request, *values):
+        session = request.session_hash if request else ""
+        stop = stops.setdefault(session, threading.Event())
+        try:
+            for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(ui.setting_names(), values))),
+                                                 stop):
+                yield ui.bind(view)
+        finally:
+            if stops.get(session) is stop:
+                del stops[session]
 
     def shipped_view(title: str) -> dict:
         """A shipped run's views, computed once per server and shared (read-only) by every visitor:
@@ -48,7 +57,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
                      trigger_mode="always_last", api_visibility="private", show_progress="hidden")
     first_visit = _visit_listeners(demo, ui, janitor, shipped_view)
-    _run_listeners(ui, on_run, first_visit, janitor)
+    _run_listeners(ui, on_run, first_visit, janitor, stops)
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
@@ -98,19 +107,26 @@ def _visit_listeners(demo: gr.Blocks, ui: Ui, janitor: SessionJanitor, shipped_v
                      api_visibility="private")
 
 
-def _run_listeners(ui: Ui, on_run, first_visit, janitor: SessionJanitor) -> None:
+def _run_listeners(ui: Ui, on_run, first_visit, janitor: SessionJanitor, stops: dict) -> None:
     """Run (cancelling the first visit's display if it is still on its way, and noting the press so that a
     first visit that had not yet reached the queue lands nothing) and Stop. Run shows the columns (the Watch
-    group) and makes Stop active until the run ends, fails or is stopped."""
+    group) and makes Stop active until the run ends, fails or is stopped. Stop sets the run's flag (made at the
+    press, so that a run still queued is stopped too): the run ends itself at its next step."""
     def on_press(request: gr.Request):
         janitor.user_did(request.session_hash, "ran")
+        stops[request.session_hash] = threading.Event()
         return gr.Tabs(selected="watch"), _stop_button(active=True)
+
+    def on_stop(request: gr.Request):
+        stop = stops.get(request.session_hash)
+        if stop is not None:
+            stop.set()
 
     ui.run_button.click(on_press, None, [ui.tabs, ui.stop_button], api_visibility="private", queue=False)
     run_event = ui.run_button.click(on_run, ui.setting_components(), ui.view_components(), cancels=[first_visit],
                                     api_visibility="private", concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
     run_event.then(_stop_button, None, ui.stop_button, api_visibility="private", queue=False)
-    ui.stop_button.click(views.status_after_stop, ui.status, ui.status, cancels=[run_event], api_visibility="private"
+    ui.stop_button.click(on_stop, None, None, api_visibility="private", queue=False
                          ).then(_stop_button, None, ui.stop_button, api_visibility="private", queue=False)
 
 
@@ -159,14 +175,23 @@ def _lab_listeners(ui: Ui, studio: Studio) -> None:
 
 
 def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
+    """A recorded run, shipped or uploaded, shown with its prompt, rule and settings put back in the controls."""
+    restored = [name for name in ui.setting_names() if name not in ("pair", "target_id", "draft_id")]
+
+    def with_settings(view: dict) -> dict:
+        record = view.get("last_run")
+        settings = views.settings_view(record) if isinstance(record, RunRecord) else {}
+        return ui.bind({**view, **{name: value for name, value in settings.items() if name in restored}})
+
     def on_recorded_choice(title):
-        return ui.bind(_copy(shipped_view(title)) if title in recorded_runs() else {})
+        return with_settings(_copy(shipped_view(title)) if title in recorded_runs() else {})
 
     def on_recorded_upload(file):
-        return ui.bind(callbacks.open_recorded(downloads, file))
+        return with_settings(callbacks.open_recorded(downloads, file))
 
-    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, ui.view_components(), api_visibility="private")
-    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, ui.view_components(), api_visibility="private")
+    outputs = [*ui.view_components(), *(ui.component(name) for name in restored)]
+    ui.recorded_choice.change(on_recorded_choice, ui.recorded_choice, outputs, api_visibility="private")
+    ui.recorded_upload.upload(on_recorded_upload, ui.recorded_upload, outputs, api_visibility="private")
 
 
 def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: str) -> dict:

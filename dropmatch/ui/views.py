@@ -42,14 +42,17 @@ def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
     """A column of a running comparison (compare.Column), with a cursor until it is done; each token's
     popover ends with the rule's sentence for it (decode, rule: the column's settings)."""
     why = explainer(engine.services.token_text, decode, rule)
-    spans = token_spans(column.first_token, column.rounds, engine.services.token_text, engine.stop_ids, why, rejected=True)
+    ids = [] if column.first_token is None else [column.first_token, *(t for r in column.rounds for t in r.emitted)]
+    spans = token_spans(column.first_token, column.rounds, engine.services.token_text, engine.stop_ids, why,
+                        rejected=True, texts=engine.services.stream_texts(ids))
     return text_html(spans, cursor=not column.done)
 
 
 def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
     stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
     why = explainer(record.token_text, trace.decode_config, trace.rule_config)
-    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids, why, rejected=True))
+    return text_html(token_spans(trace.first_token, list(trace.rounds), record.token_text, stop_ids, why, rejected=True,
+                                 texts=trace.token_texts))
 
 
 def figures_of(record: RunRecord) -> dict:
@@ -220,6 +223,18 @@ def with_cannot_act(text: str, trace) -> str:
     return f"{headline}\n\n**{note}**" + (f"\n\n{rest}" if rest else "")
 
 
+def settings_view(record: RunRecord) -> dict:
+    """A run's prompt, rule and settings as the Settings controls hold them, by Settings name (an auto knob's box
+    says "auto"; the pair stays as chosen): a loaded run put back in the controls, so that Run runs it again."""
+    decode, rule = record.lossy.decode_config, record.lossy.rule_config
+    knobs = {KNOBS[name].user_key: ("auto" if value is None else str(value)) if KNOBS[name].auto else value
+             for name, value in rule.knobs.items() if name in KNOBS}
+    return {"prompt": record.prompt, "rule": record.rule, "gamma": "auto" if decode.gamma_auto else str(decode.gamma),
+            "temperature": decode.temperature, "top_p": decode.top_p, "max_new_tokens": decode.max_new_tokens,
+            "seed": decode.seed, "draft_source": decode.draft_source, "run_autoregressive": record.ar is not None,
+            "gamma_tuned_for_rule": decode.gamma_tuned_for_rule, **knobs}
+
+
 def fix_view(trace) -> dict:
     """The fix button under the verdict: shown with the draft length it applies where too few of the run's rounds
     drafted what the rule needs to act (render.draft_length_fix)."""
@@ -250,14 +265,6 @@ def early_stats(state, shown: set) -> dict:
                                             state.lossy.trace)
         update.update(fix_view(state.lossy.trace))
     return update
-
-
-RUNNING_STATUSES = ("Running", "Reading", "Loading", "Both runs done")  # what the status line says while a run goes on
-
-
-def status_after_stop(status: str):
-    """Stop's status line: "Stopped." while a run was going on; after a finished run, nothing changes."""
-    return "Stopped." if str(status or "").startswith(RUNNING_STATUSES) else gr.skip()
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
@@ -332,7 +339,7 @@ CHARS_PER_TOKEN = 4  # the rough count said while no tokenizer is loaded
 
 def prompt_note(prompt: str, engine) -> str:
     """One line under a long prompt, before the run: its tokens (the loaded pair's tokenizer; a rough count by
-    characters while none is loaded) and, once this machine's step costs are measured, what reading it costs."""
+    characters while none is loaded) and, once a run on this machine read a prompt, what reading this one costs."""
     if not isinstance(prompt, str) or len(prompt) < LONG_PROMPT_TOKENS:
         return ""
     if engine is None:
@@ -344,11 +351,21 @@ def prompt_note(prompt: str, engine) -> str:
     tokens = len(engine.encode(prompt))
     if tokens < LONG_PROMPT_TOKENS:
         return ""
-    costs = engine.services.measured_costs
-    cost = "" if costs is None else (f" Reading it once takes ≈ {costs.verify(tokens):.1f} s on this machine (from the "
-                                     "target's measured cost per position; attention over a long context costs more).")
-    return (f"⏱ A long prompt: **{tokens:,} tokens**.{cost} Each of the three runs (lossless SD, the rule, the "
-            "autoregressive baseline) reads it, then attends over it at every step: expect a slower run.")
+    return (f"⏱ A long prompt: **{tokens:,} tokens**.{_reading_time(tokens, engine.services.prefill)} Each of the three "
+            "runs (lossless SD, the rule, the autoregressive baseline) reads it, then attends over it at every step: "
+            "expect a slower run.")
+
+
+def _reading_time(tokens: int, prefill: tuple[int, float] | None) -> str:
+    """The seconds reading `tokens` takes, at the rate a run on this machine read its longest prompt (prefill:
+    (tokens, seconds)); "at least" beyond it, as attention makes every further token slower. "" before any run."""
+    if not prefill or prefill[1] <= 0:
+        return ""
+    read, seconds = prefill
+    estimate = seconds * tokens / read
+    bound = "at least " if tokens > read else ""
+    return (f" Reading it takes {bound}≈ {estimate:.{0 if estimate >= 10 else 1}f} s per run on this machine (at the "
+            f"{read / seconds:,.0f} tokens/s a run here read a {read:,}-token prompt).")
 
 
 def load_status_view(status) -> tuple:
