@@ -124,7 +124,7 @@ def test_a_run_the_rule_ended_early_says_so_first_and_is_never_called_a_win():
     assert text.startswith("Ended the answer early (9 tokens against 40)"), text
     headline = text.split("\n\n")[0]
     assert "no win" in headline and "fewer target calls per token than" not in headline
-    record = SimpleNamespace(rule="mars", lossless=lossless, lossy=early, made="")
+    record = SimpleNamespace(rule="mars", lossless=lossless, lossy=early, made="", ar=None, alone_tokens_per_s=None)
     assert verdict_markdown(record, lossless_metrics, lossy_metrics, None).startswith("Ended the answer early (9 tokens")
     assert not verdict(lossless_metrics, summarize(lossless, lossless=lossless), "MARS").startswith("Ended")
     assert outside_on_length(9, [30, 40], ended_by_rule=False) and outside_on_length(40, [30], ended_by_rule=True)

@@ -404,6 +404,20 @@ def test_each_forced_cpu_kernel_gives_the_tokens_of_torchs_default_and_is_record
     assert f"1 row {kernel} / few {kernel}" in runs[1].kernels and runs[1].weights == runs[0].weights
 
 
+def test_transformers_own_generate_runs_on_torchs_default_kernels_and_ours_come_back(tiny_dirs, monkeypatch):
+    """The yardstick (plain generate(), references._timed_generate) runs every layer on torch's default, as
+    the model a user loads does; after it, the layers hold the kernels the loader chose."""
+    from dropmatch.models import ChosenLinear
+    from dropmatch.models.cpu_kernels import torch_default_kernels
+
+    engine = _engine_with_kernels(tiny_dirs, "rows", monkeypatch)
+    layers = [m for model in (engine.target.model, engine.draft.model) for m in model.modules()
+              if isinstance(m, ChosenLinear)]
+    with torch_default_kernels(engine.target.model, None, engine.draft.model):
+        assert layers and all((m.one, m.few) == ("torch", "torch") for m in layers)
+    assert all((m.one, m.few) == ("rows", "rows") for m in layers)
+
+
 def test_measured_cpu_kernels_choose_among_the_known_ones_and_say_so(tiny_dirs, monkeypatch):
     """Unpinned, the loader measures each weight shape and picks one of the known kernels per row
     class; the summary names every non-default choice (or "torch"); a bad pin is one line."""

@@ -66,7 +66,7 @@ class CausalLM:
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
         # transformers 5.25 renamed the decoder's past_key_values to cache (the old name warns, then goes in 5.40)
-        self._cache_name = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
+        self.cache_name = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
         # The blocks' dtype: the decoder's last parameter (its final norm), not the first, which may
         # be an input embedding shared with a model that computes in another dtype.
         self.compute_dtype = list(self.decoder.parameters())[-1].dtype
@@ -134,7 +134,7 @@ class CausalLM:
             sizes = [min(PREFILL_CHUNK, size - start) for size in sizes for start in range(0, size, PREFILL_CHUNK)]
         parts, read = [], 0
         for chunk in input_ids.split(sizes):
-            out = self.decoder(input_ids=chunk.view(1, -1), use_cache=True, **{self._cache_name: cache})
+            out = self.decoder(input_ids=chunk.view(1, -1), use_cache=True, **{self.cache_name: cache})
             parts.append(out.last_hidden_state[0])
             read += int(chunk.numel())
             if progress is not None:

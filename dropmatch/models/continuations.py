@@ -76,8 +76,8 @@ def greedy_continuations(target: CausalLM, jobs: list[Job], stop_ids: frozenset[
     first_hidden = None
     while True:
         mask = torch.cat([mask, mask.new_ones(len(jobs), 1)], 1)
-        out = target.decoder(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True)
+        out = target.decoder(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                             **{target.cache_name: cache})
         hidden = out.last_hidden_state[:, -1]
         first_hidden = hidden if first_hidden is None else first_hidden
         if all(done):

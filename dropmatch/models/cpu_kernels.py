@@ -214,15 +214,15 @@ def prepare_for_cpu(model: torch.nn.Module, free_bytes: int, environ=os.environ)
 
 
 @contextlib.contextmanager
-def torch_default_kernels(model: torch.nn.Module):
-    """Within the block, every ChosenLinear of the model takes torch's default, as the plain model a
-    user loads does (the yardstick of transformers' own generate())."""
-    layers = [m for m in model.modules() if isinstance(m, ChosenLinear)]
+def torch_default_kernels(*models: torch.nn.Module | None):
+    """Within the block, every ChosenLinear of the models (None: none) takes torch's default, as the plain
+    model a user loads does (the yardstick of transformers' own generate())."""
+    layers = [m for model in models if model is not None for m in model.modules() if isinstance(m, ChosenLinear)]
     chosen = [(m.one, m.few) for m in layers]
     for layer in layers:
         layer.one = layer.few = "torch"
     try:
-        yield model
+        yield
     finally:
         for layer, (one, few) in zip(layers, chosen):
             layer.one, layer.few = one, few

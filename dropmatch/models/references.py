@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .causal_lm import CausalLM, synchronize
+from .cpu_kernels import torch_default_kernels
 
 
 def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids) -> list[int]:
@@ -126,12 +127,13 @@ def prompt_lookup_generate(target: CausalLM, prompt_ids: list[int], max_new_toke
 
 def _timed_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids,
                     sampling: dict | None = None, **options):
-    """sampling: generate()'s sampling arguments (default greedy)."""
+    """sampling: generate()'s sampling arguments (default greedy). The models run torch's default kernels
+    (cpu_kernels.torch_default_kernels), as the plain models a user loads do: our measured kernels are ours."""
     sampling = sampling or dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     input_ids = torch.tensor([prompt_ids], device=target.device)
     synchronize(target.device)
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), torch_default_kernels(target.model, options.get("assistant_model")):
         out = target.model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
             eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], **sampling, **options,
