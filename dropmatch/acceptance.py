@@ -331,11 +331,10 @@ for _reason in (
            fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_at})", reads="judge_score"),
     Reason("fly", "FLy", "accepted by FLy (an unsure target; the next drafts agree)", "#f9a825", "#fff59d", "#6d5200",
            "overline dashed", lossy=True,
-           says="{tok} is not the target's choice {target}, but the target is unsure here (top-3 entropy "
-                "{fly_entropy:.3f} ≥ {fly_entropy_threshold:g}) and the next {fly_later} drafted tokens are the target's own "
-                "choices, so FLy lets the mismatch stand.",
-           fails="FLy lets a mismatch stand only where the target is unsure (top-3 entropy {fly_entropy:.3f}, "
-                 "threshold {fly_entropy_threshold:g}) and the next {fly_later} drafted tokens of the round are the target's",
+           says="{tok} is not the target's choice {target}, but {fly_gate} and the next {fly_later} drafted tokens are "
+                "the target's own choices, so FLy lets the mismatch stand.",
+           fails="FLy lets a mismatch stand only {fly_gate_fails}where the next {fly_later} drafted tokens of the round "
+                 "are the target's",
            reads="target_top3_entropy"),
     Reason("ensemble", "ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
            "overline double", lossy=True,
@@ -601,7 +600,16 @@ def _judge_numbers(d, cfg: RuleKnobs) -> dict:
 
 
 def _fly_numbers(d, cfg: RuleKnobs) -> dict:
-    return {"fly_entropy": d.target_top3_entropy, "fly_later": cfg.fly_window - 1}
+    """The gate's clause as it ran: off at thresholds <= FLY_GATE_OFF, else the entropy against the threshold."""
+    entropy, threshold = d.target_top3_entropy, cfg.fly_entropy_threshold
+    if threshold <= FLY_GATE_OFF:
+        gate = f"its entropy gate is off (threshold {threshold:g} ≤ {FLY_GATE_OFF:g}, as in AMD's code)"
+        gate_fails = f"({gate}) "
+    else:
+        shown = "unknown" if entropy is None else f"{entropy:.3f}"
+        gate = f"the target is unsure here (top-3 entropy {shown} ≥ {threshold:g})"
+        gate_fails = f"where the target is unsure (top-3 entropy {shown}, threshold {threshold:g}) and "
+    return {"fly_entropy": entropy, "fly_later": cfg.fly_window - 1, "fly_gate": gate, "fly_gate_fails": gate_fails}
 
 
 def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:

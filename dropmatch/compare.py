@@ -52,7 +52,7 @@ class Comparison:
     lossless: Column
     lossy: Column
     ar: GenerationTrace | None = None
-    phase: str = "running"  # running | baseline | peer | done | stopped
+    phase: str = "running"  # warm-up | running | baseline | peer | done | stopped
     target_alone: dict | None = None  # transformers' generate() on the target, timed: {"tokens", "seconds"}
     peer: dict | None = None  # transformers' own run of the rule, where it has one (static_ensemble_peer)
 
@@ -61,7 +61,8 @@ def compare_stream(
     engine, prompt: str, decode: DecodeConfig, rule: RuleConfig, run_ar: bool = True,
     stop_event: threading.Event | None = None, progress: Callable[[str, int, int], None] | None = None,
 ) -> Iterator[Comparison]:
-    """Yields the Comparison after every round of either run, then once more when done.
+    """Yields the Comparison once before the untimed warm-up (phase "warm-up"), after every round of either
+    run, then once more when done.
     progress(column, tokens read, prompt tokens): how far each column's target has read the prompt
     ("lossless" or "lossy"; Engine.speculative's progress)."""
     ids = engine.encode(prompt)
@@ -81,17 +82,26 @@ def compare_stream(
     def stopped() -> bool:
         return stop_event is not None and stop_event.is_set()
 
-    warm_up(engine, ids, decode, [RuleConfig("lossless"), rule], stop_event)
-    active = dict(runs)
-    while active:
-        for name in list(active):
-            column, run = active[name]
-            try:
-                column.rounds.append(next(run))
-            except StopIteration as stop:
-                column.trace = stop.value
-                del active[name]
-            yield state
+    try:
+        # Said before the untimed warm-up, so that a caller holds the stream (and can close it) before any
+        # model work: Gradio closes a cancelled event's generator only once its first step has returned.
+        state.phase = "warm-up"
+        yield state
+        warm_up(engine, ids, decode, [RuleConfig("lossless"), rule], stop_event)
+        state.phase = "running"
+        active = dict(runs)
+        while active:
+            for name in list(active):
+                column, run = active[name]
+                try:
+                    column.rounds.append(next(run))
+                except StopIteration as stop:
+                    column.trace = stop.value
+                    del active[name]
+                yield state
+    finally:  # a caller that stops asking (a cancelled request) ends both runs now, not at garbage collection
+        for _, run in runs.values():
+            run.close()
     if run_ar and not stopped():
         state.phase = "baseline"
         yield state

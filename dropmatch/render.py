@@ -168,10 +168,10 @@ END_TEXT = "⟨end⟩"  # an end of text's place in a column: a new token like a
 
 
 def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: TokenText,
-                stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken], str] | None = None,
+                stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken, str], str] | None = None,
                 rejected: bool = False, texts: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """(text, kind, tooltip) for every emitted token, in order, an end of text (stop_ids) shown as END_TEXT
-    with the kind of whatever emitted it. why: a drafted token's sentence (explainer). rejected: also each
+    with the kind of whatever emitted it. why: a drafted token's sentence (explainer), given its round's draft source. rejected: also each
     round's rejected draft, kind "rejected", just before the correction that replaced it. texts: the run's
     own text of each output token (first, then every emitted one: trace.token_texts), where a character
     split across tokens reads whole; else each token's own text."""
@@ -196,19 +196,20 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
                 spans.append((token_text(d.token).replace("\ufffd", "") or "◌", "rejected",
-                              tip + (f"\nwhy: {why(d)}" if why else "")))
+                              tip + (f"\nwhy: {why(d, r.draft_source)}" if why else "")))
             if j < r.num_accepted:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source) + ending(token)
-                spans.append((shown(token), d.reason, tip + (f"\nwhy: {why(d)}" if why else "")))
+                spans.append((shown(token), d.reason, tip + (f"\nwhy: {why(d, r.draft_source)}" if why else "")))
             else:
                 spans.append((shown(token), r.extra_kind, _extra_tooltip(r, token_text) + ending(token)))
     return spans
 
 
-def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) -> Callable[[DraftedToken], str]:
-    """explain() bound to a run's settings: the sentence each token's popover ends with."""
-    return lambda d: explain(d, token_text, knobs, greedy=decode.temperature == 0)
+def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) -> Callable[[DraftedToken, str], str]:
+    """explain() bound to a run's settings: the sentence each token's popover ends with, given the token's
+    round's draft source."""
+    return lambda d, source="model": explain(d, token_text, knobs, greedy=decode.temperature == 0, source=source)
 
 
 def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: str = "model") -> str:
@@ -504,10 +505,13 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
     return f'<table class="dm-stats">{body}</table>'
 
 
-def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: bool = True) -> str:
+def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: bool = True,
+            source: str = "model") -> str:
     """One plain sentence: which rule accepted or rejected this drafted token, and why. knobs: the run's
     RuleConfig (its rule names the tests it reads; its knobs' values fill the sentences). greedy False:
-    the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax.
+    the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax. source: the
+    round's draft source; where the rule does not judge such drafts (acceptance.judges_drafts), only the
+    exact test ran, and the sentence says so.
     The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     if d.reason == "exact" and not greedy:
@@ -516,6 +520,9 @@ def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: b
         return f"{tok} is the clean target's own choice (p = {d.target_token_prob:.2f}), so lossless SD accepts it too."
     if d.reason == "unchecked":
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
+    if d.reason == "rejected" and knobs.rule in RULES and not judges_drafts(knobs.rule, source):
+        return (f"{tok} rejected: " + _exact_failed(d, tok, target, greedy) + f". The target's {target} is emitted "
+                f"instead; {RULES[knobs.rule].exact_on_lookup}.")
     checks = check_names(knobs.rule)
     numbers = _numbers(d, tok, target, knobs)
     readable = [name for name in checks if not REASONS[name].reads or getattr(d, REASONS[name].reads) not in (None, ())]
@@ -595,7 +602,7 @@ def step_html(r: RoundTrace, token_text: TokenText, knobs: RuleConfig, greedy: b
             cells += [top(path) for path in d.path_top] or [""] * num_paths
             cells += [f"{d.js:.4f} / {d.threshold:.4f}", f"{d.draft_votes}/{num_paths} ({_majority_text(d, token_text)})"]
         decision = (f'<b class="dm-tok dm-{d.reason}">{d.reason}</b>'
-                    f'<div class="why">{html.escape(explain(d, token_text, knobs, greedy))}</div>')
+                    f'<div class="why">{html.escape(explain(d, token_text, knobs, greedy, r.draft_source))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"

@@ -161,16 +161,22 @@ class Studio:
         is being computed, every `every_s` seconds what waiting() says, where it says something (not
         None): a long prompt's reading progress. The next item is asked for only when this one is taken."""
         finished = object()
-        while True:
-            future = self._worker.submit(next, generator, finished)
-            while waiting is not None and not wait([future], timeout=every_s).done:
-                note = waiting()
-                if note is not None:
-                    yield note
-            item = future.result()
-            if item is finished:
-                return
-            yield item
+        try:
+            while True:
+                future = self._worker.submit(next, generator, finished)
+                while waiting is not None and not wait([future], timeout=every_s).done:
+                    note = waiting()
+                    if note is not None:
+                        yield note
+                item = future.result()
+                if item is finished:
+                    return
+                yield item
+        finally:  # a caller that stops asking (a cancelled request) ends the run on the model thread, after
+            try:  # any step in flight, not whenever the generator is garbage-collected
+                self._worker.submit(generator.close)
+            except RuntimeError:  # the model thread is shut down (Studio.close): no step is in flight
+                generator.close()
 
     def close(self) -> None:
         """Drop the pair and end the model thread. A process that keeps running torch work elsewhere

@@ -415,6 +415,21 @@ def test_fly_turns_its_entropy_gate_off_at_thresholds_up_to_0_01_as_amds_code_do
     assert reasons(RuleConfig("fly", fly_entropy_threshold=threshold), signals)[0] == expected
 
 
+def test_flys_sentence_says_its_gate_was_off_where_it_was_and_never_calls_a_sure_target_unsure():
+    """At a threshold <= 0.01 FLy's gate is off: an acceptance there says so and does not claim the target was
+    unsure (entropy 0.002 is not >= 0.005); above it the sentence reads the entropy against the threshold."""
+    from dropmatch import render
+    from dropmatch.trace import DraftedToken
+
+    token = DraftedToken(token=1, reason="fly", draft_prob=0.9, target_prob=0.0001, target_token=0, js_target=0.1,
+                         target_token_prob=0.9998, target_top3_entropy=0.002)
+    off = render.explain(token, str, RuleConfig("fly", fly_entropy_threshold=0.005))
+    assert "gate is off" in off and "unsure" not in off
+    on = render.explain(dataclasses.replace(token, target_top3_entropy=0.4), str,
+                        RuleConfig("fly", fly_entropy_threshold=0.3))
+    assert "unsure here (top-3 entropy 0.400 ≥ 0.3)" in on and "gate is off" not in on
+
+
 NUCLEUS_ROW = torch.tensor([0.5, 0.45, 0.05, 1e-9, 1e-9]).log().tolist()  # top-3 entropy 0.86; top-p 0.9: 0.69
 
 
@@ -483,6 +498,20 @@ def test_an_ensemble_run_on_prompt_lookup_drafts_is_lossless_sd(tiny_engine, dec
     step = render.step_html(next(r for r in ensemble.rounds if r.drafted), tiny_engine.services.token_text,
                             ensemble.rule_config, decode.greedy)
     assert "never judges prompt-lookup drafts" in step
+
+
+def test_a_rejected_lookup_drafts_popover_under_the_ensemble_names_the_exact_test_only():
+    """A prompt-lookup round under the ensemble ran the exact test alone: the rejection's sentence (popover,
+    step view) says so and quotes no ensemble odds; the same token from a model round reads the ensemble's."""
+    from dropmatch import render
+    from dropmatch.trace import DraftedToken
+
+    token = DraftedToken(token=1, reason="rejected", draft_prob=1.0, target_prob=0.1, target_token=0, js_target=0.1,
+                         target_token_prob=0.8)
+    why = render.explainer(str, DecodeConfig(), RuleConfig("ensemble"))
+    looked_up, drafted = why(token, "ngram"), why(token, "model")
+    assert "never judges prompt-lookup drafts" in looked_up and looked_up != drafted
+    assert "never judges prompt-lookup drafts" not in drafted
 
 
 def test_a_run_file_records_p_auto_only_for_a_rule_that_reads_p(tiny_engine):

@@ -44,6 +44,8 @@ def stream_comparison(engine, prompt: str, decode: DecodeConfig, rule: RuleConfi
         update = {"lossless_out": views.column_html(state.lossless, engine, decode, LOSSLESS),
                   "lossy_out": views.column_html(state.lossy, engine, decode, rule)}
         update.update(views.early_stats(state, shown))
+        if state.phase == "warm-up":
+            update["status"] = "Warming up both rules on the prompt's start (untimed, so neither column pays it) …"
         if state.phase == "peer":
             update["status"] = "Both runs done, and the baseline; running transformers' own static ensemble (the peer) …"
         if state.phase == "baseline":
