@@ -147,3 +147,6 @@ def test_the_bench_writes_generates_rate_per_prompt_set_with_peer(tiny_dirs, tmp
     assert alone["ours_over_peer"] == pytest.approx(numbers["rules"]["lossless"]["tokens_per_s"] / alone["tokens_per_s"])
     assert numbers["rules"]["lossless"]["speedup_vs_ar"] == pytest.approx(alone["ours_over_peer"])
     assert numbers["vs_ar_against"].startswith("transformers' generate()")
+    rows = json.loads(out_json.read_text())["prompts"]["gsm8k_test_100"]
+    assert [row["peers"]["generate"]["tokens"] for row in rows] and all(row["peers"]["generate"]["seconds"] > 0 for row in rows)
+    assert all(row["autoregressive_timing"]["wall_s"] > 0 for row in rows)

@@ -295,5 +295,9 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
                               "wall_s": g.trace.t_total}
         if result.identical:
             row["lossless_identical_to_target_greedy"] = result.identical[i]
+        # the loop's and the peers' own clocks, so ratios against generate() carry intervals over prompts too
+        row["autoregressive_timing"] = {"emitted": len(result.ar[i].trace.output_ids), "wall_s": result.ar[i].trace.t_total}
+        row["peers"] = {name: {"tokens": rows[i]["tokens"], "seconds": rows[i]["seconds"]}
+                        for name, rows in result.peers.items() if len(rows) == len(result.items)}
         rows.append(row)
     return rows
