@@ -17,7 +17,7 @@ if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` comes be
     importlib.import_module("spaces")
 
 from dropmatch.assets import EXAMPLES_FILE
-from dropmatch.record import MAX_RUN_FILE_BYTES, Downloads
+from dropmatch.runfile import MAX_RUN_FILE_BYTES, Downloads
 from dropmatch.ui import create_demo, css
 
 __all__ = ["EXAMPLES_FILE", "create_demo", "css", "main"]
@@ -29,8 +29,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT, else 7860")
     parser.add_argument("--share", action="store_true")
     args = parser.parse_args()
-    from dropmatch.config import DEFAULTS, PRESETS
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import DEFAULTS, PRESETS
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_pair
     from dropmatch.studio import Policy, Studio
     from dropmatch.ui import zerogpu

@@ -9,7 +9,7 @@ here names it). The Hub repository is another folder, written by `python scripts
 DIR` from the same package: generate.py and the decoding core beside it, needing torch and transformers only.
 """
 
-from dropmatch.hf_generate import generate as _dropmatch_generate
+from dropmatch.decoding.hf_generate import generate as _dropmatch_generate
 
 
 def generate(model, *args, **kwargs):

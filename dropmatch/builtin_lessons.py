@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .acceptance import REASONS, RULES
+from .decoding.acceptance import REASONS, RULES
 from .assets import LESSONS_DIR
-from .config import ConfigError
+from .decoding.config import ConfigError
 from .lessons import CLOSE_CALLS, LESSON_VERSION, lesson_from_trace, rule_reasons, short_lesson
 from .runfile_schema import SchemaError, check_trace_consistency, check_value
-from .trace import GenerationTrace, upgraded_dict
+from .decoding.trace import GenerationTrace, upgraded_dict
 
 LESSON_FORMAT, RUNS_FORMAT = "dropmatch-lesson", "dropmatch-lesson-runs"
 LESSON_SIZE = 16  # slots per built-in lesson

@@ -19,14 +19,14 @@ from typing import Callable
 
 import torch
 
-from . import acceptance
-from .config import LAB_P, ConfigError, RuleConfig
-from .verifying import VerifyInputs, verify
-from .mc_head import mask_seed
+from .decoding import acceptance
+from .decoding.config import LAB_P, ConfigError, RuleConfig
+from .decoding.verifying import VerifyInputs, verify
+from .decoding.mc_head import mask_seed
 from .models import CausalLM
-from .sampling import sampling_probs, signal_probs
-from .trace import GenerationTrace
-from .trained_judge import TrainedJudge
+from .decoding.sampling import sampling_probs, signal_probs
+from .decoding.trace import GenerationTrace
+from .decoding.trained_judge import TrainedJudge
 
 LAB_VERSION = 1
 

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
+from .decoding.acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
 from .intervals import block_picks
 from .quality import distinct2
-from .recording import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
-from .trace import GenerationTrace
+from .decoding.recorder import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
+from .decoding.trace import GenerationTrace
 
 # A lossy run stays within the target's own variation (the reference band) when its target NLL is at
 # or below that of the target's own samples, at most MAX_OFF_NUCLEUS of its tokens leave the target's

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from .config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pair_from_choice
+from .decoding.config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pair_from_choice
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "LoadStatus", "Policy", "Studio", "is_hub_id", "pair_from_choice"]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = "dropmatch.hf_generate"  # the module whose `generate` transformers calls
+ENTRY = "dropmatch.decoding.hf_generate"  # the module whose `generate` transformers calls
 FOLDER = "custom_generate"
 # One specifier a line: transformers' loader checks each line, reading only the first specifier of a line.
 # The upper bound: the first release not tested (TESTED); a later one is refused at load, in one line.
@@ -42,7 +42,7 @@ TESTED = {"transformers": ("5.20.0", "5.23.0", "5.25.0"), "torch": ("2.13.0",)} 
 ALLOWED = {"torch", "transformers", "numpy"}  # besides the standard library (numpy: transformers requires it)
 # Imports inside a core function that reach the Studio on purpose, never called by generate(): (module,
 # what it imports) -> why. They are not staged; a test holds generate() to working without them.
-STUDIO_DOORS = {("dropmatch.pair_services", "dropmatch.lab"): "PairServices.rule_lab, the Studio's rule lab"}
+STUDIO_DOORS = {("dropmatch.decoding.pair_services", "dropmatch.lab"): "PairServices.rule_lab, the Studio's rule lab"}
 CARD = Path(FOLDER) / "card.md"  # the model card's text, its $-placeholders filled by model_card()
 HUB_REPO = "owner/dropmatch"  # the card's repository until --repo names it
 IMPORT_FROM = re.compile(r"from\s+(\.+[\w.]*)\s+import")
@@ -203,8 +203,8 @@ def rule_table(root: Path = ROOT, hub: bool = False) -> str:
     hub: without the rules that need a trained judge (none ships on the Hub) and the knobs only they read."""
     sys.path.insert(0, str(root))
     try:
-        from dropmatch.acceptance import KNOBS, RULES
-        from dropmatch.hf_generate import PREFIX, default_rule
+        from dropmatch.decoding.acceptance import KNOBS, RULES
+        from dropmatch.decoding.hf_generate import PREFIX, default_rule
     finally:
         sys.path.remove(str(root))
     default = default_rule()

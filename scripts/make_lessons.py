@@ -23,10 +23,10 @@ from pathlib import Path
 from dropmatch.assets import LESSONS_DIR, load_examples
 from dropmatch.builtin_lessons import (LESSON_FORMAT, LESSON_VERSION, RUNS_FORMAT, SPECS, candidate_slots,
                                        lesson_of_runs, lesson_path, missing, read_runs, runs_path)
-from dropmatch.config import Settings
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import Settings
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_embedded_pair
-from dropmatch.record import mentioned_tokens
+from dropmatch.runfile import mentioned_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dropmatch.bench.prompts import DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: E402  (the dev set)

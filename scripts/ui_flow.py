@@ -132,7 +132,7 @@ def main() -> int:
     example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
     demo = None
     if args.url is None:
-        from dropmatch.engine import Engine
+        from dropmatch.decoding.engine import Engine
         from dropmatch.models import load_pair
         from dropmatch.studio import Policy, Studio
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from dropmatch.acceptance import REASONS
-from dropmatch.config import DecodeConfig, RuleConfig
+from dropmatch.decoding.acceptance import REASONS
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
 from dropmatch.metrics import lossy_count, reason_counts, summarize
 from dropmatch.render import cannot_act, token_spans, verdict
-from dropmatch.trace import DraftedToken, GenerationTrace, RoundTrace
+from dropmatch.decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 EOS, OTHER = 2, 99  # the pair's end of text; the token the target would have chosen where a draft is not its own
 
@@ -189,8 +189,8 @@ def test_the_sky_prompt_under_mars_on_the_embedded_pair_says_it_ended_the_answer
 
     import torch
 
-    from dropmatch.config import Settings
-    from dropmatch.engine import Engine, run_to_end
+    from dropmatch.decoding.config import Settings
+    from dropmatch.decoding.engine import Engine, run_to_end
     from dropmatch.models import load_embedded_pair
 
     os.environ["HF_HUB_OFFLINE"] = "1"

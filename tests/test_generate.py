@@ -19,7 +19,7 @@ import torch
 from test_serving import HostReads
 from test_exactness import PROMPT, TEMPERATURE, TOKENS, chi_square, chi_square_quantile, detectable_bias, exact_joint
 
-from dropmatch.config import DecodeConfig, RuleConfig, rule_keys, rule_names
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, rule_keys, rule_names
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = str(ROOT)  # the repository transformers loads custom_generate/generate.py from
@@ -176,8 +176,8 @@ def test_sampling_through_generate_draws_the_targets_own_distribution(tmp_path_f
     from tiny_models import save_bigram_pair
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target_dir, draft_dir = save_bigram_pair(tmp_path_factory.mktemp("bigram_generate"), _table(TARGET_ROWS),
@@ -406,8 +406,8 @@ def test_the_staged_modules_are_the_packages_own_files_with_only_their_relative_
 
 
 STUDIO = {"dropmatch.lab", "dropmatch.metrics", "dropmatch.quality", "dropmatch.models", "dropmatch.models.loading",
-          "dropmatch.models.generation", "dropmatch.models.references", "dropmatch.plots", "dropmatch.render",
-          "dropmatch.studio", "dropmatch.record", "dropmatch.compare"}
+          "dropmatch.models.references", "dropmatch.plots", "dropmatch.render",
+          "dropmatch.studio", "dropmatch.runfile", "dropmatch.compare"}
 STUDIO_PACKAGES = ("dropmatch.ui", "dropmatch.bench", "dropmatch.serving")
 
 
@@ -415,8 +415,9 @@ def test_the_core_imports_the_standard_library_torch_and_transformers_only_and_n
     """What generate() stages: the engine's module-level import closure, cut where it reached the Studio;
     numpy is transformers' own requirement."""
     core = set(deploy.core_modules())
-    assert {"dropmatch.hf_generate", "dropmatch.engine", "dropmatch.verifying", "dropmatch.config",
-            "dropmatch.acceptance", "dropmatch.mc_head", "dropmatch.models.causal_lm"} <= core
+    assert {"dropmatch.decoding.hf_generate", "dropmatch.decoding.engine", "dropmatch.decoding.verifying",
+            "dropmatch.decoding.config", "dropmatch.decoding.acceptance", "dropmatch.decoding.mc_head",
+            "dropmatch.decoding.causal_lm"} <= core
     assert not core & STUDIO and not [name for name in core if name.startswith(STUDIO_PACKAGES)]
     for name in core:
         outside = deploy.absolute_imports(deploy.module_file(name).read_text()) - set(sys.stdlib_module_names)
@@ -455,7 +456,7 @@ def test_a_call_leaves_the_models_training_flags_requires_grad_and_attributes_as
 def test_no_engine_is_kept_on_the_models_or_keeps_them_alive(pair_dirs, monkeypatch):
     """gamma = auto's measured costs are kept beside the models, weakly: the second call measures nothing,
     and the models go when the caller drops them."""
-    from dropmatch import pair_services
+    from dropmatch.decoding import pair_services
 
     measured = []
     real = pair_services.measure_step_costs
@@ -547,8 +548,8 @@ def test_host_reads_per_round_are_bounded(hf_pair, knobs, per_round):
 
 def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
     """No top-token lists, host copies, token views or weight fingerprints: out.dropmatch needs the reasons only."""
-    from dropmatch import engine
-    from dropmatch.models.causal_lm import CausalLM
+    from dropmatch.decoding import engine
+    from dropmatch.decoding.causal_lm import CausalLM
 
     def refused(*args, **kwargs):
         raise AssertionError("a record generate() does not return")
@@ -566,8 +567,8 @@ def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
 def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule):
     """Engine.speculative_tokens (generate()'s) emits the recorded run's tokens with its reasons, staged and in
     one pass; one pass reads the host once a round."""
-    from dropmatch.engine import run_to_end
-    from dropmatch.hf_generate import engine_for
+    from dropmatch.decoding.engine import run_to_end
+    from dropmatch.decoding.hf_generate import engine_for
 
     target, draft, tokenizer = hf_pair
     engine = engine_for(target, draft, frozenset())
@@ -598,7 +599,7 @@ def _drain(run) -> tuple[list, tuple]:
 def test_the_argument_tables_list_every_rule_and_knob_generate_accepts_as_the_rule_table_declares_them(deploy):
     """docs/generate.md's rule table is the one --docs derives from acceptance.RULES now, and its arguments are
     exactly RuleConfig.from_mapping's names and generate()'s own: it cannot go stale."""
-    from dropmatch.hf_generate import OWN_KEYS
+    from dropmatch.decoding.hf_generate import OWN_KEYS
 
     guide = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
     assert deploy.with_rule_table(guide) == guide, "run `python scripts/deploy_generate.py --docs`"

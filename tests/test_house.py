@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from dropmatch.config import AUTO_AGREEMENT, DEFAULTS, LAB_P, Settings
+from dropmatch.decoding.config import AUTO_AGREEMENT, DEFAULTS, LAB_P, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dropmatch"
@@ -92,7 +92,7 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
     start at config.DEFAULTS."""
     from dropmatch.bench import build_parser
     from dropmatch.ui.callbacks import settings_endpoint
-    from dropmatch.acceptance import KNOBS
+    from dropmatch.decoding.acceptance import KNOBS
     from dropmatch.ui.layout import build_layout
 
     api = inspect.signature(settings_endpoint(lambda settings: iter([settings])))
@@ -133,7 +133,7 @@ def test_the_oracle_imports_no_decision_code_of_the_package():
     """tests/reference_rules.py decides from the definitions: of the package it imports data types only."""
     import ast
 
-    allowed = {("dropmatch.acceptance", "Signals"), ("dropmatch.acceptance", "Verdict")}
+    allowed = {("dropmatch.decoding.acceptance", "Signals"), ("dropmatch.decoding.acceptance", "Verdict")}
     tree = ast.parse((Path(__file__).parent / "reference_rules.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

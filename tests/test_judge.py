@@ -11,12 +11,12 @@ import torch
 from conftest import PROMPTS
 from judges import judge_dict, random_judge
 
-from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import encode_prompt, load_hub_pair
-from dropmatch.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
-from dropmatch.trained_judge.mining import Miner, read_mined, walk_record
-from dropmatch.trained_judge.training import features_of, fit_judge
+from dropmatch.decoding.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
+from tools.mining import Miner, read_mined, walk_record
+from tools.training import features_of, fit_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import time
 import torch
 from fake_engine import FakeEngine
 
-from dropmatch.config import DecodeConfig, RuleConfig, Settings
-from dropmatch.engine import run_to_end
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, Settings
+from dropmatch.decoding.engine import run_to_end
 
 LONG = 900  # prompt tokens: two pieces of PREFILL_CHUNK and a rest, inside the tiny pair's context
 
@@ -63,7 +63,7 @@ class SlowReader(FakeEngine):
 def test_the_status_says_how_far_a_long_prompt_is_read_then_running_again(tmp_path):
     """While each column's target reads a 1024-token prompt the status line counts the tokens read; the
     first round after it says "Running" again, and the run ends Done."""
-    from dropmatch.record import Downloads
+    from dropmatch.runfile import Downloads
     from dropmatch.studio import Studio
     from dropmatch.ui.callbacks import run_comparison
 

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from dropmatch.record import read_recorded_run, recorded_runs
+from dropmatch.runfile import read_recorded_run, recorded_runs
 from dropmatch.replay import replay_html, replay_payload
 from dropmatch.ui.views import shipped_run_title
 
@@ -66,7 +66,7 @@ def browser_app():
     from dropmatch.studio import Studio
     from playwright.sync_api import sync_playwright
 
-    from dropmatch.record import Downloads
+    from dropmatch.runfile import Downloads
     import tempfile
 
     downloads = Downloads(Path(tempfile.mkdtemp(prefix="dm-test-downloads-")))

@@ -10,10 +10,10 @@ import pytest
 from fake_engine import FakeEngine
 from local_server import serve_locally, wait_for
 
-from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.models import ModelLoadError
 from dropmatch.studio import Studio
-from dropmatch.ui.visitors import api_client
+from tools.visitors import api_client
 
 
 def launch(studio: Studio):
@@ -195,7 +195,7 @@ def test_the_fast_dtype_can_be_pinned_and_refuses_a_typo():
     import pytest
     import torch
 
-    from dropmatch.models.cpu_kernels import fast_dtype
+    from dropmatch.decoding.cpu_kernels import fast_dtype
 
     assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "float32"}) is torch.float32
     assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "bfloat16"}) is torch.bfloat16

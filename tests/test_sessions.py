@@ -13,7 +13,7 @@ from local_server import serve_locally, wait_for
 from dropmatch.studio import Studio
 from dropmatch.ui import sessions
 from dropmatch.ui.sessions import SessionJanitor
-from dropmatch.ui.visitors import BrowserVisitor, api_client  # what a tab and a client send, as in the soak
+from tools.visitors import BrowserVisitor, api_client  # what a tab and a client send, as in the soak
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from space_helpers import fake_hub_cache, free_port, listening_addresses, offline_env
 
-from dropmatch.ui.visitors import api_client
+from tools.visitors import api_client
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

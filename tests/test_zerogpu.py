@@ -122,7 +122,7 @@ def test_the_real_spaces_decorator_is_a_no_op_outside_zerogpu(monkeypatch):
 
 
 def test_the_gpu_duration_grows_with_tokens_and_pair_within_bounds():
-    from dropmatch.config import Settings
+    from dropmatch.decoding.config import Settings
     from dropmatch.ui import zerogpu
 
     small = zerogpu.compare_duration(Settings("x", max_new_tokens=32))

@@ -6,8 +6,8 @@
     references.py   the target's own greedy generate() and transformers' assisted generation
 """
 
-from .causal_lm import CausalLM, LoadedPair, RestrictedHead, encode_prompt, pick_device, stop_token_ids, synchronize
-from .cpu_kernels import ChosenLinear, fast_dtype, kernel_summary, linear_bytes, prepare_for_cpu, row_linear
+from ..decoding.causal_lm import CausalLM, LoadedPair, RestrictedHead, encode_prompt, pick_device, stop_token_ids, synchronize
+from ..decoding.cpu_kernels import ChosenLinear, fast_dtype, kernel_summary, linear_bytes, prepare_for_cpu, row_linear
 from .loading import (
     EMBEDDED_DRAFT_DIR, ModelLoadError, available_memory, build_draft_model, cache_root, embedded_target_dir,
     load_draft_weights,

@@ -14,8 +14,8 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..config import DEFAULTS, METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
-from ..record import Downloads, RunRecord, read_recorded_run
+from ..decoding.config import DEFAULTS, METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
+from ..runfile import Downloads, RunRecord, read_recorded_run
 from ..studio import Studio
 from . import layout, views, zerogpu
 from .streaming import Reading, stream_comparison

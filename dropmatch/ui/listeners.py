@@ -6,10 +6,10 @@ import threading
 
 import gradio as gr
 
-from ..acceptance import knob_by_key
+from ..decoding.acceptance import knob_by_key
 from ..builtin_lessons import SPECS
-from ..config import METHOD_SETTINGS, PRESETS, Settings
-from ..record import Downloads, RunRecord, recorded_runs
+from ..decoding.config import METHOD_SETTINGS, PRESETS, Settings
+from ..runfile import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
 from ..studio import Studio

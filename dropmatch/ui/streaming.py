@@ -3,10 +3,10 @@ ZeroGPU, on the studio's model thread (callbacks.py)."""
 
 from __future__ import annotations
 
-from ..acceptance import RULES
+from ..decoding.acceptance import RULES
 from ..compare import compare_stream
-from ..config import DecodeConfig, RuleConfig
-from ..record import record_of
+from ..decoding.config import DecodeConfig, RuleConfig
+from ..runfile import record_of
 from . import views
 
 LOSSLESS = RuleConfig("lossless")

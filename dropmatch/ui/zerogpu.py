@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ..config import PairSpec, Settings
+from ..decoding.config import PairSpec, Settings
 from .streaming import stream_comparison
 
 _STATE: dict = {}  # {"studio": Studio}: set once by start(), inherited by the forked GPU workers

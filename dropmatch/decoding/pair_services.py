@@ -16,7 +16,7 @@ import torch
 
 from . import drafting
 from .config import AUTO_GAMMA_CAP, ConfigError, RuleConfig
-from .models.causal_lm import CausalLM, LoadedPair
+from .causal_lm import CausalLM, LoadedPair
 from .timing import PhaseTimer
 from .trace import GenerationTrace
 from .trained_judge import TrainedJudge, judge_for
@@ -111,7 +111,7 @@ class PairServices:
     def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
         """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads.
         The Studio's: lab is imported here, so that the decoding core (what generate() stages) does not carry it."""
-        from . import lab
+        from .. import lab
 
         prepared = lab.prepare(trace, self.target, self.draft)
         return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import lab
-from .acceptance import REASONS
+from .decoding.acceptance import REASONS
 from .assets import RECORDED_DIR
-from .config import ConfigError, one_line
+from .decoding.config import ConfigError, one_line
 from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
-from .trace import GenerationTrace, RemovedOptionError, upgraded_dict
+from .decoding.trace import GenerationTrace, RemovedOptionError, upgraded_dict
 
 # 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole;
 # 6: a RuleConfig keeps every knob of the rule table in `knobs`, and the run says where it was made.

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from . import JUDGE_FORMAT, JUDGE_VERSION
+from dropmatch.decoding.trained_judge import JUDGE_FORMAT, JUDGE_VERSION
 
 AUC_TIE = 0.005
 
