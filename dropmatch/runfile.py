@@ -190,7 +190,7 @@ def record_of(state, engine) -> RunRecord:
     the rule lab's matrix at the run's own settings."""
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
     tokens = {token: engine.services.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
-    matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
+    matrix = lab.rule_lab(engine.services, lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
     p_auto = state.rule.p is None and state.rule.uses_paths  # only a rule that reads p has p = auto
     return RunRecord(state.prompt, state.rule.rule, p_auto, lossless, lossy, ar, tokens, matrix,
                      state.peer, machine_line(), state.target_alone)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -382,49 +383,33 @@ def test_the_staged_card_names_no_path_of_this_repository_and_ships_the_licence(
     assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
 
 
-IMPORT_LINE = re.compile(r"(?P<indent>\s*)from (?P<module>\.+[\w.]*) import (?P<names>.*)")
+def test_the_staged_folder_is_the_method_package_file_for_file_and_generate_py(staged_folder):
+    """custom_generate/ holds every module of dropmatch/decoding/ byte for byte (no header, no import rewritten)
+    and generate.py, nothing else."""
+    package = {path.name: path.read_bytes() for path in (ROOT / "dropmatch" / "decoding").glob("*.py")
+               if path.name != "__init__.py"}
+    staged = {path.name: path.read_bytes() for path in (staged_folder / "custom_generate").glob("*.py")}
+    assert set(staged) == set(package) | {"generate.py"}
+    assert {name: text for name, text in staged.items() if name != "generate.py"} == package
 
 
-def test_the_staged_modules_are_the_packages_own_files_with_only_their_relative_imports_renamed(deploy, staged_folder):
-    """Each staged module is its package file under a comment naming it; a line differs only where a relative
-    import names its module in the one folder (from ..config import X -> from .config import X)."""
-    core = deploy.core_modules()
-    staged = {path.name for path in (staged_folder / "custom_generate").glob("*.py")}
-    assert staged == {f"{deploy.flat_name(name)}.py" for name in core} | {"generate.py"}
-    for name in core:
-        source_file = deploy.module_file(name)
-        source = source_file.read_text(encoding="utf-8").splitlines()
-        copy = (staged_folder / "custom_generate" / f"{deploy.flat_name(name)}.py").read_text(encoding="utf-8").splitlines()
-        header, body = copy[: len(copy) - len(source)], copy[len(copy) - len(source):]
-        assert header and all(line.startswith("#") for line in header)
-        assert source_file.relative_to(ROOT).as_posix() in header[0]
-        for ours, theirs in zip(source, body):
-            if ours != theirs:
-                was, now = IMPORT_LINE.fullmatch(ours), IMPORT_LINE.fullmatch(theirs)
-                assert was and now and (was["indent"], was["names"]) == (now["indent"], now["names"]), (name, ours)
-                assert now["module"] == "." + was["module"].lstrip(".").rpartition(".")[2], (name, ours)
-
-
-STUDIO = {"dropmatch.lab", "dropmatch.metrics", "dropmatch.quality", "dropmatch.models", "dropmatch.models.loading",
-          "dropmatch.models.references", "dropmatch.plots", "dropmatch.render",
-          "dropmatch.studio", "dropmatch.runfile", "dropmatch.compare"}
-STUDIO_PACKAGES = ("dropmatch.ui", "dropmatch.bench", "dropmatch.serving")
-
-
-def test_the_core_imports_the_standard_library_torch_and_transformers_only_and_no_studio_module(deploy):
-    """What generate() stages: the engine's module-level import closure, cut where it reached the Studio;
-    numpy is transformers' own requirement."""
-    core = set(deploy.core_modules())
-    assert {"dropmatch.decoding.hf_generate", "dropmatch.decoding.engine", "dropmatch.decoding.verifying",
-            "dropmatch.decoding.config", "dropmatch.decoding.acceptance", "dropmatch.decoding.mc_head",
-            "dropmatch.decoding.causal_lm"} <= core
-    assert not core & STUDIO and not [name for name in core if name.startswith(STUDIO_PACKAGES)]
-    for name in core:
-        outside = deploy.absolute_imports(deploy.module_file(name).read_text()) - set(sys.stdlib_module_names)
-        assert outside <= {"torch", "transformers", "numpy"}, (name, outside)
-    for (module, reached), why in deploy.STUDIO_DOORS.items():  # each door is real, and stays out of the core
-        assert module in core and reached not in core and why
-        assert any(rel.lazy and reached in rel.targets for rel in deploy.relative_imports(module))
+def test_the_package_imports_the_standard_library_torch_and_transformers_only_and_staging_refuses_more(deploy,
+                                                                                                      tmp_path):
+    """What generate() stages imports its siblings, the standard library, torch and transformers (numpy is
+    transformers' own requirement); a module reaching the Studio is refused at staging, in one line."""
+    files = deploy.package_files()
+    assert {"hf_generate.py", "engine.py", "verifying.py", "config.py", "acceptance.py", "mc_head.py",
+            "causal_lm.py"} <= {path.name for path in files}
+    siblings = {path.stem for path in files}
+    assert [line for path in files for line in deploy.outside_imports(path, siblings)] == []
+    for stray in ("from ..lab import rule_lab", "from .. import lab", "import gradio", "from dropmatch import lab"):
+        copy = tmp_path / stray.replace(" ", "_").replace(".", "-") / deploy.PACKAGE
+        shutil.copytree(ROOT / deploy.PACKAGE, copy)
+        with (copy / "engine.py").open("a", encoding="utf-8") as file:
+            file.write(f"\n\ndef _door():\n    {stray}\n")
+        with pytest.raises(ValueError, match="engine.py line") as refused:
+            deploy.staged_modules(copy.parent.parent)
+        assert "\n" not in str(refused.value)
 
 
 # ---------------------------------------------------------------- no surprises in the caller's process

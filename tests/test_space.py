@@ -39,10 +39,10 @@ def hub_start(served_hub, tmp_path_factory):
     model cache it converted into)."""
     cache = tmp_path_factory.mktemp("space-cache")
     code = HIDE_GGUF_PACKAGE + (
-        "import sys, importlib.metadata as md, torch; from dropmatch.engine import Engine; "
+        "import sys, importlib.metadata as md, torch; from dropmatch.decoding.engine import Engine; "
         "from dropmatch.models import load_embedded_pair; "
         "e = Engine(load_embedded_pair(torch.device('cpu'))); print(e.services.source_label); "
-        "from dropmatch.config import DecodeConfig, RuleConfig; from dropmatch.engine import run_to_end; "
+        "from dropmatch.decoding.config import DecodeConfig, RuleConfig; from dropmatch.decoding.engine import run_to_end; "
         "t = run_to_end(e.speculative(e.encode('What is 2 + 3?'), DecodeConfig(max_new_tokens=8), RuleConfig('lossless'))); "
         "print(len(t.output_ids)); import app; from dropmatch.studio import Studio; from dropmatch.models import load_pair; app.create_demo(Studio(load_pair, Engine)); "
         "found = md.packages_distributions(); "

@@ -19,10 +19,10 @@ ON_ZEROGPU = """
 import json, os, sys
 import spaces  # the emulator, first on sys.path; app.py would import it first as well
 import app  # noqa: F401 (what a Space runs: its imports must not touch torch before spaces)
-from dropmatch.config import PairSpec, Settings
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import PairSpec, Settings
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_hub_pair
-from dropmatch.record import Downloads
+from dropmatch.runfile import Downloads
 from dropmatch.studio import Policy, Studio
 from dropmatch.ui import callbacks, zerogpu
 
@@ -50,7 +50,7 @@ long = zerogpu.compare_on_gpu(Settings("Count to fifty.", pair="Custom hub ids",
 next(long), next(long)
 long.close()
 again = list(callbacks.run_comparison(studio, Downloads(), settings))
-from dropmatch.config import DecodeConfig, RuleConfig
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
 engine = studio.loaded_engine()
 here = run_to_end(engine.speculative(engine.encode("What is 2 + 3?"), DecodeConfig(gamma=4, max_new_tokens=12),
                                      RuleConfig("lossless")))

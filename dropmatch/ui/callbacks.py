@@ -180,5 +180,5 @@ def reverify_view(studio: Studio, record: RunRecord | None, controls: dict, disa
     if zerogpu.serves(studio):
         matrix = zerogpu.rule_lab_on_gpu(studio.loaded_spec(), record.lossless, settings)
     else:
-        matrix = studio.call(engine.services.rule_lab, record.lossless, settings)
+        matrix = studio.call(lab.rule_lab, engine.services, record.lossless, settings)
     return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)

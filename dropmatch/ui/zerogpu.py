@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from .. import lab
 from ..decoding.config import PairSpec, Settings
 from .streaming import stream_comparison
 
@@ -102,5 +103,5 @@ def compare_on_gpu(settings: Settings):
 
 @_gpu(lab_duration)
 def rule_lab_on_gpu(spec: PairSpec, trace, settings) -> dict:
-    """The rule lab's re-judge of a run's drafts through the heads of its pair (PairServices.rule_lab)."""
-    return _engine(spec).services.rule_lab(trace, settings)
+    """The rule lab's re-judge of a run's drafts through the heads of its pair (lab.rule_lab)."""
+    return lab.rule_lab(_engine(spec).services, trace, settings)
