@@ -134,9 +134,9 @@ def main() -> int:
     if args.url is None:
         from dropmatch.decoding.engine import Engine
         from dropmatch.models import load_pair
-        from dropmatch.studio import Policy, Studio
+        from dropmatch.pair_host import Policy, PairHost
 
-        demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+        demo = app.create_demo(PairHost(load_pair, Engine, Policy()))
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
         found = drive(args.url or demo.local_url, Path(args.out), example, args.max_new_tokens)

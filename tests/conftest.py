@@ -143,11 +143,11 @@ def fake_app_served(engine):
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     import app
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
     from local_server import serve_locally
     from playwright.sync_api import sync_playwright
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
+    demo = app.create_demo(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: engine))
     serve_locally(demo, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])

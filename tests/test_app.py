@@ -7,14 +7,14 @@ from fake_engine import FakeEngine
 from local_server import serve_locally
 
 from dropmatch.decoding.config import PairSpec
-from dropmatch.studio import DEFAULT_PRESET, Policy, Studio, pair_from_choice
+from dropmatch.pair_host import DEFAULT_PRESET, Policy, PairHost, pair_from_choice
 from tools.visitors import api_client
 
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 
 
-def fake_studio(**engine_kwargs) -> Studio:
-    return Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(**engine_kwargs))
+def fake_studio(**engine_kwargs) -> PairHost:
+    return PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(**engine_kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_the_app_answers_on_its_address_before_the_default_pair_starts_loading(m
     port = free_port()
     monkeypatch.setattr(sys, "argv", ["app.py", "--port", str(port)])
     answered = []
-    monkeypatch.setattr(Studio, "preload", lambda self, spec: answered.append(
+    monkeypatch.setattr(PairHost, "preload", lambda self, spec: answered.append(
         httpx.head(f"http://127.0.0.1:{port}/", timeout=30).status_code))
     monkeypatch.setattr(gradio.Blocks, "block_thread", lambda self: self.close())
     app.main()
@@ -181,7 +181,7 @@ def test_the_run_state_holds_data_only_so_switching_pairs_frees_the_old_engine()
     from dropmatch.decoding.config import DecodeConfig, RuleConfig
     from dropmatch.runfile import record_of
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
     first = studio.engine(PairSpec("org/a", "org/b"))
     *_, state = compare_stream(first, PROMPT, DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
     record = record_of(state, first)
@@ -254,7 +254,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     def no_model(spec):
         raise RuntimeError("no model may load in this test")
 
-    studio = Studio(loader=no_model, engine_factory=lambda pair: pair)
+    studio = PairHost(loader=no_model, engine_factory=lambda pair: pair)
     shipped = recorded_runs()
     assert len(shipped) >= 3
     for title, path in shipped.items():
@@ -292,7 +292,7 @@ def test_the_api_refuses_a_run_longer_than_the_servers_cap():
     from dropmatch.decoding.config import Settings
     from dropmatch.ui.callbacks import compare_api
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
                     policy=Policy(max_new_tokens=8))
     with pytest.raises(Exception, match="at most 8 new tokens"):
         list(compare_api(studio, Settings(PROMPT, max_new_tokens=9)))

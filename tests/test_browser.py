@@ -21,9 +21,9 @@ def embedded_app():
     import app
     from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_pair
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
 
-    studio = Studio(load_pair, Engine, Policy())
+    studio = PairHost(load_pair, Engine, Policy())
     demo = app.create_demo(studio)
     serve_locally(demo, css=app.css())
     try:

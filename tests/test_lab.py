@@ -142,10 +142,10 @@ def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     from dropmatch.decoding.engine import Engine
     from dropmatch.ui.callbacks import compare_api
     from dropmatch.models import load_hub_pair
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
 
     target, draft = tiny_dirs
-    studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
+    studio = PairHost(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
     try:
         *_, result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target),
@@ -170,11 +170,11 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
     from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
     from dropmatch.runfile import RunRecord, mentioned_tokens
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
     from dropmatch.ui.callbacks import reverify_view
 
     target, draft = tiny_dirs
-    studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
+    studio = PairHost(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
     engine = studio.engine(PairSpec(str(target), str(draft)))
     ids = engine.encode(PROMPTS[0])

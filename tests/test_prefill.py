@@ -64,10 +64,10 @@ def test_the_status_says_how_far_a_long_prompt_is_read_then_running_again(tmp_pa
     """While each column's target reads a 1024-token prompt the status line counts the tokens read; the
     first round after it says "Running" again, and the run ends Done."""
     from dropmatch.runfile import Downloads
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
     from dropmatch.ui.callbacks import run_comparison
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: SlowReader())
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: SlowReader())
     prompt = " ".join(f"w{i}" for i in range(1024))
     try:
         statuses = [view["status"] for view in run_comparison(studio, Downloads(tmp_path), Settings(prompt=prompt, max_new_tokens=8))

@@ -108,11 +108,11 @@ def test_the_lab_keeps_every_knob_of_the_run_when_a_control_moves(tiny_dirs):
     from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
     from dropmatch.runfile import RunRecord, mentioned_tokens
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
     from dropmatch.ui.callbacks import reverify_view
 
     spec = PairSpec(*map(str, tiny_dirs))
-    studio = Studio(loader=lambda _: load_hub_pair(spec), engine_factory=Engine, policy=Policy(allow_local_models=True))
+    studio = PairHost(loader=lambda _: load_hub_pair(spec), engine_factory=Engine, policy=Policy(allow_local_models=True))
     try:
         engine = studio.engine(spec)
         ids, decode = engine.encode(PROMPTS[0]), DecodeConfig(gamma=3, max_new_tokens=8)

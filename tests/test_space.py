@@ -44,7 +44,7 @@ def hub_start(served_hub, tmp_path_factory):
         "e = Engine(load_embedded_pair(torch.device('cpu'))); print(e.services.source_label); "
         "from dropmatch.decoding.config import DecodeConfig, RuleConfig; from dropmatch.decoding.engine import run_to_end; "
         "t = run_to_end(e.speculative(e.encode('What is 2 + 3?'), DecodeConfig(max_new_tokens=8), RuleConfig('lossless'))); "
-        "print(len(t.output_ids)); import app; from dropmatch.studio import Studio; from dropmatch.models import load_pair; app.create_demo(Studio(load_pair, Engine)); "
+        "print(len(t.output_ids)); import app; from dropmatch.pair_host import PairHost; from dropmatch.models import load_pair; app.create_demo(PairHost(load_pair, Engine)); "
         "found = md.packages_distributions(); "
         "print(sorted({d for m in list(sys.modules) for d in found.get(m.split('.')[0], [])}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,

@@ -23,7 +23,7 @@ from dropmatch.decoding.config import PairSpec, Settings
 from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_hub_pair
 from dropmatch.runfile import Downloads
-from dropmatch.studio import Policy, Studio
+from dropmatch.pair_host import Policy, PairHost
 from dropmatch.ui import callbacks, zerogpu
 
 target, draft = sys.argv[1], sys.argv[2]
@@ -33,7 +33,7 @@ def loader(spec):
     loaded_in.append(os.getpid())
     return load_hub_pair(PairSpec(spec.target, spec.draft))
 
-studio = Studio(loader, Engine, Policy(allow_local_models=True), inline=True)
+studio = PairHost(loader, Engine, Policy(allow_local_models=True), inline=True)
 spec = PairSpec(target, draft)
 zerogpu.start(studio, spec)
 settings = Settings("What is 2 + 3?", pair="Custom hub ids", target_id=target, draft_id=draft, gamma="auto",

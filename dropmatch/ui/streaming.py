@@ -1,5 +1,5 @@
 """The generation of one comparison as views: what runs inside a ZeroGPU call (zerogpu.py) and, off
-ZeroGPU, on the studio's model thread (callbacks.py)."""
+ZeroGPU, on the host's model thread (callbacks.py)."""
 
 from __future__ import annotations
 
