@@ -24,7 +24,7 @@ from .decoding.config import LAB_P, ConfigError, RuleConfig
 from .decoding.verifying import VerifyInputs, verify
 from .decoding.mc_head import mask_seed
 from .decoding.pair_services import PairServices
-from .models import CausalLM
+from .decoding.causal_lm import CausalLM
 from .decoding.sampling import sampling_probs, signal_probs
 from .decoding.trace import GenerationTrace
 from .decoding.trained_judge import TrainedJudge

@@ -365,7 +365,7 @@ def test_two_loads_of_a_pair_take_the_same_path_precision_and_decide_every_slot_
 def test_every_cpu_kernel_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, kernel):
     """A ChosenLinear forced to any kernel (torch's default, the (W x^T)^T layout, oneDNN with a packed
     weight) gives F.linear's numbers and shape, bias included."""
-    from dropmatch.models import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
     from dropmatch.decoding.cpu_kernels import packed_weight
 
     generator = torch.Generator().manual_seed(0)
@@ -390,7 +390,7 @@ def test_each_forced_cpu_kernel_gives_the_tokens_of_torchs_default_and_is_record
     """Pinned by DROPMATCH_CPU_KERNELS, every fp32 layer takes that kernel; lossless SD and DropMatch
     then emit the same tokens and reasons as with torch's default everywhere, and the run records the
     choice beside the weights' fingerprint."""
-    from dropmatch.models import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
 
     reference, forced = (_engine_with_kernels(tiny_dirs, k, monkeypatch) for k in ("torch", kernel))
     layers = [m for m in forced.target.model.modules() if isinstance(m, torch.nn.Linear)]
@@ -407,7 +407,7 @@ def test_each_forced_cpu_kernel_gives_the_tokens_of_torchs_default_and_is_record
 def test_transformers_own_generate_runs_on_torchs_default_kernels_and_ours_come_back(tiny_dirs, monkeypatch):
     """The yardstick (plain generate(), references._timed_generate) runs every layer on torch's default, as
     the model a user loads does; after it, the layers hold the kernels the loader chose."""
-    from dropmatch.models import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
     from dropmatch.decoding.cpu_kernels import torch_default_kernels
 
     engine = _engine_with_kernels(tiny_dirs, "rows", monkeypatch)
@@ -421,7 +421,7 @@ def test_transformers_own_generate_runs_on_torchs_default_kernels_and_ours_come_
 def test_measured_cpu_kernels_choose_among_the_known_ones_and_say_so(tiny_dirs, monkeypatch):
     """Unpinned, the loader measures each weight shape and picks one of the known kernels per row
     class; the summary names every non-default choice (or "torch"); a bad pin is one line."""
-    from dropmatch.models import ChosenLinear, kernel_summary
+    from dropmatch.decoding.cpu_kernels import ChosenLinear, kernel_summary
     from dropmatch.decoding.cpu_kernels import KERNELS, pinned_kernel
 
     monkeypatch.delenv("DROPMATCH_CPU_KERNELS", raising=False)
@@ -478,7 +478,7 @@ def test_a_bf16_model_fed_in_chunks_gives_the_hidden_states_of_one_call(tiny_dir
     piece to the cache: the same hidden states (up to bf16 rounding) and cache length as one call."""
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import CausalLM
+    from dropmatch.decoding.causal_lm import CausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.bfloat16)
     lm = CausalLM(model, "tiny", model.config.vocab_size)
@@ -500,7 +500,7 @@ def test_a_cpu_model_gets_chosen_linears_with_its_weights_shared_and_its_logits_
 
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import ChosenLinear, linear_bytes, prepare_for_cpu
+    from dropmatch.decoding.cpu_kernels import ChosenLinear, linear_bytes, prepare_for_cpu
 
     def load(**kwargs):
         return AutoModelForCausalLM.from_pretrained(tiny_dirs[0], **kwargs).eval()

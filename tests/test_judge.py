@@ -14,7 +14,8 @@ from judges import judge_dict, random_judge
 from dropmatch import lab
 from dropmatch.decoding.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
 from dropmatch.decoding.engine import Engine, run_to_end
-from dropmatch.models import encode_prompt, load_hub_pair
+from dropmatch.models import load_hub_pair
+from dropmatch.decoding.causal_lm import encode_prompt
 from dropmatch.decoding.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
 from tools.mining import Miner, read_mined, walk_record
 from tools.training import features_of, fit_judge

@@ -17,7 +17,7 @@ LONG = 900  # prompt tokens: two pieces of PREFILL_CHUNK and a rest, inside the 
 def _tiny_target(tiny_dirs):
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import CausalLM
+    from dropmatch.decoding.causal_lm import CausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.float32)
     return CausalLM(model, "tiny", model.config.vocab_size)

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from dropmatch import quality
-from dropmatch.models import encode_prompt, stop_token_ids
+from dropmatch.decoding.causal_lm import encode_prompt, stop_token_ids
 from tools.continuations import Job, crop_rows, greedy_continuations, prefix_rows
 
 
