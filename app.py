@@ -17,7 +17,7 @@ if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` comes be
     importlib.import_module("spaces")
 
 from dropmatch.assets import EXAMPLES_FILE
-from dropmatch.record import MAX_RUN_FILE_BYTES, Downloads
+from dropmatch.runfile import MAX_RUN_FILE_BYTES, Downloads
 from dropmatch.ui import create_demo, css
 
 __all__ = ["EXAMPLES_FILE", "create_demo", "css", "main"]
@@ -29,26 +29,26 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT, else 7860")
     parser.add_argument("--share", action="store_true")
     args = parser.parse_args()
-    from dropmatch.config import DEFAULTS, PRESETS
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import DEFAULTS, PRESETS
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_pair
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
     from dropmatch.ui import zerogpu
 
     inline = zerogpu.active()
-    studio = Studio(load_pair, Engine, Policy.from_env(), inline=inline)
+    host = PairHost(load_pair, Engine, Policy.from_env(), inline=inline)
     if inline:  # the default pair loads (to "cuda") in this process, before launch
-        zerogpu.start(studio, PRESETS[DEFAULTS.pair])
+        zerogpu.start(host, PRESETS[DEFAULTS.pair])
     downloads = Downloads()
     try:
-        demo = create_demo(studio, downloads)
+        demo = create_demo(host, downloads)
         # None lets Gradio read GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a Space sets them.
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=css(),
                     max_file_size=MAX_RUN_FILE_BYTES, prevent_thread_lock=True)
         if not inline:
             # Only now: launch probes its own URL and gives up on one HEAD slower than 3 s, which
             # a slow CPU converting the embedded GGUF in the background can make it.
-            studio.preload(PRESETS[DEFAULTS.pair])
+            host.preload(PRESETS[DEFAULTS.pair])
         demo.block_thread()
     finally:
         downloads.close()

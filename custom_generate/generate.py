@@ -4,12 +4,13 @@ package is installed: `custom_generate="."` at the repository's root, with trust
     out = target.generate(**inputs, assistant_model=draft, custom_generate=".",
                           trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch", dropmatch_p=0.3)
 
-This file only hands transformers' call to the installed package (dropmatch.hf_generate; requirements.txt
-here names it). The Hub repository is another folder, written by `python scripts/deploy_generate.py --stage
-DIR` from the same package: generate.py and the decoding core beside it, needing torch and transformers only.
+This file only hands transformers' call to the installed package (dropmatch.decoding.hf_generate;
+requirements.txt here names it). The Hub repository is another folder, written by `python
+scripts/deploy_generate.py --stage DIR`: generate.py and the method package (dropmatch/decoding/) beside it,
+copied as it is, needing torch and transformers only.
 """
 
-from dropmatch.hf_generate import generate as _dropmatch_generate
+from dropmatch.decoding.hf_generate import generate as _dropmatch_generate
 
 
 def generate(model, *args, **kwargs):

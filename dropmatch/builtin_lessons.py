@@ -2,7 +2,7 @@
 from them so that the lesson asks every reason its rule can give and the close calls it is learned
 on (lessons.CLOSE_CALLS).
 
-Two files per lesson, both written by scripts/make_lessons.py:
+Two files per lesson, both written by scripts/make_lessons.py (scripts/tools/lesson_runs.py picks the slots):
 - assets/lessons/<name>.json: the lesson as the page plays it (intro, choices, slots); the app reads
   only these, checked on load, a bad file refused in one line;
 - assets/lessons/runs/<name>.json: the runs it was made from (traces without states, token texts),
@@ -15,14 +15,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .acceptance import REASONS, RULES
+from .decoding.acceptance import RULES
 from .assets import LESSONS_DIR
-from .config import ConfigError
+from .decoding.config import ConfigError
 from .lessons import CLOSE_CALLS, LESSON_VERSION, lesson_from_trace, rule_reasons, short_lesson
-from .runfile_schema import SchemaError, check_trace_consistency, check_value
-from .trace import GenerationTrace, upgraded_dict
+from .runfile_schema import SchemaError, check_value
 
-LESSON_FORMAT, RUNS_FORMAT = "dropmatch-lesson", "dropmatch-lesson-runs"
+LESSON_FORMAT = "dropmatch-lesson"
 LESSON_SIZE = 16  # slots per built-in lesson
 MAX_LESSON_BYTES = 2_000_000
 
@@ -91,68 +90,12 @@ SPECS: dict[str, LessonSpec] = {spec.name: spec for spec in (
 )}
 
 
-# ---------------------------------------------------------------- picking the slots (pure)
-
-
-def missing(spec: LessonSpec, rule: str, slots: list[dict], each: int = 2) -> list[str]:
-    """What the lesson must ask and these slots lack: reasons of the rule with fewer than `each`
-    slots, then close calls with none."""
-    reasons = [s["answer"] for s in slots]
-    tags = {t for s in slots for t in s["tags"]}
-    return ([r for r in rule_reasons(rule) if reasons.count(r) < each]
-            + [t for t in spec.close_calls if t not in tags])
-
-
-def pick_slots(spec: LessonSpec, rule: str, slots: list[dict], size: int = LESSON_SIZE) -> list[dict]:
-    """`size` of the candidate slots, in run order: one of each reason and of each close call the
-    lesson asks, then always a slot of the reason asked least so far (so that no single answer wins
-    by always choosing it), each reason's slots spread evenly over the runs."""
-    chosen: list[int] = []
-    wanted = [("answer", r) for r in rule_reasons(rule)] + [("tags", t) for t in spec.close_calls]
-    for key, value in wanted:
-        found = [i for i, s in enumerate(slots) if i not in chosen and _has(s, key, value)]
-        if found and len(chosen) < size:
-            chosen.append(found[len(found) // 2])
-    pools = {r: [i for i, s in enumerate(slots) if i not in chosen and s["answer"] == r] for r in rule_reasons(rule)}
-    quota = dict.fromkeys(pools, 0)
-    asked = {r: sum(slots[i]["answer"] == r for i in chosen) for r in pools}
-    while len(chosen) + sum(quota.values()) < size:
-        open_ = [r for r in pools if quota[r] < len(pools[r])]
-        if not open_:
-            break
-        quota[min(open_, key=lambda r: asked[r] + quota[r])] += 1  # the reason asked least so far
-    for r, pool in pools.items():
-        chosen += [pool[(k * len(pool)) // quota[r]] for k in range(quota[r])]
-    return [slots[i] for i in sorted(chosen)]
-
-
-def _has(slot: dict, key: str, value: str) -> bool:
-    return slot["answer"] == value if key == "answer" else value in slot["tags"]
-
-
-def candidate_slots(runs: list[tuple[str, GenerationTrace, dict[int, str]]]) -> list[dict]:
-    """Every judged slot of every run [(prompt, trace, token id -> text)], tagged with its run index."""
-    slots = []
-    for index, (_, trace, tokens) in enumerate(runs):
-        slots += lesson_from_trace(trace, lambda t, tokens=tokens: tokens.get(t, f"<{t}>"), run=index)["slots"]
-    return slots
-
-
-def lesson_of_runs(spec: LessonSpec, runs: list[tuple[str, GenerationTrace, dict[int, str]]]) -> dict:
-    """The built-in lesson of `spec` from its runs [(prompt, trace, token id -> text)]: the runs'
-    candidate slots, LESSON_SIZE picked."""
-    rule = runs[0][1].rule
-    base = lesson_from_trace(runs[0][1], lambda t: "", spec.title)
-    return {**base, "format": LESSON_FORMAT, "id": spec.name, "intro": spec.intro,
-            "prompts": [prompt for prompt, _, _ in runs], "slots": pick_slots(spec, rule, candidate_slots(runs))}
-
-
 # ---------------------------------------------------------------- the files
 
 
 def read_lesson(path: Path) -> dict:
     """A lesson file, checked: ConfigError with one line for anything the player cannot play."""
-    data = _read_json(path, "lesson")
+    data = read_json(path, "lesson")
     try:
         if data.get("format") != LESSON_FORMAT or data.get("version") != LESSON_VERSION:
             raise SchemaError(f"not a {LESSON_FORMAT} file of version {LESSON_VERSION}")
@@ -197,26 +140,7 @@ def _check_slot(slot: dict, choices: list[str], where: str) -> None:
         raise SchemaError(f"{where}: unknown close call in {slot['tags']!r:.60}")
 
 
-def read_runs(path: Path) -> list[tuple[str, GenerationTrace, dict[int, str]]]:
-    """A lesson's runs file -> [(prompt, trace, token id -> text)]; ConfigError with one line when damaged."""
-    data = _read_json(path, "runs")
-    try:
-        if data.get("format") != RUNS_FORMAT or data.get("version") != LESSON_VERSION:
-            raise SchemaError(f"not a {RUNS_FORMAT} file of version {LESSON_VERSION}")
-        runs = []
-        for i, run in enumerate(data["runs"]):
-            trace = upgraded_dict(run["trace"])  # runs recorded before the settings were kept whole
-            check_value(trace, GenerationTrace, f"runs[{i}].trace")
-            check_trace_consistency(trace, f"runs[{i}].trace", REASONS)
-            check_value(run["prompt"], str, f"runs[{i}].prompt")
-            runs.append((run["prompt"], GenerationTrace.from_dict(trace),
-                         {int(k): v for k, v in run["tokens"].items()}))
-    except (SchemaError, KeyError, AttributeError, TypeError, ValueError) as error:
-        raise ConfigError(f"{path.name}: this lesson's runs file is damaged ({error})") from None
-    return runs
-
-
-def _read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict:
     """what: "lesson" or "runs" (the lesson's runs file, allowed larger)."""
     name = "lesson" if what == "lesson" else "lesson's runs"
     try:
@@ -232,10 +156,6 @@ def _read_json(path: Path, what: str) -> dict:
 
 def lesson_path(name: str, folder: Path = LESSONS_DIR) -> Path:
     return folder / f"{name}.json"
-
-
-def runs_path(name: str, folder: Path = LESSONS_DIR) -> Path:
-    return folder / "runs" / f"{name}.json"
 
 
 def builtin_lessons(folder: Path = LESSONS_DIR) -> tuple[list[dict], list[str]]:

@@ -16,12 +16,12 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from .acceptance import RULES
-from .config import DecodeConfig, RuleConfig
-from .engine import run_to_end
+from .decoding.acceptance import RULES
+from .decoding.config import DecodeConfig, RuleConfig
+from .decoding.engine import run_to_end
 from .models import ensemble_assisted_generate, sequence_nll
 from .models.peer import target_generate
-from .trace import GenerationTrace, RoundTrace
+from .decoding.trace import GenerationTrace, RoundTrace
 
 
 @dataclass

@@ -19,14 +19,15 @@ from typing import Callable
 
 import torch
 
-from . import acceptance
-from .config import LAB_P, ConfigError, RuleConfig
-from .verifying import VerifyInputs, verify
-from .mc_head import mask_seed
-from .models import CausalLM
-from .sampling import sampling_probs, signal_probs
-from .trace import GenerationTrace
-from .trained_judge import TrainedJudge
+from .decoding import acceptance
+from .decoding.config import LAB_P, ConfigError, RuleConfig
+from .decoding.verifying import VerifyInputs, verify
+from .decoding.mc_head import mask_seed
+from .decoding.pair_services import PairServices
+from .decoding.causal_lm import CausalLM
+from .decoding.sampling import sampling_probs, signal_probs
+from .decoding.trace import GenerationTrace
+from .decoding.trained_judge import TrainedJudge
 
 LAB_VERSION = 1
 
@@ -78,6 +79,12 @@ def _coin_inputs(trace: GenerationTrace, states, tokens: torch.Tensor, q_sample:
     return {"coin": torch.tensor(states.coins, dtype=torch.float32, device=tokens.device),
             "sample_target_prob": p_sample.gather(-1, index).squeeze(-1),
             "sample_draft_prob": torch.stack(q_sample).gather(-1, index).squeeze(-1)}
+
+
+def rule_lab(services: PairServices, trace: GenerationTrace, settings: RuleConfig) -> dict:
+    """The rule lab's matrix (rejudge) for a run's drafts, from its kept states, through its pair's heads."""
+    prepared = prepare(trace, services.target, services.draft)
+    return rejudge(prepared, services.target, settings, services.token_text, judge=services.judge)
 
 
 def rules_for(prepared: list[VerifyInputs], judge: TrainedJudge | None) -> tuple[str, ...]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .acceptance import REASONS, check_names, needed_votes
+from .decoding.acceptance import REASONS, check_names, needed_votes
 from .render import explain, kind_label
-from .trace import DraftedToken, GenerationTrace
+from .decoding.trace import DraftedToken, GenerationTrace
 
 LESSON_VERSION = 1
 CONTEXT_TOKENS = 24  # the text before a slot the learner reads

@@ -12,11 +12,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
+from .decoding.acceptance import LOSSY_END, RULES, judged_count, lossy_reasons
 from .intervals import block_picks
 from .quality import distinct2
-from .recording import reason_summary  # noqa: F401  (the core's; re-exported for the Studio)
-from .trace import GenerationTrace
+from .decoding.trace import GenerationTrace
 
 # A lossy run stays within the target's own variation (the reference band) when its target NLL is at
 # or below that of the target's own samples, at most MAX_OFF_NUCLEUS of its tokens leave the target's
@@ -142,15 +141,6 @@ def first_divergence(trace: GenerationTrace, reference: GenerationTrace) -> int 
     if len(trace.output_ids) != len(reference.output_ids):
         return min(len(trace.output_ids), len(reference.output_ids))
     return None
-
-
-def reason_counts(trace: GenerationTrace) -> dict[str, int]:
-    """How many drafted slots of a run ended with each reason."""
-    counts: dict[str, int] = {}
-    for r in trace.rounds:
-        for d in r.drafted:
-            counts[d.reason] = counts.get(d.reason, 0) + 1
-    return counts
 
 
 def lossy_count(trace: GenerationTrace) -> int:

@@ -10,10 +10,10 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .acceptance import KNOBS, REASONS, RULES, needed_votes
+from .decoding.acceptance import KNOBS, REASONS, RULES, needed_votes
 from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
-from .trace import DraftedToken, GenerationTrace, RoundTrace
+from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
 RUN_COLORS = {"lossless": "#455a64", "lossy": "#1565c0", "autoregressive": "#9e9e9e"}

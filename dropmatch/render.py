@@ -5,10 +5,10 @@ from __future__ import annotations
 import html
 from typing import Callable, Sequence
 
-from .acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
-from .config import DecodeConfig, RuleConfig
+from .decoding.acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
+from .decoding.config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
-from .trace import DraftedToken, RoundTrace
+from .decoding.trace import DraftedToken, RoundTrace
 
 TokenText = Callable[[int], str]
 

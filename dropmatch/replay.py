@@ -10,13 +10,13 @@ from __future__ import annotations
 import html
 import json
 
-from .acceptance import REASONS, RULES, lossy_reasons, needed_votes
-from .config import RuleConfig
+from .decoding.acceptance import REASONS, RULES, lossy_reasons, needed_votes
+from .decoding.config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
-from .record import RunRecord
+from .runfile import RunRecord
 from .render import kind_label, palette, tooltip
-from .trace import DraftedToken, GenerationTrace, RoundTrace
+from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 PAYLOAD_VERSION = 1
 

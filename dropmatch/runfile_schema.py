@@ -177,7 +177,7 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
 
 def _check_lab_settings(settings) -> None:
     """The lab's knobs (acceptance.KNOBS): p a number (the lab re-judges at one), each knob given of its type."""
-    from .acceptance import KNOBS
+    from .decoding.acceptance import KNOBS
 
     if not isinstance(settings, dict):
         raise SchemaError(f"lab.settings: expected an object, got {_kind(settings)}")

@@ -12,8 +12,8 @@ import argparse
 
 import gradio as gr
 
-from dropmatch.config import Settings
-from dropmatch.record import Downloads, recorded_runs
+from dropmatch.decoding.config import Settings
+from dropmatch.runfile import Downloads, recorded_runs
 from dropmatch.ui import callbacks, css
 from dropmatch.ui.layout import build_layout
 from dropmatch.ui.sessions import SessionJanitor

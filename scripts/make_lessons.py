@@ -8,7 +8,7 @@ that order), then the dev set (scripts/distill_draft.py: written prompts and GSM
 under the lesson's settings (the app's defaults otherwise: gamma = auto, hybrid drafts,
 p = auto) until the runs hold two slots of every reason its rule can give (one, past ENOUGH_RUNS runs) and every
 close call the lesson asks;
-then LESSON_SIZE slots are picked (builtin_lessons.pick_slots). Writes assets/lessons/<name>.json (the
+then LESSON_SIZE slots are picked (tools/lesson_runs.pick_slots). Writes assets/lessons/<name>.json (the
 lesson the page plays) and assets/lessons/runs/<name>.json (its runs, traces without states).
 """
 
@@ -21,12 +21,12 @@ from collections import Counter
 from pathlib import Path
 
 from dropmatch.assets import LESSONS_DIR, load_examples
-from dropmatch.builtin_lessons import (LESSON_FORMAT, LESSON_VERSION, RUNS_FORMAT, SPECS, candidate_slots,
-                                       lesson_of_runs, lesson_path, missing, read_runs, runs_path)
-from dropmatch.config import Settings
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.builtin_lessons import LESSON_FORMAT, LESSON_VERSION, SPECS, lesson_path
+from tools.lesson_runs import RUNS_FORMAT, candidate_slots, lesson_of_runs, missing, read_runs, runs_path
+from dropmatch.decoding.config import Settings
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_embedded_pair
-from dropmatch.record import mentioned_tokens
+from dropmatch.runfile import mentioned_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dropmatch.bench.prompts import DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: E402  (the dev set)

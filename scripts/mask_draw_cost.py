@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from dropmatch.mc_head import keyed_masks
+from dropmatch.decoding.mc_head import keyed_masks
 
 MASK32 = 0xFFFFFFFF
 

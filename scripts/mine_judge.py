@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dropmatch.models import load_embedded_pair  # noqa: E402
-from dropmatch.trained_judge.mining import Miner, read_mined, walk_record  # noqa: E402
-from dropmatch.trained_judge.training import fit_judge  # noqa: E402
+from tools.mining import Miner, read_mined, walk_record  # noqa: E402
+from tools.training import fit_judge  # noqa: E402
 
 DEFAULT_WORK = ROOT / "runs" / "judge"
 DEFAULT_GSM8K_TRAIN = ROOT.parent / "shared" / "benchmarks" / "gsm8k_train.jsonl"

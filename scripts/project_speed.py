@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dropmatch.bench.cost_model import project  # noqa: E402
+from tools.cost_model import project  # noqa: E402
 
 
 def summed(parts: list[dict]) -> dict:

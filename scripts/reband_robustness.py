@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from dropmatch.acceptance import BASELINE
+from dropmatch.decoding.acceptance import BASELINE
 from dropmatch.bench import tables
 from dropmatch.bench.summary import band_checks, task_score_note, within_reference
 

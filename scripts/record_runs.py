@@ -14,10 +14,10 @@ from pathlib import Path
 
 from dropmatch.assets import RECORDED_DIR, load_examples
 from dropmatch.compare import compare_stream
-from dropmatch.config import Settings
-from dropmatch.engine import Engine
+from dropmatch.decoding.config import Settings
+from dropmatch.decoding.engine import Engine
 from dropmatch.models import load_embedded_pair
-from dropmatch.record import record_of
+from dropmatch.runfile import record_of
 
 RUNS = {"GSM8K_math": "math", "chat_writing": "writing", "code_completion": "code"}
 

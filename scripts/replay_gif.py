@@ -62,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import app
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
 
     def no_model(spec):
         raise RuntimeError("the GIF is made from a recorded run; no model is loaded")
 
-    demo = app.create_demo(Studio(loader=no_model, engine_factory=lambda pair: pair))
+    demo = app.create_demo(PairHost(loader=no_model, engine_factory=lambda pair: pair))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
         size = write_gif(frames(demo.local_url, args.run, args.stages, args.width), args.out, args.frame_ms, args.scale)

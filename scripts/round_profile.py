@@ -20,11 +20,12 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dropmatch import drafting, engine as engine_module
+from dropmatch.decoding import drafting, engine as engine_module
 from dropmatch.bench.prompts import DEV_PROMPTS
-from dropmatch.config import DEFAULTS
-from dropmatch.engine import Engine, run_to_end
-from dropmatch.models import CausalLM, load_embedded_pair
+from dropmatch.decoding.config import DEFAULTS
+from dropmatch.decoding.engine import Engine, run_to_end
+from dropmatch.models import load_embedded_pair
+from dropmatch.decoding.causal_lm import CausalLM
 
 PHASES = {  # phase -> (owner, attribute) of the calls it times
     "draft": [(drafting.HybridDrafter, "propose"), (drafting.ModelDrafter, "propose"), (drafting.LookupDrafter, "propose")],

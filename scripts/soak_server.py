@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from dropmatch.ui.visitors import ApiVisitor, BrowserVisitor
+from tools.visitors import ApiVisitor, BrowserVisitor
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -132,11 +132,11 @@ def main() -> int:
     example = json.loads(app.EXAMPLES_FILE.read_text())[0]["prompt"][:40]
     demo = None
     if args.url is None:
-        from dropmatch.engine import Engine
+        from dropmatch.decoding.engine import Engine
         from dropmatch.models import load_pair
-        from dropmatch.studio import Policy, Studio
+        from dropmatch.pair_host import Policy, PairHost
 
-        demo = app.create_demo(Studio(load_pair, Engine, Policy()))
+        demo = app.create_demo(PairHost(load_pair, Engine, Policy()))
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, css=app.css())
     try:
         found = drive(args.url or demo.local_url, Path(args.out), example, args.max_new_tokens)

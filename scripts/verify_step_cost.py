@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dropmatch.config import RuleConfig  # noqa: E402
-from dropmatch.serving.verify import Round, verify_rounds  # noqa: E402
+from dropmatch.decoding.config import RuleConfig  # noqa: E402
+from dropmatch.decoding.server_rounds import Round, verify_rounds  # noqa: E402
 from dropmatch.serving.vllm.runner import VllmHead  # noqa: E402  (imports no vLLM)
 
 

@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "scripts"))  # scripts/tools: what only scripts run
 
 
 def _installed(distribution: str) -> bool:
@@ -105,8 +106,8 @@ def far_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_dirs):
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target, draft = tiny_dirs
@@ -115,8 +116,8 @@ def tiny_engine(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def far_engine(far_dirs):
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target, draft = far_dirs
@@ -142,11 +143,11 @@ def fake_app_served(engine):
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     import app
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
     from local_server import serve_locally
     from playwright.sync_api import sync_playwright
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
+    demo = app.create_demo(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: engine))
     serve_locally(demo, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
-from dropmatch.trace import DraftedToken, GenerationTrace, RoundTrace
+from dropmatch.decoding.config import ConfigError, DecodeConfig, RuleConfig
+from dropmatch.decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 EOS = 0
 

@@ -41,8 +41,8 @@ def decisions(trace) -> dict:
 
 
 def record_all(engine) -> dict:
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     ids = engine.encode(GOLDEN_PROMPT)
     return {name: decisions(run_to_end(engine.speculative(ids, DecodeConfig(**decode), RuleConfig(**rule))))
@@ -56,7 +56,7 @@ if __name__ == "__main__":
 
     os.environ.update(GOLDEN_ENV)
 
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_embedded_pair
 
     GOLDEN_FILE.parent.mkdir(exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dropmatch.trained_judge import JUDGE_FORMAT, JUDGE_VERSION, TrainedJudge
+from dropmatch.decoding.trained_judge import JUDGE_FORMAT, JUDGE_VERSION, TrainedJudge
 
 
 def judge_dict(hidden_size: int, seed: int = 0, target: str = "tiny", threshold: float = 0.5) -> dict:

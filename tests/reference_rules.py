@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dropmatch.acceptance import Signals, Verdict  # data types only
+from dropmatch.decoding.acceptance import Signals, Verdict  # data types only
 
 PATH_RULES = {"naive", "js", "majority", "dropmatch", "dropmatch_judge"}  # they read the K dropout paths
 JUDGE_RULES = {"judge", "dropmatch_judge"}  # they read the trained judge

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from dropmatch.acceptance import rule_accepts, votes_needed
+from dropmatch.decoding.acceptance import rule_accepts, votes_needed
 from reference_rules import decide
-from dropmatch.verifying import position_signals, votes
-from dropmatch.config import RuleConfig
-from dropmatch.mc_head import dropout_paths, path_stats
-from dropmatch.sampling import draw, js_divergence, sampling_probs, target_view
+from dropmatch.decoding.verifying import position_signals, votes
+from dropmatch.decoding.config import RuleConfig
+from dropmatch.decoding.mc_head import dropout_paths, path_stats
+from dropmatch.decoding.sampling import draw, js_divergence, sampling_probs, target_view
 
 V = 6
 NEG = float("-inf")
@@ -299,8 +299,8 @@ def test_a_single_paths_divergence_to_its_centroid_is_exactly_zero(centroid, tem
 def test_the_clean_rows_stats_are_what_one_path_of_it_gives(centroid, temperature):
     """PathStats.of_clean_row (p = 0) reuses the clean distribution: the same stats, bit for bit, as
     path_stats over the clean row repeated K times, its centroid the very tensor it was given."""
-    from dropmatch.mc_head import PathStats
-    from dropmatch.sampling import signal_probs
+    from dropmatch.decoding.mc_head import PathStats
+    from dropmatch.decoding.sampling import signal_probs
 
     clean_logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(2)) * 4
     clean_probs = signal_probs(clean_logits, temperature)
@@ -313,7 +313,7 @@ def test_the_clean_rows_stats_are_what_one_path_of_it_gives(centroid, temperatur
 
 def test_the_top_token_is_argmax_with_ties_and_nans():
     """sampling.top_token (max's index) returns what argmax does: the first maximum, NaN the largest."""
-    from dropmatch.sampling import top_token
+    from dropmatch.decoding.sampling import top_token
 
     generator = torch.Generator().manual_seed(3)
     values = torch.randint(0, 3, (64, 4099), generator=generator).float()  # ties everywhere

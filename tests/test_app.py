@@ -6,15 +6,15 @@ import pytest
 from fake_engine import FakeEngine
 from local_server import serve_locally
 
-from dropmatch.config import PairSpec
-from dropmatch.studio import DEFAULT_PRESET, Policy, Studio, pair_from_choice
-from dropmatch.ui.visitors import api_client
+from dropmatch.decoding.config import PairSpec
+from dropmatch.pair_host import DEFAULT_PRESET, Policy, PairHost, pair_from_choice
+from tools.visitors import api_client
 
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 
 
-def fake_studio(**engine_kwargs) -> Studio:
-    return Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(**engine_kwargs))
+def fake_studio(**engine_kwargs) -> PairHost:
+    return PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(**engine_kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_compare_endpoint_needs_only_a_prompt(running_app):
         assert metrics["speedup_vs_ar"] is None
     # the API reports the engine's own numbers: the same as summarising the engine's runs directly
     from dropmatch.compare import compare_stream
-    from dropmatch.config import Settings
+    from dropmatch.decoding.config import Settings
     from dropmatch.metrics import summarize
 
     decode, rule = Settings(PROMPT).parse()
@@ -138,7 +138,7 @@ def test_the_app_answers_on_its_address_before_the_default_pair_starts_loading(m
     port = free_port()
     monkeypatch.setattr(sys, "argv", ["app.py", "--port", str(port)])
     answered = []
-    monkeypatch.setattr(Studio, "preload", lambda self, spec: answered.append(
+    monkeypatch.setattr(PairHost, "preload", lambda self, spec: answered.append(
         httpx.head(f"http://127.0.0.1:{port}/", timeout=30).status_code))
     monkeypatch.setattr(gradio.Blocks, "block_thread", lambda self: self.close())
     app.main()
@@ -152,8 +152,8 @@ def test_downloads_stay_in_one_folder_that_keeps_only_the_newest_runs(tmp_path):
     from fake_engine import FakeEngine
 
     from dropmatch.compare import compare_stream
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.record import Downloads, record_of
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.runfile import Downloads, record_of
 
     engine = FakeEngine()
     downloads = Downloads(tmp_path / "downloads", keep=3)
@@ -178,10 +178,10 @@ def test_the_run_state_holds_data_only_so_switching_pairs_frees_the_old_engine()
     from fake_engine import FakeEngine
 
     from dropmatch.compare import compare_stream
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.record import record_of
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.runfile import record_of
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine())
     first = studio.engine(PairSpec("org/a", "org/b"))
     *_, state = compare_stream(first, PROMPT, DecodeConfig(max_new_tokens=6), RuleConfig("dropmatch"))
     record = record_of(state, first)
@@ -196,7 +196,7 @@ def test_the_run_state_holds_data_only_so_switching_pairs_frees_the_old_engine()
 
 def test_the_web_app_loads_hub_ids_only_unless_local_models_are_allowed(tmp_path, monkeypatch):
     """A local folder (or anything not namespace/name) is refused by default; the environment can allow it."""
-    from dropmatch.config import ConfigError
+    from dropmatch.decoding.config import ConfigError
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "model").mkdir(parents=True)  # a local folder that looks like a hub id
@@ -217,8 +217,8 @@ def test_a_recorded_run_opens_with_no_model_and_a_foreign_file_gets_one_message(
     from fake_engine import FakeEngine
 
     from dropmatch.compare import compare_stream
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.record import Downloads, record_of
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.runfile import Downloads, record_of
     from dropmatch.ui.callbacks import open_recorded
 
     engine = FakeEngine()
@@ -248,13 +248,13 @@ def test_shipped_recorded_runs_open_while_loading_fails():
     """Every run in assets/recorded opens with no model (the Studio's loader would raise): columns,
     charts and the rule lab's matrix at the run's own settings; moving a lab control then says which
     pair's heads it needs instead of failing."""
-    from dropmatch.record import Downloads, recorded_runs
+    from dropmatch.runfile import Downloads, recorded_runs
     from dropmatch.ui.callbacks import open_recorded, reverify_view
 
     def no_model(spec):
         raise RuntimeError("no model may load in this test")
 
-    studio = Studio(loader=no_model, engine_factory=lambda pair: pair)
+    studio = PairHost(loader=no_model, engine_factory=lambda pair: pair)
     shipped = recorded_runs()
     assert len(shipped) >= 3
     for title, path in shipped.items():
@@ -270,7 +270,7 @@ def test_shipped_recorded_runs_open_while_loading_fails():
 def test_on_a_space_pairs_are_the_presets_and_runs_are_capped_unless_configured():
     """SPACE_ID set: a hub id outside the presets is refused and more than 512 tokens through the API
     too; the environment can widen both; off a Space neither applies."""
-    from dropmatch.config import ConfigError
+    from dropmatch.decoding.config import ConfigError
 
     space = Policy.from_env({"SPACE_ID": "user/dropmatch"})
     assert space.check(PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")).target == "Qwen/Qwen3-8B"
@@ -289,10 +289,10 @@ def test_on_a_space_pairs_are_the_presets_and_runs_are_capped_unless_configured(
 
 
 def test_the_api_refuses_a_run_longer_than_the_servers_cap():
-    from dropmatch.config import Settings
+    from dropmatch.decoding.config import Settings
     from dropmatch.ui.callbacks import compare_api
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(),
                     policy=Policy(max_new_tokens=8))
     with pytest.raises(Exception, match="at most 8 new tokens"):
         list(compare_api(studio, Settings(PROMPT, max_new_tokens=9)))
@@ -331,7 +331,7 @@ def embedded_services():
     from transformers import AutoTokenizer
 
     from dropmatch.models.loading import embedded_target_source
-    from dropmatch.pair_services import PairServices
+    from dropmatch.decoding.pair_services import PairServices
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     tokenizer = AutoTokenizer.from_pretrained(embedded_target_source()[0])
@@ -347,9 +347,9 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
     from types import SimpleNamespace
 
     from dropmatch.compare import Column
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.record import RunRecord
-    from dropmatch.trace import GenerationTrace, RoundTrace
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.runfile import RunRecord
+    from dropmatch.decoding.trace import GenerationTrace, RoundTrace
     from dropmatch.ui import views
 
     ids = embedded_services.tokenizer(text)["input_ids"]
@@ -367,8 +367,8 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
 
 def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_engine):
     """After a run, the notice's seconds are that run's measured prefill rate, not a per-position verify cost."""
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
     from dropmatch.ui.views import prompt_note
 
     ids = [(7 * i + 3) % 200 for i in range(300)]
@@ -383,7 +383,7 @@ def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_e
 def test_the_ensemble_at_temperature_0_runs_its_transformers_peer_greedy(tiny_engine):
     """Greedy settings run transformers' static ensemble greedy too: no raw "strictly positive float" error."""
     from dropmatch.compare import compare_stream
-    from dropmatch.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
 
     *_, state = compare_stream(tiny_engine, "what is two plus three?", DecodeConfig(gamma=3, max_new_tokens=8),
                                RuleConfig("ensemble"), run_ar=False)
@@ -392,8 +392,8 @@ def test_the_ensemble_at_temperature_0_runs_its_transformers_peer_greedy(tiny_en
 
 def test_a_recorded_runs_settings_put_back_in_the_controls_parse_to_its_own():
     """Each shipped run's prompt, rule and settings, as the controls would hold them, parse to the run's own configs."""
-    from dropmatch.config import DEFAULTS, Settings
-    from dropmatch.record import read_recorded_run, recorded_runs
+    from dropmatch.decoding.config import DEFAULTS, Settings
+    from dropmatch.runfile import read_recorded_run, recorded_runs
     from dropmatch.ui.views import settings_view
 
     assert recorded_runs()
@@ -421,7 +421,7 @@ def test_every_rule_and_the_runs_star_wear_colours_told_apart_in_trade_offs():
     import itertools
     import math
 
-    from dropmatch.acceptance import RULES
+    from dropmatch.decoding.acceptance import RULES
     from dropmatch.plots import RUN_STAR
 
     colours = {name: rule.colour for name, rule in RULES.items()} | {"this run's star": RUN_STAR["color"]}

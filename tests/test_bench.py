@@ -96,8 +96,8 @@ def test_under_sampling_the_peer_is_transformers_static_ensemble_at_our_ensemble
 def test_the_peers_target_nll_is_read_as_our_runs_is(tiny_engine):
     """sequence_nll over a run's own tokens equals that run's recorded target NLL."""
     from dropmatch import metrics
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
     from dropmatch.models import sequence_nll
 
     ids = tiny_engine.encode("what is two plus three?")
@@ -148,7 +148,7 @@ def test_the_command_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
 def test_frontier_sweeps_every_lossy_rule_and_reports_the_reference_band(tiny_dirs, tmp_path, capsys):
     """--frontier: one point per (rule, centroid, knob value) with the promised fields, for all prompts
     and per benchmark; the reference band of the target's own samples; the HTML draws the frontier."""
-    from dropmatch.acceptance import KNOBS
+    from dropmatch.decoding.acceptance import KNOBS
 
     target, draft = tiny_dirs
     out_json, out_html = tmp_path / "frontier.json", tmp_path / "frontier.html"
@@ -362,8 +362,8 @@ def test_the_mc_share_is_pooled_over_runs_as_a_ratio_of_sums():
 
     from fake_engine import FakeEngine
 
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
     from dropmatch.metrics import mc_overhead
 
     engine = FakeEngine()
@@ -433,10 +433,10 @@ def test_the_vllm_benchmark_refuses_a_missing_prompt_file_in_one_line_before_any
 def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_range():
     """The shipped judge scores every mismatch in a narrow band (0.79-0.82): its frontier points take
     the judge's chosen threshold and its validation quantiles, never fixed values that accept nothing."""
-    from dropmatch.acceptance import KNOBS
+    from dropmatch.decoding.acceptance import KNOBS
     from dropmatch.bench.running import variants, with_judge_knob
-    from dropmatch.config import RuleConfig
-    from dropmatch.trained_judge import SHIPPED_JUDGE, TrainedJudge
+    from dropmatch.decoding.config import RuleConfig
+    from dropmatch.decoding.trained_judge import SHIPPED_JUDGE, TrainedJudge
 
     judge = TrainedJudge.read(SHIPPED_JUDGE)
     runs = with_judge_knob(variants(["lossless"], RuleConfig(), [], frontier=True), judge)
@@ -450,7 +450,7 @@ def test_the_judges_frontier_sweeps_its_threshold_inside_the_judges_own_score_ra
 
 def test_frontier_rules_limit_the_sweep_to_the_named_rules():
     from dropmatch.bench.running import variants
-    from dropmatch.config import RuleConfig
+    from dropmatch.decoding.config import RuleConfig
 
     runs = variants(["lossless", "dropmatch"], RuleConfig(), [0.3], frontier=True, swept=("fly", "mars"))
     swept = {run.rule.rule for run in runs if run.knob is not None and run.label != "dropmatch@p=0.3"}
@@ -469,8 +469,8 @@ def band_result(temperature: float, own_distinct2: float, lossy_distinct2: float
 
     from dropmatch.bench.prompts import Item
     from dropmatch.bench.running import BenchmarkResult, Generation
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     engine = FakeEngine()
     ids = engine.encode("a b c d e f g h")

@@ -19,11 +19,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 @pytest.fixture(scope="module")
 def embedded_app():
     import app
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_pair
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
 
-    studio = Studio(load_pair, Engine, Policy())
+    studio = PairHost(load_pair, Engine, Policy())
     demo = app.create_demo(studio)
     serve_locally(demo, css=app.css())
     try:
@@ -140,8 +140,8 @@ def _run_file(path: Path) -> dict:
     from fake_engine import FakeEngine
 
     from dropmatch.compare import compare_stream
-    from dropmatch.config import Settings
-    from dropmatch.record import RunRecord
+    from dropmatch.decoding.config import Settings
+    from dropmatch.runfile import RunRecord
 
     given = dict(rule="majority", temperature=0.5, max_new_tokens=17, seed=5, gamma="3", draft_source="model", k=7)
     settings = Settings("one two three four five six", **given)

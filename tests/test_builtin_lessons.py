@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 
-from dropmatch.builtin_lessons import (LESSON_SIZE, SPECS, LessonSpec, builtin_lessons, lesson_of_runs, lesson_path,
-                                       lessons_html, pick_slots, read_lesson, read_runs, runs_path)
-from dropmatch.config import ConfigError, RuleConfig, Settings
+from dropmatch.builtin_lessons import (LESSON_SIZE, SPECS, LessonSpec, builtin_lessons, lesson_path, lessons_html,
+                                       read_lesson)
+from dropmatch.decoding.config import ConfigError, RuleConfig, Settings
 from dropmatch.lessons import CLOSE_CALLS, rule_reasons
 from dropmatch.render import explain
-from dropmatch.trace import DraftedToken
+from tools.lesson_runs import lesson_of_runs, pick_slots, read_runs, runs_path
+from dropmatch.decoding.trace import DraftedToken
 
 
 @pytest.mark.parametrize("name", list(SPECS))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import PROMPTS
 
-from dropmatch.config import DecodeConfig, RuleConfig
-from dropmatch.bench.cost_model import UnitCosts, judge_step_per_position, predicted_seconds, project
-from dropmatch.engine import run_to_end
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
+from tools.cost_model import UnitCosts, judge_step_per_position, predicted_seconds, project
+from dropmatch.decoding.engine import run_to_end
 from dropmatch.metrics import component_costs
 
 ROOT = Path(__file__).resolve().parent.parent

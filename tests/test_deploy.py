@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 
 from dropmatch import assets
-from dropmatch.config import PRESETS
+from dropmatch.decoding.config import PRESETS
 from dropmatch.models.loading import EMBEDDED_DRAFT_DIR, GGUF_FILE, GGUF_REPO, GGUF_REVISION
-from dropmatch.trained_judge import SHIPPED_JUDGE
+from dropmatch.decoding.trained_judge import SHIPPED_JUDGE
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-from dropmatch import drafting
-from dropmatch.config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
-from dropmatch.engine import run_to_end
+from dropmatch.decoding import drafting
+from dropmatch.decoding.config import AUTO_GAMMA_CAP, ConfigError, DecodeConfig, RuleConfig
+from dropmatch.decoding.engine import run_to_end
 from dropmatch.models import greedy_reference
 
 

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from dropmatch.config import DecodeConfig, RuleConfig
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import greedy_reference
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
     from pathlib import Path
 
     from dropmatch.models import load_embedded_pair
-    from dropmatch.models.generation import load_generated
+    from tools.generation import load_generated
 
     root = Path(__file__).resolve().parent.parent
     gsm8k = tmp_path / "gsm8k_train.jsonl"  # the recipe reads GSM8K *train*; a stand-in keeps CI offline
@@ -139,7 +139,7 @@ def test_the_draft_recipe_runs_end_to_end_and_exports_a_loadable_draft(tmp_path)
 
 
 def test_a_generation_batch_too_big_for_memory_is_split_not_lost():
-    from dropmatch.models.generation import generate_group
+    from tools.generation import generate_group
 
     class SmallMemoryModel:
         device = torch.device("cpu")

@@ -8,11 +8,11 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.metrics import first_divergence, off_nucleus_rate, pooled, summarize, tau, tokens_per_s
 from dropmatch.models import ModelLoadError, greedy_reference, load_hub_pair
-from dropmatch.trace import GenerationTrace
+from dropmatch.decoding.trace import GenerationTrace
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
@@ -304,7 +304,7 @@ def test_a_pair_too_big_for_memory_is_refused_with_a_message(tiny_dirs, monkeypa
 def test_path_logits_equal_the_head_of_the_dropped_out_hidden_states(tiny_engine, p, path_dtype, monkeypatch):
     """Sparse (fp32 paths, few dropped entries: clean logits minus the dropped share) or dense (one
     matmul, in bf16 where the device has it), path logits are W (h * keep) / (1 - p) up to rounding."""
-    from dropmatch import mc_head
+    from dropmatch.decoding import mc_head
 
     target = tiny_engine.target
     monkeypatch.setattr(target, "_path_dtype", path_dtype)
@@ -365,8 +365,8 @@ def test_two_loads_of_a_pair_take_the_same_path_precision_and_decide_every_slot_
 def test_every_cpu_kernel_is_the_same_product_as_nn_linear_for_any_number_of_rows(shape, kernel):
     """A ChosenLinear forced to any kernel (torch's default, the (W x^T)^T layout, oneDNN with a packed
     weight) gives F.linear's numbers and shape, bias included."""
-    from dropmatch.models import ChosenLinear
-    from dropmatch.models.cpu_kernels import packed_weight
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import packed_weight
 
     generator = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(24, 40)
@@ -390,7 +390,7 @@ def test_each_forced_cpu_kernel_gives_the_tokens_of_torchs_default_and_is_record
     """Pinned by DROPMATCH_CPU_KERNELS, every fp32 layer takes that kernel; lossless SD and DropMatch
     then emit the same tokens and reasons as with torch's default everywhere, and the run records the
     choice beside the weights' fingerprint."""
-    from dropmatch.models import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
 
     reference, forced = (_engine_with_kernels(tiny_dirs, k, monkeypatch) for k in ("torch", kernel))
     layers = [m for m in forced.target.model.modules() if isinstance(m, torch.nn.Linear)]
@@ -407,8 +407,8 @@ def test_each_forced_cpu_kernel_gives_the_tokens_of_torchs_default_and_is_record
 def test_transformers_own_generate_runs_on_torchs_default_kernels_and_ours_come_back(tiny_dirs, monkeypatch):
     """The yardstick (plain generate(), references._timed_generate) runs every layer on torch's default, as
     the model a user loads does; after it, the layers hold the kernels the loader chose."""
-    from dropmatch.models import ChosenLinear
-    from dropmatch.models.cpu_kernels import torch_default_kernels
+    from dropmatch.decoding.cpu_kernels import ChosenLinear
+    from dropmatch.decoding.cpu_kernels import torch_default_kernels
 
     engine = _engine_with_kernels(tiny_dirs, "rows", monkeypatch)
     layers = [m for model in (engine.target.model, engine.draft.model) for m in model.modules()
@@ -421,8 +421,8 @@ def test_transformers_own_generate_runs_on_torchs_default_kernels_and_ours_come_
 def test_measured_cpu_kernels_choose_among_the_known_ones_and_say_so(tiny_dirs, monkeypatch):
     """Unpinned, the loader measures each weight shape and picks one of the known kernels per row
     class; the summary names every non-default choice (or "torch"); a bad pin is one line."""
-    from dropmatch.models import ChosenLinear, kernel_summary
-    from dropmatch.models.cpu_kernels import KERNELS, pinned_kernel
+    from dropmatch.decoding.cpu_kernels import ChosenLinear, kernel_summary
+    from dropmatch.decoding.cpu_kernels import KERNELS, pinned_kernel
 
     monkeypatch.delenv("DROPMATCH_CPU_KERNELS", raising=False)
     engine = Engine(load_hub_pair(PairSpec(str(tiny_dirs[0]), str(tiny_dirs[1])), torch.device("cpu")))
@@ -463,7 +463,7 @@ def test_onednn_chunks_cover_the_input_with_sizes_from_a_fixed_set(length):
     """A bf16 CPU model is fed in power-of-two pieces of at most 512 rows, largest first, that add
     up to the input: oneDNN then meets ten row counts at most, whatever the prompt's length. An fp32
     model, or one on another device, is fed whole."""
-    from dropmatch.models.cpu_kernels import onednn_chunks
+    from dropmatch.decoding.cpu_kernels import onednn_chunks
 
     sizes = onednn_chunks(length, torch.device("cpu"), torch.bfloat16)
     assert sum(sizes) == length
@@ -478,7 +478,7 @@ def test_a_bf16_model_fed_in_chunks_gives_the_hidden_states_of_one_call(tiny_dir
     piece to the cache: the same hidden states (up to bf16 rounding) and cache length as one call."""
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import CausalLM
+    from dropmatch.decoding.causal_lm import CausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.bfloat16)
     lm = CausalLM(model, "tiny", model.config.vocab_size)
@@ -500,7 +500,7 @@ def test_a_cpu_model_gets_chosen_linears_with_its_weights_shared_and_its_logits_
 
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import ChosenLinear, linear_bytes, prepare_for_cpu
+    from dropmatch.decoding.cpu_kernels import ChosenLinear, linear_bytes, prepare_for_cpu
 
     def load(**kwargs):
         return AutoModelForCausalLM.from_pretrained(tiny_dirs[0], **kwargs).eval()
@@ -539,7 +539,7 @@ def test_a_cpu_model_gets_chosen_linears_with_its_weights_shared_and_its_logits_
 def test_dropout_masks_depend_on_the_seed_the_prompt_and_the_position_only(draw):
     """The mask key changes with the seed and with the prompt's token ids; a position's masks are the
     same whichever other positions are drawn with it, under either draw."""
-    from dropmatch.mc_head import keyed_masks, mask_seed
+    from dropmatch.decoding.mc_head import keyed_masks, mask_seed
 
     key = mask_seed(0, [1, 2, 3])
     assert mask_seed(0, (1, 2, 3)) == key
@@ -565,7 +565,7 @@ def test_counter_masks_are_the_keyed_hash_bit_for_bit():
     """The counter draw is exactly its formula, checked unit by unit with Python integers (so it holds on
     any device that computes the same integer ops): unit (k, h) of a position kept iff
     hash(hash((k * H + h) ^ a) ^ b) >= round(p * 2^32), (a, b) from the position's key."""
-    from dropmatch.mc_head import _position_key, keyed_masks
+    from dropmatch.decoding.mc_head import _position_key, keyed_masks
 
     keys, num_paths, hidden, p = [(12345, 0), (2**63 - 25, 7), (3, 2**20)], 3, 40, 0.3
     masks = keyed_masks(keys, num_paths, p, hidden, draw="counter")
@@ -583,7 +583,7 @@ def test_counter_masks_keep_each_unit_at_one_minus_p_and_paths_independent(p):
     """Over 300 positions x 5 paths x 576 units: the kept share is 1 - p, two paths of a position agree
     as independent draws do ((1-p)^2 + p^2), and neighbouring positions' and units' masks as well (within
     0.005, over 4 standard errors of each share)."""
-    from dropmatch.mc_head import keyed_masks
+    from dropmatch.decoding.mc_head import keyed_masks
 
     masks = keyed_masks([(99, position) for position in range(300)], 5, p, 576, draw="counter")
     independent = (1 - p) ** 2 + p ** 2
@@ -614,7 +614,7 @@ def test_a_greedy_mismatch_names_its_first_divergence_and_the_targets_margin_the
 def test_a_rounds_phases_are_read_from_one_timer_and_nest_in_the_round(tiny_engine, monkeypatch):
     """Each round reads its one PhaseTimer once (timing.py: one sync on a GPU, none per phase), and its phases
     (draft, forward, head, the Monte-Carlo work) lie inside the round's time."""
-    from dropmatch import timing
+    from dropmatch.decoding import timing
 
     reads = []
     read = timing.PhaseTimer.read

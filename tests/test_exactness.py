@@ -16,10 +16,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_hub_pair
-from dropmatch.sampling import sampling_probs
+from dropmatch.decoding.sampling import sampling_probs
 
 TOKENS = (10, 11, 12)
 TEMPERATURE = 0.8

@@ -51,7 +51,7 @@ def test_both_columns_numbers_arrive_before_the_autoregressive_baseline_runs():
     stats tables and the verdict have been sent, without the speedup rows."""
     from fake_engine import FakeEngine
 
-    from dropmatch.config import Settings
+    from dropmatch.decoding.config import Settings
     from dropmatch.ui.streaming import stream_comparison
 
     class HeldBaseline(FakeEngine):
@@ -199,7 +199,7 @@ def test_the_status_line_stays_on_the_first_screen_with_settings_open(fake_app_p
 def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
     from fake_engine import FakeEngine
 
-    from dropmatch.drafting import StepCosts
+    from dropmatch.decoding.drafting import StepCosts
     from dropmatch.ui.views import prompt_note
 
     long_prompt = " ".join(f"w{i}" for i in range(1500))
@@ -218,7 +218,7 @@ def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
 
 
 def test_the_right_columns_title_names_the_rule_as_a_reader_does():
-    from dropmatch.acceptance import RULES
+    from dropmatch.decoding.acceptance import RULES
     from dropmatch.ui.views import lossy_title
 
     assert lossy_title("dropmatch") == "### DropMatch" and lossy_title("mars") == "### MARS"

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -19,7 +20,7 @@ import torch
 from test_serving import HostReads
 from test_exactness import PROMPT, TEMPERATURE, TOKENS, chi_square, chi_square_quantile, detectable_bias, exact_joint
 
-from dropmatch.config import DecodeConfig, RuleConfig, rule_keys, rule_names
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, rule_keys, rule_names
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = str(ROOT)  # the repository transformers loads custom_generate/generate.py from
@@ -176,8 +177,8 @@ def test_sampling_through_generate_draws_the_targets_own_distribution(tmp_path_f
     from tiny_models import save_bigram_pair
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target_dir, draft_dir = save_bigram_pair(tmp_path_factory.mktemp("bigram_generate"), _table(TARGET_ROWS),
@@ -382,48 +383,33 @@ def test_the_staged_card_names_no_path_of_this_repository_and_ships_the_licence(
     assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
 
 
-IMPORT_LINE = re.compile(r"(?P<indent>\s*)from (?P<module>\.+[\w.]*) import (?P<names>.*)")
+def test_the_staged_folder_is_the_method_package_file_for_file_and_generate_py(staged_folder):
+    """custom_generate/ holds every module of dropmatch/decoding/ byte for byte (no header, no import rewritten)
+    and generate.py, nothing else."""
+    package = {path.name: path.read_bytes() for path in (ROOT / "dropmatch" / "decoding").glob("*.py")
+               if path.name != "__init__.py"}
+    staged = {path.name: path.read_bytes() for path in (staged_folder / "custom_generate").glob("*.py")}
+    assert set(staged) == set(package) | {"generate.py"}
+    assert {name: text for name, text in staged.items() if name != "generate.py"} == package
 
 
-def test_the_staged_modules_are_the_packages_own_files_with_only_their_relative_imports_renamed(deploy, staged_folder):
-    """Each staged module is its package file under a comment naming it; a line differs only where a relative
-    import names its module in the one folder (from ..config import X -> from .config import X)."""
-    core = deploy.core_modules()
-    staged = {path.name for path in (staged_folder / "custom_generate").glob("*.py")}
-    assert staged == {f"{deploy.flat_name(name)}.py" for name in core} | {"generate.py"}
-    for name in core:
-        source_file = deploy.module_file(name)
-        source = source_file.read_text(encoding="utf-8").splitlines()
-        copy = (staged_folder / "custom_generate" / f"{deploy.flat_name(name)}.py").read_text(encoding="utf-8").splitlines()
-        header, body = copy[: len(copy) - len(source)], copy[len(copy) - len(source):]
-        assert header and all(line.startswith("#") for line in header)
-        assert source_file.relative_to(ROOT).as_posix() in header[0]
-        for ours, theirs in zip(source, body):
-            if ours != theirs:
-                was, now = IMPORT_LINE.fullmatch(ours), IMPORT_LINE.fullmatch(theirs)
-                assert was and now and (was["indent"], was["names"]) == (now["indent"], now["names"]), (name, ours)
-                assert now["module"] == "." + was["module"].lstrip(".").rpartition(".")[2], (name, ours)
-
-
-STUDIO = {"dropmatch.lab", "dropmatch.metrics", "dropmatch.quality", "dropmatch.models", "dropmatch.models.loading",
-          "dropmatch.models.generation", "dropmatch.models.references", "dropmatch.plots", "dropmatch.render",
-          "dropmatch.studio", "dropmatch.record", "dropmatch.compare"}
-STUDIO_PACKAGES = ("dropmatch.ui", "dropmatch.bench", "dropmatch.serving")
-
-
-def test_the_core_imports_the_standard_library_torch_and_transformers_only_and_no_studio_module(deploy):
-    """What generate() stages: the engine's module-level import closure, cut where it reached the Studio;
-    numpy is transformers' own requirement."""
-    core = set(deploy.core_modules())
-    assert {"dropmatch.hf_generate", "dropmatch.engine", "dropmatch.verifying", "dropmatch.config",
-            "dropmatch.acceptance", "dropmatch.mc_head", "dropmatch.models.causal_lm"} <= core
-    assert not core & STUDIO and not [name for name in core if name.startswith(STUDIO_PACKAGES)]
-    for name in core:
-        outside = deploy.absolute_imports(deploy.module_file(name).read_text()) - set(sys.stdlib_module_names)
-        assert outside <= {"torch", "transformers", "numpy"}, (name, outside)
-    for (module, reached), why in deploy.STUDIO_DOORS.items():  # each door is real, and stays out of the core
-        assert module in core and reached not in core and why
-        assert any(rel.lazy and reached in rel.targets for rel in deploy.relative_imports(module))
+def test_the_package_imports_the_standard_library_torch_and_transformers_only_and_staging_refuses_more(deploy,
+                                                                                                      tmp_path):
+    """What generate() stages imports its siblings, the standard library, torch and transformers (numpy is
+    transformers' own requirement); a module reaching the Studio is refused at staging, in one line."""
+    files = deploy.package_files()
+    assert {"hf_generate.py", "engine.py", "verifying.py", "config.py", "acceptance.py", "mc_head.py",
+            "causal_lm.py"} <= {path.name for path in files}
+    siblings = {path.stem for path in files}
+    assert [line for path in files for line in deploy.outside_imports(path, siblings)] == []
+    for stray in ("from ..lab import rule_lab", "from .. import lab", "import gradio", "from dropmatch import lab"):
+        copy = tmp_path / stray.replace(" ", "_").replace(".", "-") / deploy.PACKAGE
+        shutil.copytree(ROOT / deploy.PACKAGE, copy)
+        with (copy / "engine.py").open("a", encoding="utf-8") as file:
+            file.write(f"\n\ndef _door():\n    {stray}\n")
+        with pytest.raises(ValueError, match="engine.py line") as refused:
+            deploy.staged_modules(copy.parent.parent)
+        assert "\n" not in str(refused.value)
 
 
 # ---------------------------------------------------------------- no surprises in the caller's process
@@ -455,7 +441,7 @@ def test_a_call_leaves_the_models_training_flags_requires_grad_and_attributes_as
 def test_no_engine_is_kept_on_the_models_or_keeps_them_alive(pair_dirs, monkeypatch):
     """gamma = auto's measured costs are kept beside the models, weakly: the second call measures nothing,
     and the models go when the caller drops them."""
-    from dropmatch import pair_services
+    from dropmatch.decoding import pair_services
 
     measured = []
     real = pair_services.measure_step_costs
@@ -547,8 +533,8 @@ def test_host_reads_per_round_are_bounded(hf_pair, knobs, per_round):
 
 def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
     """No top-token lists, host copies, token views or weight fingerprints: out.dropmatch needs the reasons only."""
-    from dropmatch import engine
-    from dropmatch.models.causal_lm import CausalLM
+    from dropmatch.decoding import engine
+    from dropmatch.decoding.causal_lm import CausalLM
 
     def refused(*args, **kwargs):
         raise AssertionError("a record generate() does not return")
@@ -566,8 +552,8 @@ def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
 def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule):
     """Engine.speculative_tokens (generate()'s) emits the recorded run's tokens with its reasons, staged and in
     one pass; one pass reads the host once a round."""
-    from dropmatch.engine import run_to_end
-    from dropmatch.hf_generate import engine_for
+    from dropmatch.decoding.engine import run_to_end
+    from dropmatch.decoding.hf_generate import engine_for
 
     target, draft, tokenizer = hf_pair
     engine = engine_for(target, draft, frozenset())
@@ -598,7 +584,7 @@ def _drain(run) -> tuple[list, tuple]:
 def test_the_argument_tables_list_every_rule_and_knob_generate_accepts_as_the_rule_table_declares_them(deploy):
     """docs/generate.md's rule table is the one --docs derives from acceptance.RULES now, and its arguments are
     exactly RuleConfig.from_mapping's names and generate()'s own: it cannot go stale."""
-    from dropmatch.hf_generate import OWN_KEYS
+    from dropmatch.decoding.hf_generate import OWN_KEYS
 
     guide = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
     assert deploy.with_rule_table(guide) == guide, "run `python scripts/deploy_generate.py --docs`"

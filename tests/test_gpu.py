@@ -11,8 +11,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def cuda_engine(tiny_dirs):
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target, draft = tiny_dirs
@@ -25,8 +25,8 @@ def test_models_load_in_bf16_on_the_gpu(cuda_engine):
 
 
 def test_lossless_greedy_matches_generate_on_the_gpu(cuda_engine):
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
     from dropmatch.models import first_divergence, greedy_reference
 
     ids = cuda_engine.encode("what is two plus three?")
@@ -37,8 +37,8 @@ def test_lossless_greedy_matches_generate_on_the_gpu(cuda_engine):
 
 
 def test_sampling_on_the_gpu_is_reproducible_with_a_cuda_generator(cuda_engine):
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     ids = cuda_engine.encode("the quick brown fox")
     decode = DecodeConfig(max_new_tokens=24, temperature=1.0, seed=5)
@@ -48,8 +48,8 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_cuda_generator(cuda_engine):
 
 
 def test_embedded_pair_runs_on_the_gpu():
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import Engine, run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import Engine, run_to_end
     from dropmatch.models import load_embedded_pair
 
     engine = Engine(load_embedded_pair(torch.device("cuda")))
@@ -59,8 +59,8 @@ def test_embedded_pair_runs_on_the_gpu():
 
 
 def test_dropmatch_on_the_gpu_runs_paths_only_where_judged_and_p0_is_lossless(cuda_engine):
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     ids = cuda_engine.encode("count from one to ten")
     decode = DecodeConfig(gamma=4, max_new_tokens=32)
@@ -136,8 +136,8 @@ def test_greedy_generate_on_the_gpu_is_repeatable_and_leaves_torchs_generators_a
 
 def test_the_unrecorded_one_pass_run_on_the_gpu_emits_the_recorded_staged_runs_tokens(cuda_engine):
     """Engine.speculative_tokens (generate()'s: one pass on CUDA) against Engine.speculative (staged, recorded)."""
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
     from test_generate import _drain
 
     ids = cuda_engine.encode("the quick brown fox")
@@ -152,8 +152,8 @@ def test_the_unrecorded_one_pass_run_on_the_gpu_emits_the_recorded_staged_runs_t
 def test_a_rounds_timer_syncs_once_when_read_on_the_gpu(cuda_engine, monkeypatch):
     """timing.PhaseTimer on CUDA: a mark records an event (no sync); read() waits once; the phases of a round
     come out in order."""
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: syncs.append(args))
@@ -169,7 +169,7 @@ def test_a_rounds_timer_syncs_once_when_read_on_the_gpu(cuda_engine, monkeypatch
 def test_the_verify_step_on_the_gpu_decides_what_the_definition_decides(cuda_engine, one_pass):
     """verifying.verify on CUDA tensors (bf16), staged as the engine runs it and in one pass as the vLLM plugin
     runs it off a CPU: each request's verdict is the definition's, for every served rule."""
-    from dropmatch.serving.verify import verify_rounds
+    from dropmatch.decoding.server_rounds import verify_rounds
     from test_serving import RULES_SERVED, by_definition, rounds_of
 
     rounds = rounds_of(cuda_engine.target, num_requests=8)

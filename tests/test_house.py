@@ -9,7 +9,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from dropmatch.config import AUTO_AGREEMENT, DEFAULTS, LAB_P, Settings
+from dropmatch.decoding.acceptance import AUTO_AGREEMENT
+from dropmatch.decoding.config import DEFAULTS, LAB_P, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dropmatch"
@@ -92,7 +93,7 @@ def test_the_api_the_benchmark_and_the_controls_read_the_one_table_of_defaults()
     start at config.DEFAULTS."""
     from dropmatch.bench import build_parser
     from dropmatch.ui.callbacks import settings_endpoint
-    from dropmatch.acceptance import KNOBS
+    from dropmatch.decoding.acceptance import KNOBS
     from dropmatch.ui.layout import build_layout
 
     api = inspect.signature(settings_endpoint(lambda settings: iter([settings])))
@@ -133,7 +134,7 @@ def test_the_oracle_imports_no_decision_code_of_the_package():
     """tests/reference_rules.py decides from the definitions: of the package it imports data types only."""
     import ast
 
-    allowed = {("dropmatch.acceptance", "Signals"), ("dropmatch.acceptance", "Verdict")}
+    allowed = {("dropmatch.decoding.acceptance", "Signals"), ("dropmatch.decoding.acceptance", "Verdict")}
     tree = ast.parse((Path(__file__).parent / "reference_rules.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -141,3 +142,23 @@ def test_the_oracle_imports_no_decision_code_of_the_package():
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dropmatch"):
             names = {(node.module, alias.name) for alias in node.names}
             assert names <= allowed, f"the oracle imports {sorted(names - allowed)} from the package"
+
+
+def test_the_method_package_imports_nothing_else_of_the_project():
+    """dropmatch/decoding/ is taken whole by generate(), the vLLM plugin and the Hub folder: wherever an import
+    is written (top level, inside a function, TYPE_CHECKING), it names a sibling (`from .x import`, `from . import
+    x`), never a module of the project outside the package."""
+    package = PACKAGE / "decoding"
+    siblings = {path.stem for path in package.glob("*.py")}
+    assert {"engine", "verifying", "acceptance", "hf_generate"} <= siblings
+    stray = []
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names = [node.module] if node.module else [alias.name for alias in node.names]
+                if node.level != 1 or not set(names) <= siblings:
+                    stray.append(f"{path.name}:{node.lineno} {'.' * node.level}{node.module or ''}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
+                stray += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] == "dropmatch"]
+    assert not stray, "the method package imports the project outside it: " + "; ".join(stray)

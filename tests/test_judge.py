@@ -11,12 +11,14 @@ import torch
 from conftest import PROMPTS
 from judges import judge_dict, random_judge
 
-from dropmatch.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
-from dropmatch.engine import Engine, run_to_end
-from dropmatch.models import encode_prompt, load_hub_pair
-from dropmatch.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
-from dropmatch.trained_judge.mining import Miner, read_mined, walk_record
-from dropmatch.trained_judge.training import features_of, fit_judge
+from dropmatch import lab
+from dropmatch.decoding.config import ConfigError, DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.engine import Engine, run_to_end
+from dropmatch.models import load_hub_pair
+from dropmatch.decoding.causal_lm import encode_prompt
+from dropmatch.decoding.trained_judge import SHIPPED_JUDGE, JudgeFileError, TrainedJudge
+from tools.mining import Miner, read_mined, walk_record
+from tools.training import features_of, fit_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +115,7 @@ def test_the_rule_lab_scores_a_stored_run_as_the_engine_did(judged_engine):
     ids = judged_engine.encode(PROMPTS[2])
     rule = RuleConfig("judge")
     trace = run_to_end(judged_engine.speculative(ids, DecodeConfig(gamma=4, max_new_tokens=30), rule, keep_states=True))
-    matrix = judged_engine.services.rule_lab(trace, dataclasses.replace(RuleConfig(), p=0.2))
+    matrix = lab.rule_lab(judged_engine.services, trace, dataclasses.replace(RuleConfig(), p=0.2))
     column = [rule["name"] for rule in matrix["rules"]].index("judge")
     engine_cells = [(d.reason, round(d.judge_score, 3)) for r in trace.rounds for d in r.drafted if d.reason != "unchecked"]
     lab_cells = [(row["cells"][column]["reason"], row["cells"][column]["info"]) for row in matrix["rows"]

@@ -9,9 +9,9 @@ import pytest
 from conftest import PROMPTS
 
 from dropmatch import lab
-from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
-from dropmatch.engine import run_to_end
-from dropmatch.trace import GenerationTrace
+from dropmatch.decoding.config import ConfigError, DecodeConfig, RuleConfig
+from dropmatch.decoding.engine import run_to_end
+from dropmatch.decoding.trace import GenerationTrace
 
 SETTINGS = [  # (decode, rule): greedy and sampled, each path rule and one without paths
     (dict(gamma=4, max_new_tokens=40), dict(rule="dropmatch", p=0.3)),
@@ -138,14 +138,14 @@ def test_the_lab_reproduces_runs_drafted_by_prompt_lookup(far_engine, source):
 def test_the_compare_api_returns_the_rule_lab_matrix_of_its_run(tiny_dirs):
     """/compare's JSON carries the lab's matrix for its run (the same JSON the tab draws), at the lossy
     run's own settings, over the lossless column's drafts."""
-    from dropmatch.config import PairSpec, Settings
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec, Settings
+    from dropmatch.decoding.engine import Engine
     from dropmatch.ui.callbacks import compare_api
     from dropmatch.models import load_hub_pair
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.pair_host import Policy, PairHost
 
     target, draft = tiny_dirs
-    studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
+    studio = PairHost(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
     try:
         *_, result = compare_api(studio, Settings(PROMPTS[0], pair="Custom hub ids", target_id=str(target),
@@ -166,15 +166,15 @@ def test_a_run_made_with_other_weights_or_dtype_is_refused_in_one_line(tiny_dirs
 
     import torch
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
-    from dropmatch.record import RunRecord, mentioned_tokens
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.runfile import RunRecord, mentioned_tokens
+    from dropmatch.pair_host import Policy, PairHost
     from dropmatch.ui.callbacks import reverify_view
 
     target, draft = tiny_dirs
-    studio = Studio(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
+    studio = PairHost(loader=lambda spec: load_hub_pair(PairSpec(str(target), str(draft))), engine_factory=Engine,
                     policy=Policy(allow_local_models=True))
     engine = studio.engine(PairSpec(str(target), str(draft)))
     ids = engine.encode(PROMPTS[0])

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from dropmatch.verifying import settle_close_calls
-from dropmatch.mc_head import path_stats
-from dropmatch.sampling import fast_js_error, js_divergence, js_divergence_accurate
+from dropmatch.decoding.verifying import settle_close_calls
+from dropmatch.decoding.mc_head import path_stats
+from dropmatch.decoding.sampling import fast_js_error, js_divergence, js_divergence_accurate
 
 V = 49_152  # the embedded target's vocabulary
 

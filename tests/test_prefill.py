@@ -8,8 +8,8 @@ import time
 import torch
 from fake_engine import FakeEngine
 
-from dropmatch.config import DecodeConfig, RuleConfig, Settings
-from dropmatch.engine import run_to_end
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, Settings
+from dropmatch.decoding.engine import run_to_end
 
 LONG = 900  # prompt tokens: two pieces of PREFILL_CHUNK and a rest, inside the tiny pair's context
 
@@ -17,7 +17,7 @@ LONG = 900  # prompt tokens: two pieces of PREFILL_CHUNK and a rest, inside the 
 def _tiny_target(tiny_dirs):
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.models import CausalLM
+    from dropmatch.decoding.causal_lm import CausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.float32)
     return CausalLM(model, "tiny", model.config.vocab_size)
@@ -63,11 +63,11 @@ class SlowReader(FakeEngine):
 def test_the_status_says_how_far_a_long_prompt_is_read_then_running_again(tmp_path):
     """While each column's target reads a 1024-token prompt the status line counts the tokens read; the
     first round after it says "Running" again, and the run ends Done."""
-    from dropmatch.record import Downloads
-    from dropmatch.studio import Studio
+    from dropmatch.runfile import Downloads
+    from dropmatch.pair_host import PairHost
     from dropmatch.ui.callbacks import run_comparison
 
-    studio = Studio(loader=lambda spec: spec, engine_factory=lambda pair: SlowReader())
+    studio = PairHost(loader=lambda spec: spec, engine_factory=lambda pair: SlowReader())
     prompt = " ".join(f"w{i}" for i in range(1024))
     try:
         statuses = [view["status"] for view in run_comparison(studio, Downloads(tmp_path), Settings(prompt=prompt, max_new_tokens=8))

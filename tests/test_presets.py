@@ -6,7 +6,7 @@ import pytest
 
 from dropmatch.bench import build_parser
 from dropmatch.bench.cli import apply_preset
-from dropmatch.config import METHOD_SETTINGS, ConfigError, Settings
+from dropmatch.decoding.config import METHOD_SETTINGS, ConfigError, Settings
 
 
 def test_the_method_preset_gives_dropmatch_with_k5_p03_and_the_mean_centroid():

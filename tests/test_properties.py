@@ -6,12 +6,12 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dropmatch.acceptance import REASONS, RULES, Signals
+from dropmatch.decoding.acceptance import REASONS, RULES, Signals
 from reference_rules import decide
-from dropmatch.verifying import position_signals
-from dropmatch.config import RuleConfig
-from dropmatch.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats
-from dropmatch.sampling import js_divergence, sampling_probs, signal_probs
+from dropmatch.decoding.verifying import position_signals
+from dropmatch.decoding.config import RuleConfig
+from dropmatch.decoding.mc_head import P_GRID, calibrate_p, dropout_paths, path_stats
+from dropmatch.decoding.sampling import js_divergence, sampling_probs, signal_probs
 from judges import random_judge
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples every run

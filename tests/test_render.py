@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fake_engine import FakeEngine
 
-from dropmatch.config import DecodeConfig, RuleConfig
-from dropmatch.engine import run_to_end
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
+from dropmatch.decoding.engine import run_to_end
 from dropmatch.plots import all_figures
 from dropmatch.render import END_TEXT, explain, step_html, text_html, token_spans
 

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from dropmatch.record import read_recorded_run, recorded_runs
+from dropmatch.runfile import read_recorded_run, recorded_runs
 from dropmatch.replay import replay_html, replay_payload
 from dropmatch.ui.views import shipped_run_title
 
@@ -63,14 +63,14 @@ def browser_app():
     if not Path("/usr/bin/chromium").exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (scripts/setup.sh --test does it)")
     import app
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
     from playwright.sync_api import sync_playwright
 
-    from dropmatch.record import Downloads
+    from dropmatch.runfile import Downloads
     import tempfile
 
     downloads = Downloads(Path(tempfile.mkdtemp(prefix="dm-test-downloads-")))
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()), downloads)
+    demo = app.create_demo(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()), downloads)
     serve_locally(demo, css=app.css())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])

@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-from dropmatch import acceptance
-from dropmatch.config import ConfigError, DecodeConfig, RuleConfig
-from dropmatch.engine import run_to_end
-from dropmatch.verifying import position_signals
+from dropmatch.decoding import acceptance
+from dropmatch.decoding.config import ConfigError, DecodeConfig, RuleConfig
+from dropmatch.decoding.engine import run_to_end
+from dropmatch.decoding.verifying import position_signals
 from reference_rules import scan_reasons
 
 UNSURE = [0.40, 0.35, 0.25, 0.0]  # top-3 entropy 1.08: the target barely prefers token 0
@@ -89,7 +89,7 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
              seed: int = 0, top_p: float = 1.0):
     """One round through the product's verify step (verifying.verify) from hand-made target logits [g + 1, V]
     (the last row the bonus row), drafts [g], and under sampling the draft's rows [g, V] and the coins [g]."""
-    from dropmatch import verifying
+    from dropmatch.decoding import verifying
 
     logits = torch.tensor(logits, dtype=torch.float32)
     g, vocab = len(drafted), logits.shape[-1]
@@ -99,7 +99,7 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
     if temperature == 0.0:
         exact = logits[:g].argmax(-1) == tokens
     else:
-        from dropmatch.sampling import sampling_probs
+        from dropmatch.decoding.sampling import sampling_probs
         p_sample = sampling_probs(logits, temperature, top_p)
         p_x, q_x = p_sample[:g].gather(-1, tokens[:, None])[:, 0], q_rows.gather(-1, tokens[:, None])[:, 0]
         coin = torch.tensor(coin, dtype=torch.float32)
@@ -221,8 +221,8 @@ def test_mars_accepts_close_top_two_drafts_on_a_real_run(tmp_path):
     then; MARS's greedy port accepts such drafts where the top two logits are close, and only those."""
     from tiny_models import save_pair
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target, draft = save_pair(tmp_path, noise=0.3)
@@ -269,8 +269,8 @@ def test_our_ensemble_and_transformers_assistant_ensemble_weight_draw_the_static
     from tiny_models import fast_bigram_pair, save_bigram_pair
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     weight, alpha = 0.5, 1e-4
@@ -320,7 +320,7 @@ def test_the_ensemble_column_gets_transformers_own_static_ensemble_as_its_peer_r
     """A live comparison with the ensemble rule runs transformers' assistant_ensemble_weight on the same pair
     and settings after the columns; its row shows under the ensemble column; a run file does not keep it."""
     from dropmatch.compare import compare_stream
-    from dropmatch.record import Downloads, record_of
+    from dropmatch.runfile import Downloads, record_of
     from dropmatch.ui.views import finished_view
 
     decode = DecodeConfig(gamma=3, max_new_tokens=12, temperature=1.0, seed=2)
@@ -348,8 +348,8 @@ def test_the_greedy_static_ensemble_equals_transformers_token_for_token(far_dirs
     from the prompt and our first token, so every token compared went through the rule's verification."""
     from transformers import AutoModelForCausalLM
 
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
 
     target_dir, draft_dir = far_dirs
@@ -396,9 +396,9 @@ def test_mars_declares_and_explains_its_residual_departure_from_the_authors():
     """The sampled standard branch's residual (over the tempered, top-p'd q) differs from the authors' (p
     lowered at the rejected token only): the rule's declaration says so, and so does a rejection's sentence."""
     from dropmatch import render
-    from dropmatch.trace import DraftedToken
+    from dropmatch.decoding.trace import DraftedToken
 
-    assert "max(0, p(x) − q(x))" in acceptance.RULES["mars"].port
+    assert "max(0, p(x) − q(x))" in acceptance.MARS_RESIDUAL
     token = DraftedToken(token=1, reason="rejected", draft_prob=0.9, target_prob=0.1, target_token=0, js_target=0.1,
                          target_token_prob=0.8, coin=0.9, target_logit_ratio=0.5, target_runner_up=1)
     sentence = render.explain(token, str, RuleConfig("mars"), greedy=False)
@@ -419,7 +419,7 @@ def test_flys_sentence_says_its_gate_was_off_where_it_was_and_never_calls_a_sure
     """At a threshold <= 0.01 FLy's gate is off: an acceptance there says so and does not claim the target was
     unsure (entropy 0.002 is not >= 0.005); above it the sentence reads the entropy against the threshold."""
     from dropmatch import render
-    from dropmatch.trace import DraftedToken
+    from dropmatch.decoding.trace import DraftedToken
 
     token = DraftedToken(token=1, reason="fly", draft_prob=0.9, target_prob=0.0001, target_token=0, js_target=0.1,
                          target_token_prob=0.9998, target_top3_entropy=0.002)
@@ -446,7 +446,7 @@ def test_fly_under_sampling_reads_the_entropy_of_the_processed_probabilities_as_
 
 def lookup_verified(rule: RuleConfig, p_row, drafted: int, coin, temperature: float, source: str):
     """One round with a one-hot q (a prompt-lookup draft) through the verify step, drafted by `source`."""
-    from dropmatch import verifying
+    from dropmatch.decoding import verifying
 
     logits = torch.tensor([p_row, [0.1, 0.1, 0.8]]).log()
     tokens = torch.tensor([drafted])
@@ -504,7 +504,7 @@ def test_a_rejected_lookup_drafts_popover_under_the_ensemble_names_the_exact_tes
     """A prompt-lookup round under the ensemble ran the exact test alone: the rejection's sentence (popover,
     step view) says so and quotes no ensemble odds; the same token from a model round reads the ensemble's."""
     from dropmatch import render
-    from dropmatch.trace import DraftedToken
+    from dropmatch.decoding.trace import DraftedToken
 
     token = DraftedToken(token=1, reason="rejected", draft_prob=1.0, target_prob=0.1, target_token=0, js_target=0.1,
                          target_token_prob=0.8)
@@ -517,7 +517,7 @@ def test_a_rejected_lookup_drafts_popover_under_the_ensemble_names_the_exact_tes
 def test_a_run_file_records_p_auto_only_for_a_rule_that_reads_p(tiny_engine):
     """p = auto calibrates the dropout rate of the path rules; a rule that reads no p (MARS here) is not p = auto."""
     from dropmatch.compare import compare_stream
-    from dropmatch.record import record_of
+    from dropmatch.runfile import record_of
 
     decode = DecodeConfig(gamma=3, max_new_tokens=6)
     for rule, expected in ((RuleConfig("mars", p=None), False), (RuleConfig("dropmatch", p=None), True)):

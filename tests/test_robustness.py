@@ -10,13 +10,13 @@ import pytest
 from fake_engine import FakeEngine
 from local_server import serve_locally, wait_for
 
-from dropmatch.config import DecodeConfig, PairSpec, RuleConfig
+from dropmatch.decoding.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.models import ModelLoadError
-from dropmatch.studio import Studio
-from dropmatch.ui.visitors import api_client
+from dropmatch.pair_host import PairHost
+from tools.visitors import api_client
 
 
-def launch(studio: Studio):
+def launch(studio: PairHost):
     import app
 
     demo = app.create_demo(studio)
@@ -27,7 +27,7 @@ def launch(studio: Studio):
 def test_twenty_concurrent_users_each_get_their_own_answer():
     """20 simultaneous /compare calls on loopback: all complete, none lost, none mixed up."""
 
-    demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(delay_s=0.002)))
+    demo = launch(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine(delay_s=0.002)))
     try:
         prompts = [f"user{i} asks about topic{i} with word{i * 7}" for i in range(20)]
 
@@ -52,7 +52,7 @@ def test_a_cancelled_request_stops_its_run_and_frees_the_engine_for_the_next_use
     round) and the next request is served. The waits are hang guards (60 s each), not timings."""
 
     engine = FakeEngine(delay_s=0.05)
-    demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: engine))
+    demo = launch(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: engine))
     try:
         client = api_client(demo.local_url)
         long_prompt = " ".join(f"w{i}" for i in range(400))
@@ -81,7 +81,7 @@ def test_a_model_that_fails_to_load_leaves_the_app_up_with_a_message():
             raise ModelLoadError("could not load 'broken/model': file missing")
         return spec
 
-    demo = launch(Studio(loader=loader, engine_factory=lambda pair: FakeEngine()))
+    demo = launch(PairHost(loader=loader, engine_factory=lambda pair: FakeEngine()))
     try:
         client = api_client(demo.local_url)
         with pytest.raises(AppError, match="could not load 'broken/model'"):
@@ -156,7 +156,7 @@ def test_the_app_opens_no_file_a_user_named(tmp_path):
             opened.append(str(args[0]))
 
     sys.addaudithook(audit)  # hooks cannot be removed: this one records only while `recording`
-    demo = launch(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    demo = launch(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
     try:
         client = api_client(demo.local_url)
         recording[0] = True
@@ -195,7 +195,7 @@ def test_the_fast_dtype_can_be_pinned_and_refuses_a_typo():
     import pytest
     import torch
 
-    from dropmatch.models.cpu_kernels import fast_dtype
+    from dropmatch.decoding.cpu_kernels import fast_dtype
 
     assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "float32"}) is torch.float32
     assert fast_dtype(torch.device("cpu"), {"DROPMATCH_FAST_DTYPE": "bfloat16"}) is torch.bfloat16

@@ -10,10 +10,11 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-from dropmatch import acceptance, lab
-from dropmatch.acceptance import Knob, Reason, Rule
-from dropmatch.config import DecodeConfig, RuleConfig, Settings
-from dropmatch.engine import run_to_end
+from dropmatch.decoding import acceptance
+from dropmatch import lab
+from dropmatch.decoding.acceptance import Knob, Reason, Rule
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, Settings
+from dropmatch.decoding.engine import run_to_end
 
 TOY_KNOB = "toy_floor"
 
@@ -45,8 +46,8 @@ def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_d
     choices and controls, the lab's matrix, the run file: each finds the toy rule and its knob."""
     from dropmatch.bench import build_parser, main
     from dropmatch.bench.running import variants
-    from dropmatch.hf_generate import generate
-    from dropmatch.record import RunRecord, mentioned_tokens
+    from dropmatch.decoding.hf_generate import generate
+    from dropmatch.runfile import RunRecord, mentioned_tokens
     from dropmatch.serving.vllm.settings import ServeSettings
     from dropmatch.ui.layout import build_layout
     from dropmatch.ui.views import lossy_rule_choices
@@ -103,15 +104,15 @@ def _prompt_file(folder):
 
 def test_the_lab_keeps_every_knob_of_the_run_when_a_control_moves(tiny_dirs):
     """Moving p re-judges at the run's own MARS threshold, FLy threshold and majority share, not the defaults."""
-    from dropmatch.config import PairSpec
-    from dropmatch.engine import Engine
+    from dropmatch.decoding.config import PairSpec
+    from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_hub_pair
-    from dropmatch.record import RunRecord, mentioned_tokens
-    from dropmatch.studio import Policy, Studio
+    from dropmatch.runfile import RunRecord, mentioned_tokens
+    from dropmatch.pair_host import Policy, PairHost
     from dropmatch.ui.callbacks import reverify_view
 
     spec = PairSpec(*map(str, tiny_dirs))
-    studio = Studio(loader=lambda _: load_hub_pair(spec), engine_factory=Engine, policy=Policy(allow_local_models=True))
+    studio = PairHost(loader=lambda _: load_hub_pair(spec), engine_factory=Engine, policy=Policy(allow_local_models=True))
     try:
         engine = studio.engine(spec)
         ids, decode = engine.encode(PROMPTS[0]), DecodeConfig(gamma=3, max_new_tokens=8)
@@ -130,7 +131,7 @@ def test_the_lab_keeps_every_knob_of_the_run_when_a_control_moves(tiny_dirs):
 def test_the_ensembles_sentence_reads_the_probabilities_its_decision_read():
     """Under top-p the coin compares the sampled p(x), q(x): the popover's odds are theirs, not the clean ones."""
     from dropmatch.render import explain
-    from dropmatch.trace import DraftedToken
+    from dropmatch.decoding.trace import DraftedToken
 
     token = DraftedToken(token=1, draft_prob=0.5, target_token=2, target_token_prob=0.6, target_prob=0.1,
                          js_target=0.1, reason="ensemble", coin=0.8, sample_target_prob=0.3, sample_draft_prob=0.4)
@@ -142,9 +143,9 @@ def test_the_ensembles_sentence_reads_the_probabilities_its_decision_read():
 def test_shipped_runs_are_todays_version_with_every_setting_and_say_where_they_were_made():
     """Each run in assets/recorded: the current run-file version, every knob of the table in its settings,
     the machine and date it was recorded on, and a lab listing every rule of its mode (the judge's too)."""
-    from dropmatch.acceptance import KNOBS, RULES
+    from dropmatch.decoding.acceptance import KNOBS, RULES
     from dropmatch.assets import RECORDED_DIR
-    from dropmatch.record import RUN_VERSION, read_recorded_run
+    from dropmatch.runfile import RUN_VERSION, read_recorded_run
 
     paths = sorted(RECORDED_DIR.glob("*.json"))
     assert len(paths) >= 3

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dropmatch.compare import compare_stream
-from dropmatch.config import ConfigError, Settings
-from dropmatch.record import MAX_RUN_FILE_BYTES, Downloads, read_recorded_run, record_of, recorded_runs
+from dropmatch.decoding.config import ConfigError, Settings
+from dropmatch.runfile import MAX_RUN_FILE_BYTES, Downloads, read_recorded_run, record_of, recorded_runs
 from dropmatch.ui.callbacks import open_recorded
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dropmatch.acceptance import BASELINE, METHOD, RULES
+from dropmatch.decoding.acceptance import BASELINE, METHOD, RULES
 from dropmatch.bench.same_drafts import Judged, pool, target_view
 from dropmatch.intervals import standing
 
@@ -155,8 +155,8 @@ def test_on_prompt_lookup_drafts_the_static_ensemble_reaches_exactly_lossless_sd
     lookup drafts, it accepts exactly what the exact test accepts, and each of its cells says why."""
     from dropmatch import lab
     from dropmatch.bench.same_drafts import judge_prompt
-    from dropmatch.config import DecodeConfig, RuleConfig
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.config import DecodeConfig, RuleConfig
+    from dropmatch.decoding.engine import run_to_end
 
     ids = tiny_engine.encode("one two three one two three one two three one two")
     decode = DecodeConfig(gamma=4, max_new_tokens=40, draft_source="ngram", temperature=temperature, seed=5)

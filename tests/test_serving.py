@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dropmatch import acceptance, verifying
-from dropmatch.config import ConfigError, RuleConfig
-from dropmatch import mc_head
-from dropmatch.mc_head import mask_seed
-from dropmatch.sampling import sampling_probs, signal_probs
-from dropmatch.serving.verify import Round, verify_rounds
+from dropmatch.decoding import acceptance, verifying
+from dropmatch.decoding.config import ConfigError, RuleConfig
+from dropmatch.decoding import mc_head
+from dropmatch.decoding.mc_head import mask_seed
+from dropmatch.decoding.sampling import sampling_probs, signal_probs
+from dropmatch.decoding.server_rounds import Round, verify_rounds
 from dropmatch.serving.vllm.params import check_request
 from dropmatch.serving.vllm.settings import ServeSettings, request_settings
 from dropmatch.serving.vllm.stats import StatsFile, read_counts

@@ -10,10 +10,10 @@ import pytest
 from fake_engine import FakeEngine
 from local_server import serve_locally, wait_for
 
-from dropmatch.studio import Studio
+from dropmatch.pair_host import PairHost
 from dropmatch.ui import sessions
 from dropmatch.ui.sessions import SessionJanitor
-from dropmatch.ui.visitors import BrowserVisitor, api_client  # what a tab and a client send, as in the soak
+from tools.visitors import BrowserVisitor, api_client  # what a tab and a client send, as in the soak
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def quick_janitor(monkeypatch):
 def server(quick_janitor):
     import app
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    demo = app.create_demo(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
     serve_locally(demo)
     try:
         yield demo
@@ -125,9 +125,9 @@ def test_a_first_visit_computed_after_run_or_typing_lands_nothing_over_them():
     from types import SimpleNamespace
 
     import app
-    from dropmatch.studio import Studio
+    from dropmatch.pair_host import PairHost
 
-    demo = app.create_demo(Studio(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
+    demo = app.create_demo(PairHost(loader=lambda spec: spec, engine_factory=lambda pair: FakeEngine()))
     listener = {getattr(fn.fn, "__name__", None): fn.fn for fn in demo.fns.values()}
     page = lambda session: SimpleNamespace(session_hash=session, query_params={})  # noqa: E731
     untouched = listener["on_first_visit"](page("untouched"))

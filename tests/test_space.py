@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from space_helpers import fake_hub_cache, free_port, listening_addresses, offline_env
 
-from dropmatch.ui.visitors import api_client
+from tools.visitors import api_client
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -39,12 +39,12 @@ def hub_start(served_hub, tmp_path_factory):
     model cache it converted into)."""
     cache = tmp_path_factory.mktemp("space-cache")
     code = HIDE_GGUF_PACKAGE + (
-        "import sys, importlib.metadata as md, torch; from dropmatch.engine import Engine; "
+        "import sys, importlib.metadata as md, torch; from dropmatch.decoding.engine import Engine; "
         "from dropmatch.models import load_embedded_pair; "
         "e = Engine(load_embedded_pair(torch.device('cpu'))); print(e.services.source_label); "
-        "from dropmatch.config import DecodeConfig, RuleConfig; from dropmatch.engine import run_to_end; "
+        "from dropmatch.decoding.config import DecodeConfig, RuleConfig; from dropmatch.decoding.engine import run_to_end; "
         "t = run_to_end(e.speculative(e.encode('What is 2 + 3?'), DecodeConfig(max_new_tokens=8), RuleConfig('lossless'))); "
-        "print(len(t.output_ids)); import app; from dropmatch.studio import Studio; from dropmatch.models import load_pair; app.create_demo(Studio(load_pair, Engine)); "
+        "print(len(t.output_ids)); import app; from dropmatch.pair_host import PairHost; from dropmatch.models import load_pair; app.create_demo(PairHost(load_pair, Engine)); "
         "found = md.packages_distributions(); "
         "print(sorted({d for m in list(sys.modules) for d in found.get(m.split('.')[0], [])}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,

@@ -12,7 +12,7 @@ import pytest
 from fake_engine import FakeEngine
 
 from dropmatch.compare import compare_stream
-from dropmatch.config import DecodeConfig, RuleConfig, Settings
+from dropmatch.decoding.config import DecodeConfig, RuleConfig, Settings
 from dropmatch.metrics import speed_ratio_interval, tokens_per_s
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def test_the_speed_interval_holds_its_point_on_a_cold_first_column():
 
 
 def compare_trace(engine, ids, decode, rule):
-    from dropmatch.engine import run_to_end
+    from dropmatch.decoding.engine import run_to_end
 
     return run_to_end(engine.speculative(ids, decode, rule))
 
@@ -74,7 +74,7 @@ def compare_trace(engine, ids, decode, rule):
 @pytest.mark.parametrize("path", sorted((ROOT / "assets" / "recorded").glob("*.json")), ids=lambda p: p.name)
 def test_every_shipped_runs_speed_point_lies_inside_its_interval(path):
     """The verdict's interval and its point measure the same thing on every shipped run."""
-    from dropmatch.record import read_recorded_run
+    from dropmatch.runfile import read_recorded_run
 
     record = read_recorded_run(path)
     interval = speed_ratio_interval(record.lossless, record.lossy)
@@ -84,7 +84,7 @@ def test_every_shipped_runs_speed_point_lies_inside_its_interval(path):
 def test_the_apps_speed_against_the_target_alone_reads_generates_rate(tiny_engine, tmp_path):
     """The app's "vs the target alone" is each column's tokens/s over transformers' generate()'s on the same
     target and prompt (timed in the comparison), not the engine's own autoregressive run; a run file keeps it."""
-    from dropmatch.record import Downloads, read_recorded_run, record_of
+    from dropmatch.runfile import Downloads, read_recorded_run, record_of
 
     decode, rule = Settings("what is two plus three?", max_new_tokens=12, gamma="3", p="0.3").parse()
     *_, state = compare_stream(tiny_engine, "what is two plus three?", decode, rule)

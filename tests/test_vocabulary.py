@@ -6,9 +6,9 @@ import pytest
 import torch
 from fake_engine import FakeEngine
 
-from dropmatch import acceptance, verifying
-from dropmatch.acceptance import REASONS, RULES, Reason, Rule
-from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
+from dropmatch.decoding import acceptance, verifying
+from dropmatch.decoding.acceptance import REASONS, RULES, Reason, Rule
+from dropmatch.decoding.config import ConfigError, DecodeConfig, RuleConfig, rule_names
 from reference_rules import decide
 
 

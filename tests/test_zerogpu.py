@@ -19,11 +19,11 @@ ON_ZEROGPU = """
 import json, os, sys
 import spaces  # the emulator, first on sys.path; app.py would import it first as well
 import app  # noqa: F401 (what a Space runs: its imports must not touch torch before spaces)
-from dropmatch.config import PairSpec, Settings
-from dropmatch.engine import Engine, run_to_end
+from dropmatch.decoding.config import PairSpec, Settings
+from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_hub_pair
-from dropmatch.record import Downloads
-from dropmatch.studio import Policy, Studio
+from dropmatch.runfile import Downloads
+from dropmatch.pair_host import Policy, PairHost
 from dropmatch.ui import callbacks, zerogpu
 
 target, draft = sys.argv[1], sys.argv[2]
@@ -33,7 +33,7 @@ def loader(spec):
     loaded_in.append(os.getpid())
     return load_hub_pair(PairSpec(spec.target, spec.draft))
 
-studio = Studio(loader, Engine, Policy(allow_local_models=True), inline=True)
+studio = PairHost(loader, Engine, Policy(allow_local_models=True), inline=True)
 spec = PairSpec(target, draft)
 zerogpu.start(studio, spec)
 settings = Settings("What is 2 + 3?", pair="Custom hub ids", target_id=target, draft_id=draft, gamma="auto",
@@ -50,7 +50,7 @@ long = zerogpu.compare_on_gpu(Settings("Count to fifty.", pair="Custom hub ids",
 next(long), next(long)
 long.close()
 again = list(callbacks.run_comparison(studio, Downloads(), settings))
-from dropmatch.config import DecodeConfig, RuleConfig
+from dropmatch.decoding.config import DecodeConfig, RuleConfig
 engine = studio.loaded_engine()
 here = run_to_end(engine.speculative(engine.encode("What is 2 + 3?"), DecodeConfig(gamma=4, max_new_tokens=12),
                                      RuleConfig("lossless")))
@@ -122,7 +122,7 @@ def test_the_real_spaces_decorator_is_a_no_op_outside_zerogpu(monkeypatch):
 
 
 def test_the_gpu_duration_grows_with_tokens_and_pair_within_bounds():
-    from dropmatch.config import Settings
+    from dropmatch.decoding.config import Settings
     from dropmatch.ui import zerogpu
 
     small = zerogpu.compare_duration(Settings("x", max_new_tokens=32))

@@ -147,7 +147,7 @@ def fast_bigram_pair(pair):
     both give the same hidden states."""
     from dataclasses import replace
 
-    from dropmatch.models.causal_lm import CausalLM
+    from dropmatch.decoding.causal_lm import CausalLM
 
     class FastBigram(CausalLM):
         def __init__(self, real: CausalLM):

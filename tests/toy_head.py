@@ -13,10 +13,10 @@ import dataclasses
 
 import torch
 
-from dropmatch import acceptance, mc_head
-from dropmatch.config import RuleConfig
-from dropmatch.verifying import position_signals
-from dropmatch.sampling import signal_probs
+from dropmatch.decoding import acceptance, mc_head
+from dropmatch.decoding.config import RuleConfig
+from dropmatch.decoding.verifying import position_signals
+from dropmatch.decoding.sampling import signal_probs
 from reference_rules import scan_reasons
 
 TOY_RULES = ("lossless", "naive", "js", "majority", "dropmatch", "typical", "fixed_js")

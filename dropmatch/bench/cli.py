@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
+from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
+from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
                       parse_p, rule_names)
-from ..engine import Engine
+from ..decoding.engine import Engine
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
-from ..acceptance import BASELINE, METHOD
+from ..decoding.acceptance import BASELINE, METHOD
 from ..plots import frontier_figure
 from .tables import (CATEGORY_HEADER, HEADER, SAME_DRAFTS_HEADER, band_text, category_rows,
                      gain_text, same_drafts_caption, same_drafts_rows, signed, signed_points, summary_rows,

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .. import metrics, quality
-from ..acceptance import KNOBS, METHOD, RULES
+from ..decoding.acceptance import KNOBS, METHOD, RULES
 from ..compare import peer_weight
-from ..config import ConfigError, DecodeConfig, RuleConfig
-from ..engine import run_to_end
+from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
+from ..decoding.engine import run_to_end
 from ..models import (assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
                       prompt_lookup_generate, sequence_nll)
 from ..models.peer import target_generate

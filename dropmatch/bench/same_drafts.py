@@ -23,11 +23,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import lab
-from ..acceptance import BASELINE, METHOD, RULES
-from ..config import ConfigError, DecodeConfig, RuleConfig
-from ..engine import run_to_end
+from ..decoding.acceptance import BASELINE, METHOD, RULES
+from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
+from ..decoding.engine import run_to_end
 from ..intervals import LEVEL, RESAMPLES, gain, ratio, resample_picks, standing
-from ..sampling import signal_probs
+from ..decoding.sampling import signal_probs
 from .prompts import PromptSet
 
 LONG_GAMMA = 15  # FLy's authors' spd_k

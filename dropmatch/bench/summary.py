@@ -4,7 +4,7 @@ band, frontier points, per-category splits, text tables and per-prompt rows."""
 from __future__ import annotations
 
 from . import tables
-from ..acceptance import BASELINE
+from ..decoding.acceptance import BASELINE
 from ..metrics import (MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, ended_by_rule, ended_early, mc_overhead,
                        per_position_acceptance, pooled)
 from ..quality import outside_on_length

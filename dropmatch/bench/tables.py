@@ -3,7 +3,7 @@ README's Markdown table (pure: summary dicts in, strings out)."""
 
 from __future__ import annotations
 
-from ..acceptance import METHOD
+from ..decoding.acceptance import METHOD
 
 GENERATE = "generate"  # the peers' key of the target alone: transformers' generate() (running.active_peers)
 

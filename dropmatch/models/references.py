@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .causal_lm import CausalLM, synchronize
-from .cpu_kernels import torch_default_kernels
+from ..decoding.causal_lm import CausalLM, synchronize
+from ..decoding.cpu_kernels import torch_default_kernels
 
 
 def greedy_reference(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids) -> list[int]:

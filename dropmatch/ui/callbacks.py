@@ -1,5 +1,5 @@
 """The app's callbacks: settings in, views (by Ui field name) out. The model work goes through the
-Studio (studio.py), which owns the one loaded pair and its model thread; on a ZeroGPU Space the
+PairHost (pair_host.py), which owns the one loaded pair and its model thread; on a ZeroGPU Space the
 generation and the rule lab's re-judge run inside GPU calls (zerogpu.py), the loading outside."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Iterator
 import gradio as gr
 
 from .. import lab
-from ..config import DEFAULTS, METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
-from ..record import Downloads, RunRecord, read_recorded_run
-from ..studio import Studio
+from ..decoding.config import DEFAULTS, METHOD_SETTINGS, ConfigError, DecodeConfig, RuleConfig, Settings
+from ..runfile import Downloads, RunRecord, read_recorded_run
+from ..pair_host import PairHost
 from . import layout, views, zerogpu
 from .streaming import Reading, stream_comparison
 
@@ -24,16 +24,16 @@ from .streaming import Reading, stream_comparison
 USER_ERRORS = (ConfigError, RuntimeError, ValueError, OSError)
 
 
-def generation(studio: Studio, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig,
+def generation(host: PairHost, engine, settings: Settings, decode: DecodeConfig, rule: RuleConfig,
                reading: Reading | None = None):
     """The views of one comparison's generation: on ZeroGPU from the module-level GPU function
     (its arguments are the settings only; the worker reaches the models through zerogpu's state),
-    else computed on the studio's model thread, with reading's status lines (str) while a long
+    else computed on the host's model thread, with reading's status lines (str) while a long
     prompt is read."""
-    if zerogpu.serves(studio):
+    if zerogpu.serves(host):
         return zerogpu.compare_on_gpu(settings)
     stream = stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive), reading)
-    return studio.iterate(stream, waiting=reading.note if reading else None)
+    return host.iterate(stream, waiting=reading.note if reading else None)
 
 
 def method_button_state(shown: dict) -> gr.Button:
@@ -51,26 +51,26 @@ def _same(shown, wanted) -> bool:
         return str(shown).strip() == str(wanted)
 
 
-def run_comparison(studio: Studio, downloads: Downloads, settings: Settings, stop: threading.Event | None = None):
+def run_comparison(host: PairHost, downloads: Downloads, settings: Settings, stop: threading.Event | None = None):
     """Yields partial views (by Ui field name) while both columns grow, then the finished view.
     The pair loads outside the GPU call (on ZeroGPU only the generation runs in it: `generation`).
     stop: Stop's flag, read at every step: the run then ends itself, its columns as they are, "Stopped." (a
     cancelled event could leave Gradio's Error badges and a late "Running" status)."""
     try:
         decode, rule = settings.parse()
-        studio.policy.check_length(decode.max_new_tokens)
+        host.policy.check_length(decode.max_new_tokens)
         spec = settings.pair_spec()
-        if not studio.is_loaded(spec):
+        if not host.is_loaded(spec):
             yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
                              "GGUF once, about 20 s)"}
-        engine = studio.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
+        engine = host.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "load_timer": gr.Timer(active=False)}
         # The previous run stays on screen until this one has started: a run refused at its start (its rule,
         # its prompt's length) leaves it there, with the refusal in the status line.
         cleared = {"lossy_header": views.lossy_title(rule.rule), "lossless_out": "", "lossy_out": "",
                    "lossless_stats": "", "lossy_stats": "", "verdict": "", "fix_button": gr.update(visible=False)}
         record, reading, said = None, Reading(rule), False
-        items = generation(studio, engine, settings, decode, rule, reading)
+        items = generation(host, engine, settings, decode, rule, reading)
         for item in items:
             if stop is not None and stop.is_set():
                 items.close()
@@ -96,7 +96,7 @@ def run_comparison(studio: Studio, downloads: Downloads, settings: Settings, sto
     yield views.finished_view(record, downloads)
 
 
-def compare_api(studio: Studio, settings: Settings) -> Iterator[dict]:
+def compare_api(host: PairHost, settings: Settings) -> Iterator[dict]:
     """Lossless SD and the chosen rule on one prompt: a progress note per step while both columns grow,
     then both texts, both metric sets, the figures and the rule lab (a client's predict() gets the last).
 
@@ -104,10 +104,10 @@ def compare_api(studio: Studio, settings: Settings) -> Iterator[dict]:
     goes away or cancels, the server stops asking, and the run stops within one round."""
     try:
         decode, rule = settings.parse()
-        studio.policy.check_length(decode.max_new_tokens)
-        engine = studio.engine(settings.pair_spec())  # outside the GPU call
+        host.policy.check_length(decode.max_new_tokens)
+        engine = host.engine(settings.pair_spec())  # outside the GPU call
         record, steps = None, 0
-        for item in generation(studio, engine, settings, decode, rule):
+        for item in generation(host, engine, settings, decode, rule):
             if isinstance(item, RunRecord):
                 record = item
             else:
@@ -156,7 +156,7 @@ def open_recorded(downloads: Downloads, path, title: str | None = None, shipped:
         return {"status": f"⚠️ this run file could not be shown ({type(error).__name__}); the server log has the details"}
 
 
-def reverify_view(studio: Studio, record: RunRecord | None, controls: dict, disagreements_only: bool = False) -> dict:
+def reverify_view(host: PairHost, record: RunRecord | None, controls: dict, disagreements_only: bool = False) -> dict:
     """The rule lab re-judged at the controls' settings (controls: knob name -> value) over every other knob
     of the run's own, through the heads of the pair in memory."""
     if record is None:
@@ -167,18 +167,18 @@ def reverify_view(studio: Studio, record: RunRecord | None, controls: dict, disa
         settings = lab.lab_settings(record.lossy, **controls)
     except ConfigError as error:
         return {"lab_status": f"⚠️ {error}"}
-    engine = studio.loaded_engine()
+    engine = host.loaded_engine()
     names = (record.lossless.target_name, record.lossless.draft_name)
     if engine is None or engine.services.names != names:
         return {"lab_status": f"Re-verifying reads the heads of this run's pair ({names[0]} + {names[1]}), which is not "
-                              f"in memory now ({studio.status.line()}); the matrix shows the run's own settings. "
+                              f"in memory now ({host.status.line()}); the matrix shows the run's own settings. "
                               "Run that pair once (or wait for it to load), then move a control again."}
     refusal = lab.weights_mismatch(record.lossless, engine.services.computed_by)
     if refusal:
         return {"lab_status": f"⚠️ {refusal}"}
     start = time.perf_counter()
-    if zerogpu.serves(studio):
-        matrix = zerogpu.rule_lab_on_gpu(studio.loaded_spec(), record.lossless, settings)
+    if zerogpu.serves(host):
+        matrix = zerogpu.rule_lab_on_gpu(host.loaded_spec(), record.lossless, settings)
     else:
-        matrix = studio.call(engine.services.rule_lab, record.lossless, settings)
+        matrix = host.call(lab.rule_lab, engine.services, record.lossless, settings)
     return views.matrix_view(matrix, time.perf_counter() - start, disagreements_only)

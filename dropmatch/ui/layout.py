@@ -8,11 +8,11 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from .. import plots
-from ..acceptance import KNOBS, MAX_GAMMA, RULES, Knob
+from ..decoding.acceptance import KNOBS, MAX_GAMMA, RULES, Knob
 from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js,
                       theme_js, toy_head_js)
-from ..config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
-from ..record import recorded_runs
+from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
+from ..runfile import recorded_runs
 from ..render import legend_html
 from . import views
 

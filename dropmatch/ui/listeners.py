@@ -6,13 +6,13 @@ import threading
 
 import gradio as gr
 
-from ..acceptance import knob_by_key
+from ..decoding.acceptance import knob_by_key
 from ..builtin_lessons import SPECS
-from ..config import METHOD_SETTINGS, PRESETS, Settings
-from ..record import Downloads, RunRecord, recorded_runs
+from ..decoding.config import METHOD_SETTINGS, PRESETS, Settings
+from ..runfile import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
-from ..studio import Studio
+from ..pair_host import PairHost
 from . import callbacks, views
 from .sessions import SessionJanitor
 from .layout import Ui, build_layout, knob_shown
@@ -25,7 +25,7 @@ METHOD_NOTE = ("Settings: the paper's own (DropMatch, K 5 paths, p 0.3, the mean
                "centroid, 4 of 5 votes). Press **Run**.")
 
 
-def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downloads) -> None:
+def register_listeners(demo: gr.Blocks, ui: Ui, host: PairHost, downloads: Downloads) -> None:
     """Every event of the app, in one place."""
 
     stops: dict[str, threading.Event] = {}  # each page's Stop flag for its latest Run, by session
@@ -34,7 +34,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
         session = request.session_hash if request else ""
         stop = stops.setdefault(session, threading.Event())
         try:
-            for view in callbacks.run_comparison(studio, downloads, Settings(**dict(zip(ui.setting_names(), values))),
+            for view in callbacks.run_comparison(host, downloads, Settings(**dict(zip(ui.setting_names(), values))),
                                                  stop):
                 yield ui.bind(view)
         finally:
@@ -54,20 +54,20 @@ def register_listeners(demo: gr.Blocks, ui: Ui, studio: Studio, downloads: Downl
     janitor = SessionJanitor(demo)
 
     _control_listeners(ui)
-    ui.prompt.change(lambda prompt: views.prompt_note(prompt, studio.loaded_engine()), ui.prompt, ui.prompt_note,
+    ui.prompt.change(lambda prompt: views.prompt_note(prompt, host.loaded_engine()), ui.prompt, ui.prompt_note,
                      trigger_mode="always_last", api_visibility="private", show_progress="hidden")
     first_visit = _visit_listeners(demo, ui, janitor, shipped_view)
     _run_listeners(ui, on_run, first_visit, janitor, stops)
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
-    ui.load_timer.tick(lambda: views.load_status_view(studio.status), None, [ui.status, ui.load_timer],
+    ui.load_timer.tick(lambda: views.load_status_view(host.status), None, [ui.status, ui.load_timer],
                        api_visibility="private")
-    _lab_listeners(ui, studio)
+    _lab_listeners(ui, host)
     _recorded_listeners(ui, downloads, shipped_view)
     def compare(settings: Settings):
         janitor.sweep()
-        yield from callbacks.compare_api(studio, settings)
+        yield from callbacks.compare_api(host, settings)
 
     gr.api(callbacks.settings_endpoint(compare), api_name="compare",
            concurrency_id="engine", concurrency_limit=1, time_limit=RUN_TIME_LIMIT_S)
@@ -160,10 +160,10 @@ def _knobs_of(ui: Ui) -> list:
     return [knob_by_key(key) for key in ui.rule_knobs]
 
 
-def _lab_listeners(ui: Ui, studio: Studio) -> None:
+def _lab_listeners(ui: Ui, host: PairHost) -> None:
     def on_lab(record, *values):
         *controls, disagreements_only = values
-        return ui.bind(callbacks.reverify_view(studio, record, dict(zip(ui.lab_names(), controls)), disagreements_only))
+        return ui.bind(callbacks.reverify_view(host, record, dict(zip(ui.lab_names(), controls)), disagreements_only))
 
     lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
     # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.
@@ -224,12 +224,12 @@ def _copy(view: dict) -> dict:
     return {name: dict(value) if isinstance(value, dict) else value for name, value in view.items()}
 
 
-def create_demo(studio: Studio, downloads: Downloads | None = None) -> gr.Blocks:
-    """The whole UI over one Studio: layout, then the listeners."""
+def create_demo(host: PairHost, downloads: Downloads | None = None) -> gr.Blocks:
+    """The whole UI over one PairHost: layout, then the listeners."""
     downloads = downloads or Downloads()
     with gr.Blocks(title="DropMatch Studio", delete_cache=(3600, 3600)) as demo:
         ui = build_layout()
-        register_listeners(demo, ui, studio, downloads)
+        register_listeners(demo, ui, host, downloads)
     # Model work (runs, the lab's re-judge, /compare) is one group of one; cheap events (page load, a
     # recorded run, the step slider, the timer) run beside it instead of queueing behind a run.
     demo.queue(default_concurrency_limit=CHEAP_CONCURRENCY, max_size=64)

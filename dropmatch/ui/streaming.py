@@ -1,12 +1,12 @@
 """The generation of one comparison as views: what runs inside a ZeroGPU call (zerogpu.py) and, off
-ZeroGPU, on the studio's model thread (callbacks.py)."""
+ZeroGPU, on the host's model thread (callbacks.py)."""
 
 from __future__ import annotations
 
-from ..acceptance import RULES
+from ..decoding.acceptance import RULES
 from ..compare import compare_stream
-from ..config import DecodeConfig, RuleConfig
-from ..record import record_of
+from ..decoding.config import DecodeConfig, RuleConfig
+from ..runfile import record_of
 from . import views
 
 LOSSLESS = RuleConfig("lossless")

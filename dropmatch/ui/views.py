@@ -9,18 +9,18 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..acceptance import KNOBS, METHOD, RULES
+from ..decoding.acceptance import KNOBS, METHOD, RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..metrics import speed_ratio_interval, summarize
-from ..record import Downloads, RunRecord
-from ..config import DecodeConfig, RuleConfig
+from ..runfile import Downloads, RunRecord
+from ..decoding.config import DecodeConfig, RuleConfig
 from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_summary_html, stats_html, step_html,
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
-from ..trace import GenerationTrace
+from ..decoding.trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
 

@@ -24,10 +24,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ..config import PairSpec, Settings
+from .. import lab
+from ..decoding.config import PairSpec, Settings
 from .streaming import stream_comparison
 
-_STATE: dict = {}  # {"studio": Studio}: set once by start(), inherited by the forked GPU workers
+_STATE: dict = {}  # {"host": PairHost}: set once by start(), inherited by the forked GPU workers
 
 # Seconds a round-trip costs and seconds per generated token per run (a GPU, batch 1, Python loop),
 # by pair; generous, since a GPU call past its duration is cut off.
@@ -42,22 +43,22 @@ def active() -> bool:
     return on and importlib.util.find_spec("spaces") is not None
 
 
-def serves(studio) -> bool:
-    """Whether this studio's model work goes through the GPU functions below: an inline studio
-    (zerogpu.start's) on ZeroGPU; an inline studio elsewhere (tests) runs in the caller."""
-    return studio.inline and active()
+def serves(host) -> bool:
+    """Whether this host's model work goes through the GPU functions below: an inline host
+    (zerogpu.start's) on ZeroGPU; an inline host elsewhere (tests) runs in the caller."""
+    return host.inline and active()
 
 
-def start(studio, spec: PairSpec) -> None:
+def start(host, spec: PairSpec) -> None:
     """Load `spec` in the main process (its weights go to "cuda" here, before launch, as ZeroGPU
-    needs) and keep the studio where the GPU workers find it."""
-    studio.engine(spec)
-    _STATE["studio"] = studio
+    needs) and keep the host where the GPU workers find it."""
+    host.engine(spec)
+    _STATE["host"] = host
 
 
-def installed(studio) -> None:
-    """Keep a studio for the GPU functions without loading anything (tests, and off ZeroGPU)."""
-    _STATE["studio"] = studio
+def installed(host) -> None:
+    """Keep a host for the GPU functions without loading anything (tests, and off ZeroGPU)."""
+    _STATE["host"] = host
 
 
 def compare_duration(settings: Settings) -> int:
@@ -85,10 +86,10 @@ def _gpu(duration):
 
 
 def _engine(spec: PairSpec):
-    studio = _STATE.get("studio")
-    if studio is None:
+    host = _STATE.get("host")
+    if host is None:
         raise RuntimeError("the GPU functions need zerogpu.start() (or installed()) first")
-    return studio.engine(spec)  # the loaded one; loads here only if this worker holds another pair
+    return host.engine(spec)  # the loaded one; loads here only if this worker holds another pair
 
 
 @_gpu(compare_duration)
@@ -102,5 +103,5 @@ def compare_on_gpu(settings: Settings):
 
 @_gpu(lab_duration)
 def rule_lab_on_gpu(spec: PairSpec, trace, settings) -> dict:
-    """The rule lab's re-judge of a run's drafts through the heads of its pair (PairServices.rule_lab)."""
-    return _engine(spec).services.rule_lab(trace, settings)
+    """The rule lab's re-judge of a run's drafts through the heads of its pair (lab.rule_lab)."""
+    return lab.rule_lab(_engine(spec).services, trace, settings)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from dropmatch import verifying
+from dropmatch.decoding import verifying
 
 STEPS: list = []
 ROWS_CHANGED: list[int] = []  # per step: rows the plugin changed that it did not re-verify

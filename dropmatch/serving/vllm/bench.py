@@ -139,7 +139,7 @@ def score(target: str, prompts: list, outputs: list) -> dict:
     from transformers import AutoModelForCausalLM
 
     from ...quality import distinct2
-    from ...sampling import target_view
+    from ...decoding.sampling import target_view
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     log_probs, off = [], 0

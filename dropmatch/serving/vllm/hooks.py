@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 
-from ... import config
-from ...config import ConfigError
+from ...decoding import config
+from ...decoding.config import ConfigError
 from .settings import ServeSettings
 
 LOG = logging.getLogger("dropmatch.vllm")

@@ -9,7 +9,7 @@ for it) is never refused here: vLLM serves it as it would without the plugin.
 
 from __future__ import annotations
 
-from ...config import ConfigError
+from ...decoding.config import ConfigError
 from .settings import ServeSettings, request_settings
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy

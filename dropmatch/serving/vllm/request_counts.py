@@ -25,8 +25,8 @@ STEP_ATTRIBUTE = "dropmatch_reasons"  # on ModelRunnerOutput: {request id: {reas
 
 
 def summary(reasons: dict[str, int]) -> dict:
-    """A request's reason counts -> the response's `dropmatch` object (metrics.reason_summary)."""
-    from ...metrics import reason_summary
+    """A request's reason counts -> the response's `dropmatch` object (recorder.reason_summary)."""
+    from ...decoding.recorder import reason_summary
 
     return reason_summary(reasons)
 

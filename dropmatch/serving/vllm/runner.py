@@ -30,10 +30,10 @@ from dataclasses import replace
 
 import torch
 
-from ...acceptance import RULES
-from ...config import ConfigError
-from ...mc_head import mask_seed, masked_rows
-from ..verify import Round, verify_rounds
+from ...decoding.acceptance import RULES
+from ...decoding.config import ConfigError
+from ...decoding.mc_head import mask_seed, masked_rows
+from ...decoding.server_rounds import Round, verify_rounds
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
 from .settings import ServeSettings, read_judge, request_settings

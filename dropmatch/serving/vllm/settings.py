@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ...acceptance import AUTO_AGREEMENT_KNOB, KNOBS, RESCUE_ARGMAX
-from ...config import ConfigError, RuleConfig
+from ...decoding.acceptance import AUTO_AGREEMENT_KNOB, KNOBS, RESCUE_ARGMAX
+from ...decoding.config import ConfigError, RuleConfig
 
 
 def served_keys() -> tuple[str, ...]:
@@ -80,7 +80,7 @@ def refuse_unservable(name: str) -> None:
     """ConfigError (one line) for a rule the plugin cannot serve as written: one defined under sampling
     only (the plugin re-verifies greedy requests), or one that reads the later drafted positions of its
     round (the plugin judges a request's positions one at a time, stopping at its first rejection)."""
-    from ...acceptance import RULES
+    from ...decoding.acceptance import RULES
 
     rule = RULES[name]
     if "greedy" not in rule.modes:
@@ -100,7 +100,7 @@ def refuse_unservable(name: str) -> None:
 def read_judge(path: str):
     """The trained judge in a file (trained_judge.TrainedJudge), read once per process; ConfigError with
     its one line if it is not one."""
-    from ...trained_judge import JudgeFileError, TrainedJudge
+    from ...decoding.trained_judge import JudgeFileError, TrainedJudge
 
     if not isinstance(path, str):
         raise ConfigError(f"judge must be the path of a judge file, got {path!r}")

@@ -90,7 +90,7 @@ class DropMatchCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily
 
-        from ...acceptance import lossy_reasons
+        from ...decoding.acceptance import lossy_reasons
 
         counts = read_counts()
         tokens = CounterMetricFamily("dropmatch_draft_tokens", "Draft tokens DropMatch re-verified, by why they "

@@ -31,7 +31,7 @@ if "torch" in sys.modules:
     raise ImportError("ZeroGPU emulator: `spaces` must be imported before torch (import it first in app.py)")
 
 _ctx = multiprocessing.get_context("fork")
-_FORBIDDEN = ("Engine", "Studio", "CausalLM", "LoadedPair", "Module", "Tensor", "PreTrainedModel")
+_FORBIDDEN = ("Engine", "PairHost", "CausalLM", "LoadedPair", "Module", "Tensor", "PreTrainedModel")
 calls: list[dict] = []
 _in_worker = False
 _END = "__zerogpu_emulator_end__"

@@ -13,9 +13,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, RULES, ConfigError, finite_number, is_auto,
-                         knob_by_key)
-from .mc_head import CENTROIDS, MASK_DRAWS
+from .acceptance import KNOBS, MAX_GAMMA, RULES, ConfigError, finite_number, is_auto, knob_by_key
 
 EMBEDDED = "embedded"
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round

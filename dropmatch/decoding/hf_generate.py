@@ -31,8 +31,8 @@ import torch
 from .acceptance import RULES
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
-from .models.causal_lm import CausalLM, LoadedPair
-from .recording import reason_summary
+from .causal_lm import CausalLM, LoadedPair
+from .recorder import reason_summary
 
 PREFIX = "dropmatch_"
 # Not the rule's: how many tokens a round drafts ("auto": from this machine's measured costs) and the

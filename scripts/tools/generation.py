@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .causal_lm import stop_token_ids
+from dropmatch.decoding.causal_lm import stop_token_ids
 
 
 @torch.inference_mode()

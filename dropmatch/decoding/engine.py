@@ -21,9 +21,9 @@ import torch
 
 from . import acceptance, drafting, verifying, mc_head
 from .config import ConfigError, DecodeConfig, RuleConfig
-from .models.causal_lm import CausalLM, LoadedPair, encode_prompt, stop_token_ids
+from .causal_lm import CausalLM, LoadedPair, encode_prompt, stop_token_ids
 from .pair_services import PairServices
-from .recording import drafted_records, emitted_view, to_host, top_tokens
+from .recorder import drafted_records, emitted_view, to_host, top_tokens
 from .sampling import draw, sampling_probs
 from .timing import PhaseTimer
 from .trace import GenerationTrace, RoundStates, RoundTrace

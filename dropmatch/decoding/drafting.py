@@ -29,7 +29,7 @@ from .sampling import draw, sampling_probs, signal_probs
 
 if TYPE_CHECKING:  # annotations only: drafting never imports transformers
     from .config import DecodeConfig
-    from .models.causal_lm import CausalLM
+    from .causal_lm import CausalLM
 
 NGRAM_MAX = 3  # the longest suffix looked up
 HYBRID_MIN_N = 2  # hybrid trusts a lookup of at least this many tokens (a 1-gram match is mostly chance)

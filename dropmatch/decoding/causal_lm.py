@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from ..config import PairSpec
-from ..mc_head import masked_rows
+from .config import PairSpec
+from .mc_head import masked_rows
 from .cpu_kernels import fast_dtype, kernel_summary, onednn_chunks
 
 PREFILL_CHUNK = 512  # rows a CPU reads at a time when the caller follows a long input's progress

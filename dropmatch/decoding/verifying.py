@@ -244,7 +244,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
       exact        the lossless test accepted the draft (greedy: it is the target's argmax; sampling:
                    the coin u < p(x) / q(x));
       lossy-accepted  a rule's check accepted a draft the lossless test rejected; the reason is the
-                   check's name ("dropmatch", "js", "majority", "margin", ...: acceptance.REASONS);
+                   check's name ("js", "majority", "fly", "mars", ...: acceptance.REASONS);
       rejected     the first slot neither accepts; the scan stops there;
       unchecked    every slot after the rejection: never read;
       correction   the token emitted at the rejected slot (greedy: the target's argmax; sampling: a draw

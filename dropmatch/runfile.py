@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import lab
-from .acceptance import REASONS
+from .decoding.acceptance import REASONS
 from .assets import RECORDED_DIR
-from .config import ConfigError, one_line
+from .decoding.config import ConfigError, one_line
 from .metrics import summarize
 from .runfile_schema import SchemaError, check_lab, check_trace_consistency, check_value
-from .trace import GenerationTrace, RemovedOptionError, upgraded_dict
+from .decoding.trace import GenerationTrace, RemovedOptionError, upgraded_dict
 
 # 3: masks keyed by (seed, prompt, position); 4: each trace keeps its DecodeConfig and RuleConfig whole;
 # 6: a RuleConfig keeps every knob of the rule table in `knobs`, and the run says where it was made.
@@ -190,7 +190,7 @@ def record_of(state, engine) -> RunRecord:
     the rule lab's matrix at the run's own settings."""
     lossless, lossy, ar = state.lossless.trace, state.lossy.trace, state.ar
     tokens = {token: engine.services.token_text(token) for token in sorted(mentioned_tokens(lossless, lossy, ar))}
-    matrix = engine.services.rule_lab(lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
+    matrix = lab.rule_lab(engine.services, lossless, lab.lab_settings(lossy)) if lab.has_states(lossless) else None
     p_auto = state.rule.p is None and state.rule.uses_paths  # only a rule that reads p has p = auto
     return RunRecord(state.prompt, state.rule.rule, p_auto, lossless, lossy, ar, tokens, matrix,
                      state.peer, machine_line(), state.target_alone)

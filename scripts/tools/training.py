@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from . import JUDGE_FORMAT, JUDGE_VERSION
+from dropmatch.decoding.trained_judge import JUDGE_FORMAT, JUDGE_VERSION
 
 AUC_TIE = 0.005
 
@@ -44,7 +44,7 @@ def features_of(target, record: dict) -> np.ndarray:
 
 def fit_judge(records: list[dict], target, seed: int = 0, val_share: float = 0.2, recall: float = 0.9) -> dict:
     """A judge file's contents (trained_judge.TrainedJudge.from_dict reads it) from mined records (the finished
-    ones with mismatches are used) on `target` (models.CausalLM), split by question with `seed`."""
+    ones with mismatches are used) on `target` (CausalLM), split by question with `seed`."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler

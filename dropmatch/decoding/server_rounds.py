@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import verifying
-from ..config import RuleConfig
-from ..sampling import signal_probs, top_token
-from ..trained_judge import TrainedJudge
+from . import verifying
+from .config import RuleConfig
+from .sampling import signal_probs, top_token
+from .trained_judge import TrainedJudge
 
 
 @dataclass(frozen=True)

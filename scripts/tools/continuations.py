@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .causal_lm import CausalLM
+from dropmatch.decoding.causal_lm import CausalLM
 
 Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys [1, heads, L, d], values [1, heads, L, d])
 

@@ -22,9 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from .config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pair_from_choice
+from .decoding.config import DEFAULT_PRESET, EMBEDDED, PRESETS, ConfigError, PairSpec, pair_from_choice
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "LoadStatus", "Policy", "Studio", "is_hub_id", "pair_from_choice"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "LoadStatus", "Policy", "PairHost", "is_hub_id", "pair_from_choice"]
 
 SPACE_MAX_NEW_TOKENS = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
@@ -82,7 +82,7 @@ def is_hub_id(name: str) -> bool:
 
 @dataclass(frozen=True)
 class LoadStatus:
-    """What the studio is doing: idle, loading (since `started`), ready, or failed (with `error`)."""
+    """What the host is doing: idle, loading (since `started`), ready, or failed (with `error`)."""
 
     state: str
     label: str = ""
@@ -114,7 +114,7 @@ class _Inline:
         """Nothing runs apart from the caller: nothing to stop."""
 
 
-class Studio:
+class PairHost:
     """Hands out the engine for a pair, loading it on first use or ahead of time, and runs all model
     work on its one model thread (thread-safe: the thread serialises it).
 
@@ -175,7 +175,7 @@ class Studio:
         finally:  # a caller that stops asking (a cancelled request) ends the run on the model thread, after
             try:  # any step in flight, not whenever the generator is garbage-collected
                 self._worker.submit(generator.close)
-            except RuntimeError:  # the model thread is shut down (Studio.close): no step is in flight
+            except RuntimeError:  # the model thread is shut down (PairHost.close): no step is in flight
                 generator.close()
 
     def close(self) -> None:

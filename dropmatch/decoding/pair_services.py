@@ -1,13 +1,12 @@
 """What a loaded pair offers beside decoding: its token texts, what computed a run (weights
-fingerprints, device, dtype), its trained judge, gamma = auto's step costs on this machine, and the
-rule lab over a run's kept states. The engine runs rounds; this serves it and everything that shows
-or re-judges its runs.
+fingerprints, device, dtype), its trained judge and gamma = auto's step costs on this machine. The
+engine runs rounds; this serves it and everything that shows or re-judges its runs (the Studio's rule
+lab reads a pair through it: lab.rule_lab).
 
     services = PairServices(pair)
     services.token_text(42)          # " the"
     services.stream_texts([42, 7])   # each token's text in its run, whole characters only
     services.step_costs()            # measured once, on first use
-    services.rule_lab(trace, RuleConfig("dropmatch", p=0.2))
 """
 
 from __future__ import annotations
@@ -16,14 +15,13 @@ import torch
 
 from . import drafting
 from .config import AUTO_GAMMA_CAP, ConfigError, RuleConfig
-from .models.causal_lm import CausalLM, LoadedPair
+from .causal_lm import CausalLM, LoadedPair
 from .timing import PhaseTimer
-from .trace import GenerationTrace
 from .trained_judge import TrainedJudge, judge_for
 
 
 class PairServices:
-    """One loaded pair's services: token text (cached), fingerprints, the trained judge, step costs, the rule lab."""
+    """One loaded pair's services: token text (cached), fingerprints, the trained judge, step costs."""
 
     def __init__(self, pair: LoadedPair, judge: TrainedJudge | None = None):
         """judge: the trained judge for the judge rules; by default the shipped one where it was
@@ -96,7 +94,7 @@ class PairServices:
                                                  else "".join(map(self.token_text, ids)))
         return text
 
-    # ------------------------------------------------------------ the trained judge and the rule lab
+    # ------------------------------------------------------------ the trained judge
 
     def with_judge(self, rule: RuleConfig) -> RuleConfig:
         """The rule with the judge's validation-chosen threshold filled in where it reads the judge and
@@ -107,14 +105,6 @@ class PairServices:
             raise ConfigError(f"the rule {rule.rule!r} needs a trained judge for this target; "
                               "only the embedded pair ships one (assets/judge)")
         return self.judge.filled(rule)
-
-    def rule_lab(self, trace: GenerationTrace, settings: RuleConfig) -> dict:
-        """The rule lab's matrix (lab.rejudge) for a run's drafts, from its kept states, through this pair's heads.
-        The Studio's: lab is imported here, so that the decoding core (what generate() stages) does not carry it."""
-        from . import lab
-
-        prepared = lab.prepare(trace, self.target, self.draft)
-        return lab.rejudge(prepared, self.target, settings, self.token_text, judge=self.judge)
 
     # ------------------------------------------------------------ step costs (gamma = auto) and prefill
 

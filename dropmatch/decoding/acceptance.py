@@ -226,7 +226,6 @@ class Rule:
     replaces_exact: Callable[["Signals", RuleKnobs, bool], torch.Tensor | None] | None = None
     # The rows [g, V] whose argmax is a greedy correction where replaces_exact holds: (p_signal, q_signal, knobs).
     correction_rows: Callable[[torch.Tensor, torch.Tensor, RuleKnobs], torch.Tensor] | None = None
-    port: str = ""  # where the rule is our port of its authors' idea rather than their code, what differs
     # The drafts a round needs for the rule to act at all (FLy's window), and its authors' draft length.
     min_drafts: Callable[[RuleKnobs], int] | None = None
     authors_gamma: int | None = None
@@ -545,7 +544,7 @@ def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
     tied logits the other tied token) is accepted without a coin. Under sampling that test replaces the lossless
     one there (mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
-    token drawn from p); elsewhere the lossless test and its residual (MARS_PORT: ours, not the authors').
+    token drawn from p); elsewhere the lossless test and its residual (MARS_RESIDUAL: ours, not the authors').
     Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
     securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
     r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
@@ -632,8 +631,6 @@ def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
 MARS_RESIDUAL = ("where z2 / z1 is at most the threshold, a sampled rejection draws from lossless SD's residual "
                  "norm(max(0, p − q)) over the draft's tempered, top-p'd q; the authors' code lowers p at the "
                  "rejected token only, to max(0, p(x) − q(x))")
-MARS_PORT = ("greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port. "
-             f"Sampling, our residual: {MARS_RESIDUAL}")
 
 
 def _mars_numbers(d, cfg: RuleKnobs) -> dict:
@@ -701,8 +698,7 @@ for _rule in (
     Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#2e7d32", check=_fly,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
          reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1, title="FLy",
-         authors_gamma=15,
-         port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
+         authors_gamma=15),
     Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#c0ca33", check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
@@ -713,8 +709,7 @@ for _rule in (
                          "token the target gives mass): a lookup round gets the exact test"),
     Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#c62828", check=_mars,
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
-         numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS",
-         port=MARS_PORT),
+         numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS"),
 ):
     register_rule(_rule)
 

@@ -19,9 +19,9 @@ from typing import Callable
 
 import torch
 
-from .. import quality
-from ..models import encode_prompt, stop_token_ids
-from ..models.continuations import Job, crop_rows, greedy_continuations, prefix_rows
+from dropmatch import quality
+from dropmatch.decoding.causal_lm import encode_prompt, stop_token_ids
+from tools.continuations import Job, crop_rows, greedy_continuations, prefix_rows
 
 
 @dataclass(frozen=True)
