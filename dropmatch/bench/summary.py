@@ -281,6 +281,7 @@ def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
 
 def per_prompt(result: BenchmarkResult) -> list[dict]:
     rows = []
+    peers = _peer_rows(result, range(len(result.items)))
     for i, item in enumerate(result.items):
         row = {"prompt": item.prompt, "autoregressive": result.ar[i].trace.text}
         if category_of(item):
@@ -297,7 +298,6 @@ def per_prompt(result: BenchmarkResult) -> list[dict]:
             row["lossless_identical_to_target_greedy"] = result.identical[i]
         # the loop's and the peers' own clocks, so ratios against generate() carry intervals over prompts too
         row["autoregressive_timing"] = {"emitted": len(result.ar[i].trace.output_ids), "wall_s": result.ar[i].trace.t_total}
-        row["peers"] = {name: {"tokens": rows[i]["tokens"], "seconds": rows[i]["seconds"]}
-                        for name, rows in result.peers.items() if len(rows) == len(result.items)}
+        row["peers"] = {name: {"tokens": rows[i]["tokens"], "seconds": rows[i]["seconds"]} for name, rows in peers.items()}
         rows.append(row)
     return rows
