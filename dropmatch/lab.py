@@ -118,9 +118,8 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
     columns = []  # per rule: per round, (reasons, host signals)
     for name in rules:
         cfg = dataclasses.replace(settings, rule=name)
-        p = cfg.p if cfg.uses_paths else None
         column = []
-        for verified in verify(target, cfg, p, prepared, memo=memo, judge=judge):  # every round in one batch
+        for verified in verify(target, cfg, prepared, memo=memo, judge=judge):  # every round in one batch
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(verified.signals).items()})
             column.append((verified.verdict.reasons, signals))
         columns.append((cfg, column))

@@ -2,7 +2,7 @@
 Monte-Carlo dropout paths where a rule reads them, the scan and the emitted tokens.
 
     inputs = VerifyInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
-    verified, = verify(target, rule, p, [inputs])
+    verified, = verify(target, rule, [inputs])
     verified.verdict.reasons, verified.emitted
 
 `verify` is the one verification function: the engine calls it with a batch of one each round, the
@@ -233,7 +233,7 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
 # ---------------------------------------------------------------- the verify step
 
 
-def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, staged: bool = True,
+def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
            judge: TrainedJudge | None = None, generator: torch.Generator | None = None,
            timer: PhaseTimer | None = None, memo: dict | None = None) -> list[Verified]:
     """The one verification step: a batch of requests' drafted positions in, per request one reason
@@ -251,7 +251,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
                    from the residual norm(max(0, p - q)), so the lossless part keeps the target's law);
       bonus        the token emitted after the last slot when every slot was accepted.
 
-    rule: a config.RuleConfig; p its dropout rate (None when the rule reads no paths). staged: the
+    rule: a config.RuleConfig, every auto knob resolved (its p a number where it reads paths). staged: the
     Monte-Carlo paths only where the rule reads them, in two stacked head passes (the first judged
     slot of every request, then, where the rule accepted it, every later reachable one): fewer head
     rows, a host sync per stage. staged False: the paths at every drafted slot in one pass and no host
@@ -275,7 +275,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
     if rule.uses_paths and spans[-1][1] > 0:
         find = _staged_paths if staged else _paths_everywhere
-        paths = find(head, rows, spans, signals, rule, p, temperature, memo)
+        paths = find(head, rows, spans, signals, rule, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")
@@ -397,7 +397,7 @@ def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
     return None if any(part is None for part in parts) else _cat(parts)
 
 
-def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
+def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
                   memo: dict | None) -> _PathWork:
     """The paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
     the exact test rejected them and, by default, they are not the clean target's top token) that can
@@ -415,13 +415,13 @@ def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: flo
         flat = [position for positions in stage for position in positions]
         if not flat:
             break
-        stats, part, accepted = _stage(head, rows, signals, rule, p, temperature, flat, memo)
+        stats, part, accepted = _stage(head, rows, signals, rule, temperature, flat, memo)
         at, going_on = 0, []
         for request, positions in enumerate(stage):
             ruled = accepted[at: at + len(positions)]
             read = _read_until_rejection(ruled)
             _keep(work, request, spans[request][0], positions, len(positions), read,
-                  stats, part, at, rule.num_paths if p != 0.0 else 0)
+                  stats, part, at, rule.num_paths if rule.p != 0.0 else 0)
             going_on.append(reach[request][1:] if later and ruled and all(ruled) else [])
             at += len(positions)
         stage = going_on
@@ -446,24 +446,24 @@ def _keep(work: _PathWork, request: int, start: int, positions: list[int], compu
     work.probs[request].append((where - start, stats.probs[:, picked]))
 
 
-def _stage(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int],
+def _stage(head: Head, rows: _Rows, signals: Signals, rule, temperature: float, flat: list[int],
            memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor], list[bool]]:
     """The paths at the stacked slots `flat` (one head pass), their path fields, and whether the rule
     accepts each (one host read)."""
-    key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, p,
+    key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, rule.p,
            rule.centroid, rule.mask_draw)
     where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
     if memo is not None and key in memo:
         stats, part = memo[key]
     else:
-        stats, part = _paths_at(head, rows, signals, rule, p, temperature, flat, where, settle_on_host=True)
+        stats, part = _paths_at(head, rows, signals, rule, temperature, flat, where, settle_on_host=True)
         if memo is not None:
             memo[key] = stats, part
     checked = Signals(**{**vars(at_positions(signals, where)), **part})
     return stats, part, acceptance.rule_accepts(rule, checked).tolist()
 
 
-def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int] | None,
+def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, temperature: float, flat: list[int] | None,
               where: torch.Tensor | None, settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
     """PathStats and path fields at the stacked slots `flat` (where: the same as a tensor; None: every
     slot), each slot with its own request's masks."""
@@ -472,18 +472,18 @@ def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, p: float, tempera
     if flat is not None:
         hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
         keys = [keys[position] for position in flat]
-    stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys)
+    stats = path_stats_at(head, hidden, clean_logits, rule, temperature, keys)
     return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
 
 
-def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
+def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
                       memo: dict | None) -> _PathWork:
     """The paths at every drafted slot in one head pass, no host read (settle_close_calls on the device)."""
-    stats, part = _paths_at(head, rows, signals, rule, p, temperature, None, None, settle_on_host=False)
+    stats, part = _paths_at(head, rows, signals, rule, temperature, None, None, settle_on_host=False)
     work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     for request, (a, b) in enumerate(spans):
         _keep(work, request, a, list(range(a, b)), b - a, b - a, stats, part, a,
-              rule.num_paths if p != 0.0 else 0)
+              rule.num_paths if rule.p != 0.0 else 0)
     return work
 
 
@@ -591,11 +591,12 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
     return temperatures.pop() if temperatures else 0.0
 
 
-def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
-                  temperature: float, keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, temperature: float,
+                  keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
     (mask_seed, sequence position) key their dropout masks). clean_probs [n, V]: signal_probs of
     clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
+    p = rule.p
     if p == 0.0:  # every path is the clean row
         clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
         return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)

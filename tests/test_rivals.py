@@ -107,7 +107,7 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
         extra = dict(coin=coin, sample_target_prob=p_x, sample_draft_prob=q_x, q_sample=q_rows, p_sample=p_sample)
     inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(g + 1, 2), logits, exact, temperature, 0,
                                     top_p=top_p, **extra)
-    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(seed))
+    found, = verifying.verify(None, rule, [inputs], generator=torch.Generator().manual_seed(seed))
     return found.verdict
 
 
@@ -463,7 +463,7 @@ def lookup_verified(rule: RuleConfig, p_row, drafted: int, coin, temperature: fl
                      p_sample=p_sample)
     inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(2, 2), logits, exact, temperature, 0,
                                     draft_source=source, **extra)
-    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(0))
+    found, = verifying.verify(None, rule, [inputs], generator=torch.Generator().manual_seed(0))
     return found.verdict
 
 
