@@ -24,6 +24,7 @@ from .config import LAB_P, ConfigError, RuleConfig
 from .verifying import VerifyInputs, verify
 from .mc_head import mask_seed
 from .models import CausalLM
+from .rule_words import RULE_WORDS, judge_line
 from .sampling import sampling_probs, signal_probs
 from .trace import GenerationTrace
 from .trained_judge import TrainedJudge
@@ -145,7 +146,7 @@ def _rows(prepared, columns, token_text) -> list[dict]:
                 reason = reasons[i]
                 info = cell_info(cfg, signals, i, reason, token_text)
                 if not acceptance.judges_drafts(cfg.rule, rnd.draft_source) and reason != "unchecked":
-                    info += "\n" + acceptance.RULES[cfg.rule].exact_on_lookup
+                    info += "\n" + RULE_WORDS[cfg.rule].lookup_note
                 cells.append({"reason": reason, "accepted": reason not in acceptance.NOT_ACCEPTED, "info": info})
             rows.append({"round": r, "slot": i, "token": token, "text": token_text(token), "cells": cells})
     return rows
@@ -169,12 +170,12 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
              f"({float(signals.target_token_prob[i]):.3f})"]
     if reason == "exact":
         lines.append("accepted by the lossless test")
-    elif acceptance.RULES[cfg.rule].lab_line is not None:
-        lines.append(acceptance.RULES[cfg.rule].lab_line(signals, cfg, i))
+    elif RULE_WORDS[cfg.rule].lab_line is not None:
+        lines.append(RULE_WORDS[cfg.rule].lab_line(signals, cfg, i))
     if cfg.uses_paths and reason != "exact":
         lines.append(_path_info(cfg, signals, i, token_text))
     if cfg.uses_judge and reason != "exact" and signals.judge_scores is not None:
-        lines.append(acceptance.judge_line(signals, cfg, i))
+        lines.append(judge_line(signals, cfg, i))
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .acceptance import REASONS, check_names, needed_votes
 from .render import explain, kind_label
+from .rule_words import REASON_WORDS
 from .trace import DraftedToken, GenerationTrace
 
 LESSON_VERSION = 1
@@ -115,7 +116,8 @@ def _sentence(answered: str, truth: str, slots: list[dict], lesson: dict) -> str
     labels, n = lesson["labels"], len(slots)
     head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
     for reason in [name for name in REASONS if name in (answered, truth)]:  # a reason's own sentence (its numbers)
-        said = REASONS[reason].confusion(slots) if REASONS[reason].confusion else None
+        confusion = REASON_WORDS[reason].confusion
+        said = confusion(slots) if confusion else None
         if said:
             return f"{head}: {said}"
     if "exact" in (answered, truth) and not lesson.get("greedy", True):

@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from .acceptance import KNOBS, REASONS, RULES, needed_votes
 from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
+from .rule_words import REASON_WORDS, RULE_WORDS
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
@@ -153,7 +154,7 @@ def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
         rejected = reason == "rejected"
         fig.add_trace(go.Scatter(
             x=[i for i, *_ in group], y=[d.js for *_, d in group], mode="markers", name=reason,
-            marker=dict(color=REASONS[reason].colour, size=14 if rejected else 10,
+            marker=dict(color=REASON_WORDS[reason].colour, size=14 if rejected else 10,
                         symbol="x" if rejected else "circle", line=dict(width=1, color="white")),
             text=[f"r{r}·{j + 1} {show(token_text(d.token))}<br>JS={d.js:.4f} threshold={d.threshold:.4f}"
                   f"<br>votes {d.draft_votes}/{len(d.path_tokens)} → {d.reason}" for _, r, j, d in group],
@@ -231,7 +232,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         groups.setdefault(wrapped(f"{name}: {knob_short(point['knob'])} swept", 24), []).append(point)
     for name, group in groups.items():
         rule = RULES.get(group[0]["rule"])
-        colour = rule.colour if rule else None
+        colour = RULE_WORDS[rule.name].colour if rule else None
         dash = "dot" if "logits centroid" in name else None
         hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
@@ -324,7 +325,7 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
                 x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=wrapped(run_label(run), 28),
                 legendgroup=run,
                 showlegend=row == 1, text=hover, hoverinfo="text",
-                line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
+                line=dict(color=RULE_WORDS[rule.name].colour if rule else None, dash="dot" if "@" in run else None),
                 marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=row, col=1)
     fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)

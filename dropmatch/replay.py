@@ -10,12 +10,13 @@ from __future__ import annotations
 import html
 import json
 
-from .acceptance import REASONS, RULES, lossy_reasons, needed_votes
+from .acceptance import REASONS, lossy_reasons, needed_votes
 from .config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
 from .record import RunRecord
 from .render import kind_label, palette, tooltip
+from .rule_words import column_title
 from .trace import DraftedToken, GenerationTrace, RoundTrace
 
 PAYLOAD_VERSION = 1
@@ -23,7 +24,7 @@ PAYLOAD_VERSION = 1
 
 def replay_payload(record: RunRecord, title: str = "") -> dict:
     """{"title", "columns": [lossless, lossy], "legend"}: everything the player shows."""
-    lossy_name = RULES[record.rule].column_title
+    lossy_name = column_title(record.rule)
     return {
         "version": PAYLOAD_VERSION,
         "title": title,

@@ -516,10 +516,10 @@ def _judged_rounds(rule, batch: list[VerifyInputs]) -> torch.Tensor | None:
 
 def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: torch.Generator | None,
            judged: torch.Tensor | None = None) -> list[tuple[Verdict, list[int]]]:
-    """Each request's scan and extra token, from one host copy of the rule's check masks, the exact
-    test (where the rule's own test replaces it: the rule's verdict, acceptance.Rule.replaces_exact), the
-    drafted tokens and the target's argmax at every verified position. judged [n]: the slots the rule
-    judges (_judged_rounds; None: all); elsewhere the exact test alone."""
+    """Each request's scan (acceptance.scan over the exact test, where the rule's own test replaces it the
+    rule's verdict, acceptance.Rule.replaces_exact, then the rule's checks) and extra token, from one host copy
+    of the scan's reasons, the drafted tokens and the target's argmax at every verified position. judged [n]:
+    the slots the rule judges (_judged_rounds; None: all); elsewhere the exact test alone."""
     n = spans[-1][1]
     checks = _checks(rule, spans, signals) if n else []
     argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
@@ -527,19 +527,17 @@ def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: 
     if judged is not None:
         checks = [(name, mask & judged) for name, mask in checks]
         replaced = None if replaced is None else replaced & judged
-    parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
     exact = signals.exact if replaced is None else torch.where(replaced, signals.exact & _any(checks), signals.exact)
-    parts += [exact, signals.draft_tokens, argmax]
+    codes = acceptance.scan(torch.stack([exact, *(mask for _, mask in checks)]), [b - a for a, b in spans])
+    parts = [codes, signals.draft_tokens, argmax]
     parts += [] if replaced is None else [replaced, signals.rule_top if signals.rule_top is not None else argmax[:0]]
     host = torch.cat([part.long() for part in parts]).tolist()  # the one copy
-    masks = {name: host[i * n:(i + 1) * n] for i, (name, _) in enumerate(checks)}
-    base = len(checks) * n
-    exact, drafts, argmax_host = host[base: base + n], host[base + n: base + 2 * n], host[base + 2 * n:]
+    names = acceptance.scan_names(name for name, _ in checks)
+    codes, drafts, argmax_host = host[:n], host[n: 2 * n], host[2 * n:]
     argmax_host, own = argmax_host[: n + len(batch)], argmax_host[n + len(batch):]
     found = []
     for request, ((a, b), inputs) in enumerate(zip(spans, batch)):
-        reasons = acceptance.run_scan(acceptance.scan(b - a, lambda i, at=a: bool(exact[at + i])),
-                                      lambda i, at=a: acceptance.first_accepting(masks, at + i))
+        reasons = tuple(names[code] for code in codes[a:b])
         accepted = acceptance.accepted_count(reasons)
         ruled = bool(own) and accepted < b - a and bool(own[a + accepted])  # the rule's own test rejected it
         token, kind = _extra(inputs, request, a, b, accepted, argmax_host, own[n + a + accepted] if ruled and

@@ -398,7 +398,9 @@ def test_mars_declares_and_explains_its_residual_departure_from_the_authors():
     from dropmatch import render
     from dropmatch.trace import DraftedToken
 
-    assert "max(0, p(x) − q(x))" in acceptance.RULES["mars"].port
+    from dropmatch.rule_words import RULE_WORDS
+
+    assert "max(0, p(x) − q(x))" in RULE_WORDS["mars"].port
     token = DraftedToken(token=1, reason="rejected", draft_prob=0.9, target_prob=0.1, target_token=0, js_target=0.1,
                          target_token_prob=0.8, coin=0.9, target_logit_ratio=0.5, target_runner_up=1)
     sentence = render.explain(token, str, RuleConfig("mars"), greedy=False)

@@ -8,6 +8,7 @@ from fake_engine import FakeEngine
 
 from dropmatch import acceptance, verifying
 from dropmatch.acceptance import REASONS, RULES, Reason, Rule
+from dropmatch.rule_words import REASON_WORDS, RULE_WORDS, ReasonWords, RuleWords
 from dropmatch.config import ConfigError, DecodeConfig, RuleConfig, rule_names
 from reference_rules import decide
 
@@ -19,14 +20,17 @@ def coin_rule():
         positions = torch.arange(signals.draft_tokens.shape[0])
         return [("heads", positions % 2 == 1)]
 
-    acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
-                                      "underline dotted", lossy=True, says="{tok} came up heads (draft p {q_x:.2f}).",
-                                      fails="the coin came up tails for {tok}"))
-    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check,
-                                  checks=("heads",)))
+    acceptance.register_reason(Reason("heads", lossy=True))
+    REASON_WORDS["heads"] = ReasonWords("heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
+                                        "underline dotted", says="{tok} came up heads (draft p {q_x:.2f}).",
+                                        fails="the coin came up tails for {tok}")
+    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, check=check, checks=("heads",)))
+    RULE_WORDS["coin"] = RuleWords("#123456")
     yield "coin"
     RULES.pop("coin")
     REASONS.pop("heads")
+    RULE_WORDS.pop("coin")
+    REASON_WORDS.pop("heads")
 
 
 def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_rule):
@@ -79,4 +83,44 @@ def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
                                     "rule_top": torch.zeros(2, dtype=torch.long)})
     given = tuple(reason for reason, _ in RULES[name].check(signals, RuleConfig(name, judge_threshold=0.5)))
     assert given == RULES[name].checks
-    assert all(REASONS[reason].says and REASONS[reason].fails for reason in given), "a reason without its sentences"
+    assert all(REASON_WORDS[reason].says and REASON_WORDS[reason].fails for reason in given), "a reason without its sentences"
+
+
+def test_every_rule_and_reason_of_the_decision_table_has_its_words_and_no_more():
+    """The words table (rule_words) is keyed by the decision table's names: each rule and reason has one entry."""
+    assert list(REASON_WORDS) == list(REASONS) and set(RULE_WORDS) == set(RULES)
+
+
+METHOD_MODULES = ("acceptance", "verifying", "config", "engine", "drafting", "sampling", "mc_head", "trace", "recording",
+                  "hf_generate")
+CSS_COLOUR_NAMES = {"red", "green", "blue", "black", "white", "gray", "grey", "orange", "purple", "yellow", "pink",
+                    "brown", "cyan", "magenta", "navy", "teal", "olive", "maroon", "lime", "silver", "gold", "crimson"}
+
+
+def colour_literals(source: str) -> list[str]:
+    """The string literals of a module's source that hold a colour: #rgb / #rrggbb, rgb(...), a CSS colour
+    property, or a named CSS colour as the whole value."""
+    import io
+    import re
+    import tokenize
+
+    colour = re.compile(r"#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?(?![0-9A-Za-z])|rgba?\(|(?:colou?r|background)\s*:")
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.STRING:
+            value = token.string.strip("rbfuRBFU").strip("\"'")
+            if colour.search(value) or value.strip().lower() in CSS_COLOUR_NAMES:
+                found.append(f"line {token.start[0]}: {token.string[:60]}")
+    return found
+
+
+def test_the_method_modules_hold_no_colour_literal():
+    """The decision, the verify step, the settings, the round and its records carry no colour: a rule's colours
+    are its words (rule_words.py), beside the renderer."""
+    import importlib
+    import inspect
+
+    assert colour_literals('x = "#0d47a1"\ny = "red"\nz = f"color: {c}"') and not colour_literals('k = "#53987"')
+    for name in METHOD_MODULES:
+        source = inspect.getsource(importlib.import_module(f"dropmatch.{name}"))
+        assert not colour_literals(source), f"dropmatch/{name}.py: {colour_literals(source)}"

@@ -20,6 +20,7 @@ from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_sum
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
+from ..rule_words import column_title
 from ..trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
@@ -35,7 +36,7 @@ def lossy_rule_choices() -> list[tuple[str, str]]:
 
 
 def lossy_title(rule: str) -> str:
-    return f"### {RULES[rule].column_title}" if rule in RULES else f"### {plots.run_label(rule)}"
+    return f"### {column_title(rule)}" if rule in RULES else f"### {plots.run_label(rule)}"
 
 
 def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
@@ -72,7 +73,7 @@ def same_drafts_markdown(document: dict | None) -> str:
     if not document or not document.get("same_drafts"):
         return "No comparison on the same drafts is shipped with this build."
     shown = [rule for rule in FIELD if rule in RULES]
-    head = ["draft policy", "prompt set", *(f"{RULES[r].column_title} vs {'lossless' if r == METHOD else 'DropMatch'}"
+    head = ["draft policy", "prompt set", *(f"{column_title(r)} vs {'lossless' if r == METHOD else 'DropMatch'}"
                                              for r in shown), "target p of the added tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     sets = document.get("same_drafts_info", {}).get("sets", {})
@@ -241,7 +242,7 @@ def fix_view(trace) -> dict:
     gamma = draft_length_fix(trace)
     if gamma is None:
         return {"fix_button": gr.update(visible=False), "fix_settings": {}}
-    return {"fix_button": gr.update(visible=True, value=f"Use {RULES[trace.rule].column_title}'s authors' draft length "
+    return {"fix_button": gr.update(visible=True, value=f"Use {column_title(trace.rule)}'s authors' draft length "
                                                        f"(γ {gamma})"),
             "fix_settings": {"gamma": str(gamma)}}
 
