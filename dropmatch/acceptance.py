@@ -344,11 +344,6 @@ def rule_accepts(cfg: RuleKnobs, signals: Signals) -> torch.Tensor:
 Check = list[tuple[str, torch.Tensor]]
 
 
-def needed_votes(cfg: RuleKnobs, num_paths: int) -> int:
-    """The votes a run's majority test asks of num_paths paths (its rule's settings)."""
-    return votes_needed(num_paths, cfg.majority_fraction)
-
-
 def votes_needed(num_paths: int, fraction: float) -> int:
     """Votes the majority rule asks of K paths: ceil(fraction * K), and never fewer than a strict
     majority (more than K / 2). 0.8 of 5 -> 4 ("nearly all paths"); 0.5 of 5 -> 3."""
@@ -527,11 +522,6 @@ for _rule in (
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), replaces_exact=_mars_replaces),
 ):
     register_rule(_rule)
-
-
-def check_names(rule: str) -> tuple[str, ...]:
-    """The reasons a rule's own checks give, in the order it tries them (the exact test aside)."""
-    return RULES[rule].checks
 
 
 # ---------------------------------------------------------------- one round's decision

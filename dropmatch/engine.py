@@ -190,7 +190,7 @@ class Engine:
             ))
             yield rounds[-1]
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, rounds, stop_reason, t_prefill,
+        return self._finish("ar", RuleConfig(acceptance.BASELINE), None, decode, seq, rounds, stop_reason, t_prefill,
                             first_view=emitted_view(first_logits, [first]))
 
     def speculative(

@@ -185,7 +185,7 @@ def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text)
             return "paths not read: the draft is the target's top token (the lossless test decides)"
         return "paths not read: an earlier token of the round could not be accepted"
     paths = " ".join(repr(token_text(int(t))) for t in signals.path_tokens[:, i])
-    needed = acceptance.needed_votes(cfg, cfg.num_paths)
+    needed = acceptance.votes_needed(cfg.num_paths, cfg.majority_fraction)
     majority = int(signals.majority_tokens[i])
     majority_text = token_text(majority) if majority >= 0 else "(tie)"
     return (f"paths: {paths}\nJS(draft, centroid) {float(signals.js_draft_centroid[i]):.3f} vs threshold "

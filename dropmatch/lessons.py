@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .acceptance import REASONS, check_names, needed_votes
+from .acceptance import REASONS, RULES, votes_needed
 from .render import explain, kind_label
 from .rule_words import REASON_WORDS
 from .trace import DraftedToken, GenerationTrace
@@ -32,7 +32,7 @@ CLOSE_CALLS = {
 def rule_reasons(rule: str) -> tuple[str, ...]:
     """The reasons a rule can give a drafted token, in the order a learner chooses from:
     exact, each of the rule's own checks, rejected."""
-    return ("exact", *check_names(rule), "rejected")
+    return ("exact", *RULES[rule].checks, "rejected")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def close_calls(d: DraftedToken, source: str, trace: GenerationTrace) -> list[st
         tags.append("lookup")
     if d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR:
         tags.append("js_near")
-    if d.path_tokens and d.draft_votes == needed_votes(trace.rule_config, len(d.path_tokens)) - 1:
+    if d.path_tokens and d.draft_votes == votes_needed(len(d.path_tokens), trace.rule_config.majority_fraction) - 1:
         tags.append("votes_short")
     if trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob:
         tags.append("coin_rejected")

@@ -10,7 +10,7 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .acceptance import KNOBS, REASONS, RULES, needed_votes
+from .acceptance import BASELINE, KNOBS, REASONS, RULES, votes_needed
 from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
 from .rule_words import REASON_WORDS, RULE_WORDS
@@ -95,7 +95,7 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     if not cells:
         return _empty(title, f"the {trace.label} rule reads no Monte-Carlo paths")
     num_paths = len(cells[0][2].path_tokens)
-    needed = needed_votes(trace.rule_config, num_paths)
+    needed = votes_needed(num_paths, trace.rule_config.majority_fraction)
     rows = [f"path {k + 1}" for k in range(num_paths)] + ["paths' majority", "draft"]
     z, hover = [], []
     for k in range(num_paths):
@@ -285,13 +285,13 @@ def robustness_rows(document: dict | None) -> list[dict]:
     seed = ((document or {}).get("settings") or {}).get("seed") or 0
     for name, benchmark in ((document or {}).get("benchmarks") or {}).items():
         runs = benchmark.get("rules") or {}
-        lossless = runs.get("lossless")
+        lossless = runs.get(BASELINE)
         if not lossless or not lossless.get("tau"):
             continue
         place = "in" if benchmark.get("kind") in IN_DISTRIBUTION_KINDS else "out"
-        intervals = trajectory_gains(((document or {}).get("prompts") or {}).get(name) or [], "lossless", seed)
+        intervals = trajectory_gains(((document or {}).get("prompts") or {}).get(name) or [], BASELINE, seed)
         for label, run in runs.items():
-            if label == "lossless":
+            if label == BASELINE:
                 continue
             rows.append({"benchmark": name, "place": place, "run": label, "rule": label.split("@")[0],
                          "tau_gain": run["tau"] / lossless["tau"] - 1.0, "speed": run.get("speedup_vs_lossless"),

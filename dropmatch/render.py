@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable, Sequence
 
-from .acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
+from .acceptance import KNOBS, REASONS, RULES, judges_drafts
 from .config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
 from .rule_words import REASON_WORDS, RULE_WORDS, column_title
@@ -525,7 +525,7 @@ def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: b
     if d.reason == "rejected" and knobs.rule in RULES and not judges_drafts(knobs.rule, source):
         return (f"{tok} rejected: " + _exact_failed(d, tok, target, greedy) + f". The target's {target} is emitted "
                 f"instead; {RULE_WORDS[knobs.rule].lookup_note}.")
-    checks = check_names(knobs.rule)
+    checks = RULES[knobs.rule].checks
     numbers = _numbers(d, tok, target, knobs)
     words = REASON_WORDS
     readable = [name for name in checks if not words[name].reads or getattr(d, words[name].reads) not in (None, ())]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 
-from .acceptance import REASONS, lossy_reasons, needed_votes
+from .acceptance import REASONS, lossy_reasons, votes_needed
 from .config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
@@ -79,7 +79,7 @@ def slot_payload(d: DraftedToken, record: RunRecord, knobs: RuleConfig) -> dict:
              "target": _text(record, d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
     if d.path_tokens:
         found.update(paths=[_text(record, t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
-                     votes=d.draft_votes, needed=needed_votes(knobs, len(d.path_tokens)))
+                     votes=d.draft_votes, needed=votes_needed(len(d.path_tokens), knobs.majority_fraction))
     return found
 
 

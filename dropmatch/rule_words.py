@@ -1,28 +1,23 @@
-"""Each rule's and reason's words and colours, beside the renderer: legends, tooltips, chart colours,
-highlights, sentences, the rule lab's lines, the numbers its sentences read. Keyed by rule and reason name
-(acceptance.RULES, acceptance.REASONS hold their decisions). A rule is one declaration there (its decision)
-and one here (its words); render, plots, the lab, lessons and the UI read these, the decision never does."""
+"""Each rule's and reason's words and colours, keyed by name: a rule is one declaration of its decision in
+acceptance.py and one of its words here, which render, plots, the lab, lessons and the UI read (never the decision)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .acceptance import (FLY_GATE_OFF, LOSSY_END, RULES, RuleKnobs, Signals, ensemble_odds, typical_floor,
+from .acceptance import (BASELINE, FLY_GATE_OFF, LOSSY_END, RULES, RuleKnobs, Signals, ensemble_odds, typical_floor,
                          votes_needed)
 
 
 @dataclass(frozen=True)
 class ReasonWords:
-    """How a reason shows: legend (the legend's and charts' label), meaning (the tooltip's first line), colour
-    (a chart's marker), background / dark_background (its tokens' highlight, light and dark theme), cue (a second
-    cue beside the colour: the CSS text-decoration of its tokens). Its sentences (render.explain fills them from a
-    drafted token's numbers: tok, target, p_target, p_x, q_x, js, js_cmp, threshold, votes, k, js_target,
-    judge_score; every knob's value by its name; its rule's own numbers, RuleWords.numbers): says, the whole
-    sentence for a token this check accepted ({earlier}: the checks before it that failed); fails, the clause for
-    a rejected token; before, the clause {earlier} gets when a later check accepted it. confusion: a lesson's
-    sentence on a confusion with this reason, (slots as lessons.py writes them) -> text or None. reads: the
-    DraftedToken field its sentences need ("": none beyond the token's)."""
+    """How a reason shows: its legend label, its tooltip's first line (meaning), a chart's marker colour, its
+    tokens' highlight (light, dark theme) and a second cue (CSS text-decoration). Its sentences, which
+    render.explain fills from a token's numbers, every knob's value by name and RuleWords.numbers: says (a token
+    it accepted; {earlier}: the checks before it that failed), fails (a rejected token's clause), before (the
+    clause {earlier} gets). confusion: a lesson's sentence on a confusion with it; reads: the DraftedToken field
+    its sentences need."""
 
     legend: str
     meaning: str
@@ -39,11 +34,9 @@ class ReasonWords:
 
 @dataclass(frozen=True)
 class RuleWords:
-    """How a rule shows: colour (its charts' line), title (its column's; default: its label), lab_line (the rule
-    lab's line for a position: (signals, knobs, position) -> text; None: its checks' numbers say it), numbers (what
-    its reasons' sentences read beyond the token's own and its knobs' values: (token, knobs) -> dict), port (where
-    it is our port of its authors' idea, what differs), lookup_note (why it leaves prompt-lookup rounds to the
-    exact test, where acceptance.Rule.judges_lookup is False)."""
+    """How a rule shows: its charts' colour, its column's title (default: its label), the rule lab's line
+    (signals, knobs, position) -> text, numbers (token, knobs) -> what its sentences read beyond the token's and
+    the knobs', port (what differs from its authors' code), lookup_note (why Rule.judges_lookup is False)."""
 
     colour: str
     title: str = ""
@@ -226,7 +219,7 @@ REASON_WORDS: dict[str, ReasonWords] = {
 
 
 RULE_WORDS: dict[str, RuleWords] = {
-    "lossless": RuleWords("#455a64"),
+    BASELINE: RuleWords("#455a64"),
     "naive": RuleWords("#ef6c00"),
     "js": RuleWords("#42a5f5"),
     "majority": RuleWords("#6a1b9a", numbers=_path_numbers),

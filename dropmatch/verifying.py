@@ -196,8 +196,8 @@ def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats, js_draft
     return js_draft_centroid, threshold
 
 
-def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
-    """The signals of some positions only (index [m] into the g drafted positions)."""
+def at_positions(signals: Signals, positions: torch.Tensor | slice) -> Signals:
+    """The signals of some positions only (index [m] into the g drafted positions, or a slice of them)."""
     fields = {}
     for name, value in vars(signals).items():
         if value is None:
@@ -238,18 +238,10 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
            timer: PhaseTimer | None = None, memo: dict | None = None) -> list[Verified]:
     """The one verification step: a batch of requests' drafted positions in, per request one reason
     per drafted slot and the emitted tokens out. The engine calls it with a batch of one, the rule lab
-    with each stored round, the vLLM plugin with a server step's requests.
-
-    Glossary of a slot's reason and the emitted token:
-      exact        the lossless test accepted the draft (greedy: it is the target's argmax; sampling:
-                   the coin u < p(x) / q(x));
-      lossy-accepted  a rule's check accepted a draft the lossless test rejected; the reason is the
-                   check's name ("dropmatch", "js", "majority", "margin", ...: acceptance.REASONS);
-      rejected     the first slot neither accepts; the scan stops there;
-      unchecked    every slot after the rejection: never read;
-      correction   the token emitted at the rejected slot (greedy: the target's argmax; sampling: a draw
-                   from the residual norm(max(0, p - q)), so the lossless part keeps the target's law);
-      bonus        the token emitted after the last slot when every slot was accepted.
+    with each stored round, the vLLM plugin with a server step's requests. A slot's reason: "exact" (the
+    lossless test accepted it), the name of the rule's check that accepted it (acceptance.REASONS), "rejected"
+    (the first slot none accepts) or "unchecked" (after it); then the correction at the rejection (greedy: the
+    target's argmax; sampling: a draw from norm(max(0, p - q))) or the bonus after an all-accepted round.
 
     rule: a config.RuleConfig, every auto knob resolved (its p a number where it reads paths). staged: the
     Monte-Carlo paths only where the rule reads them, in two stacked head passes (the first judged
@@ -280,7 +272,7 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
     if timer is not None:
         timer.mark("mc_end")
     verdicts = _scans(rule, batch, spans, signals, generator, _judged_rounds(rule, batch))
-    return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs)
+    return [Verified(verdict, emitted, at_positions(signals, slice(a, b)), p_signal[a:b], rows, probs)
             for (verdict, emitted), (a, b), rows, probs in zip(verdicts, spans, paths.rows, paths.probs)]
 
 
@@ -314,11 +306,6 @@ def _spans(batch: list[VerifyInputs]) -> list[tuple[int, int]]:
         spans.append((start, start + inputs.num_drafted))
         start += inputs.num_drafted
     return spans
-
-
-def _span_of(signals: Signals, start: int, end: int) -> Signals:
-    return Signals(**{name: None if value is None else (value[:, start:end] if name == "path_tokens" else value[start:end])
-                      for name, value in vars(signals).items()})
 
 
 def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
@@ -578,7 +565,7 @@ def _checks(rule, spans, signals: Signals) -> list[tuple[str, torch.Tensor]]:
     of its own round (FLy's window), so that no window runs into the next request."""
     if not acceptance.RULES[rule.rule].reads_later or len(spans) == 1:
         return acceptance.rule_checks(rule, signals)
-    per_request = [acceptance.rule_checks(rule, _span_of(signals, a, b)) for a, b in spans]
+    per_request = [acceptance.rule_checks(rule, at_positions(signals, slice(a, b))) for a, b in spans]
     return [(name, torch.cat([checks[c][1] for checks in per_request])) for c, (name, _) in enumerate(per_request[0])]
 
 

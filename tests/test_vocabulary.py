@@ -124,3 +124,18 @@ def test_the_method_modules_hold_no_colour_literal():
     for name in METHOD_MODULES:
         source = inspect.getsource(importlib.import_module(f"dropmatch.{name}"))
         assert not colour_literals(source), f"dropmatch/{name}.py: {colour_literals(source)}"
+
+
+def test_no_module_but_the_rule_table_names_the_baseline_rule_as_a_literal():
+    """Lossless SD's rule name is read from the table (acceptance.BASELINE): no comparison with, nor a rule set to,
+    the literal "lossless" elsewhere in the package or the app (a column of the run file may keep that key)."""
+    import re
+    from pathlib import Path
+
+    literal = re.compile(r'(==|!=)\s*"lossless"|"lossless"\s*(==|!=)|rule\s*=\s*"lossless"|RuleConfig\("lossless"'
+                         r'|"rule":\s*"lossless"|label\s*!=\s*"lossless"')
+    root = Path(acceptance.__file__).parent
+    found = [f"{path.relative_to(root.parent)}:{n}" for path in [*root.rglob("*.py"), root.parent / "app.py"]
+             if path.name != "acceptance.py" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if literal.search(line)]
+    assert not found, found

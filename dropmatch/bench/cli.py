@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                             default=getattr(DEFAULTS, knob.user_key), choices=knob.choices or None,
                             help=f"{knob.help} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
     parser.add_argument("--preset", default="", choices=("", *PRESET_SETTINGS),
-                        help="method: the method's own K 5, p 0.3, mean centroid, 4-of-5 majority (over --k, --p, ...)")
+                        help="method: the method's own " + ", ".join(f"{key} {value}" for key, value in
+                                                                      PRESET_SETTINGS["method"].items()
+                                                                      if key != "rule") + " (over --k, --p, ...)")
     parser.add_argument("--reference-samples", default=3,
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
@@ -211,7 +213,7 @@ def vllm_bench_args(args) -> list[str]:
     """This command's settings as dropmatch.serving.vllm.bench arguments (raises BenchError or
     ConfigError on a bad --p-sweep)."""
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != BASELINE]
-    p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
+    p = f"{KNOBS['p'].default:g}" if str(args.p) == "auto" else str(args.p)  # vLLM runs no per-prompt calibration
     if args.p_sweep:
         p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
     forwarded = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens),

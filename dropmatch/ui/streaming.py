@@ -3,13 +3,13 @@ ZeroGPU, on the studio's model thread (callbacks.py)."""
 
 from __future__ import annotations
 
-from ..acceptance import RULES
+from ..acceptance import BASELINE, RULES
 from ..compare import compare_stream
 from ..config import DecodeConfig, RuleConfig
 from ..record import record_of
 from . import views
 
-LOSSLESS = RuleConfig("lossless")
+LOSSLESS = RuleConfig(BASELINE)
 
 
 class Reading:

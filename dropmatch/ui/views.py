@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..acceptance import KNOBS, METHOD, RULES
+from ..acceptance import BASELINE, KNOBS, METHOD, RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
@@ -155,7 +155,7 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
                        "off_nucleus_rate": lossy.off_nucleus_rate,
                        "label": f"this run ({plots.run_label(record.rule)})"}
     reference = (frontier.get("reference") or {}).get("target_sampled")
-    return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
+    return frontier_figure(points, frontier["rules"].get(BASELINE), reference, current,
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
 
 

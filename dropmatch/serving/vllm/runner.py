@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import torch
 
-from ...acceptance import RULES
+from ...acceptance import BASELINE, RULES
 from ...config import ConfigError
 from ...mc_head import mask_seed, masked_rows
 from ..verify import Round, verify_rounds
@@ -233,7 +233,7 @@ class _Verifier:
                 self.per_request[req_id] = self.settings.updated(request_settings(params.extra_args))
             except ConfigError as error:  # validated at admission (params.py); kept lossless if it slips through
                 self._warn(req_id, f"request {req_id}: {error}; verified losslessly")
-                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule="lossless"))
+                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule=BASELINE))
         settings = self.per_request[req_id]
         return None if settings.lossless else settings
 
