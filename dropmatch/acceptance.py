@@ -6,7 +6,7 @@ signals to an ordered list of (reason, accepted-mask); verifying.verify scans th
 right and stops at the first one that neither the exact (lossless) test nor the rule accepts (`scan`).
 
 `RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check,
-its knobs (`Knob`: name, type, default, range, label, help, the frontier's values, whether the rule lab
+its knobs (`Knob`: name, type, default, range, label, the frontier's values, whether the rule lab
 offers it), the modes it is defined under; its words (colours, sentences, the lab's lines) are one entry of
 rule_words.py, beside the renderer. Every consumer derives from the two: RuleConfig's fields and validation, the benchmark's flags, the vLLM plugin's keys,
 generate()'s `dropmatch_*` keywords, the app's controls, the rule lab, the frontier, the run file
@@ -71,8 +71,7 @@ class Knob:
 
     name: str
     default: Any
-    label: str
-    help: str
+    label: str  # its name in a control and in an error message (its help: rule_words.KNOB_HELP)
     kind: type = float
     key: str = ""
     low: float | None = None
@@ -143,29 +142,17 @@ def knob_by_key(key: str) -> Knob | None:
 MAX_PATHS, MAX_GAMMA = 64, 16
 FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results-archive-2026-12.md)
-NUM_PATHS = Knob("num_paths", 5, "K (paths)", "Monte-Carlo dropout paths on the LM head", kind=int, key="k",
-                 low=1, high=MAX_PATHS, lab=True, slider=(1, 16, 1))
-P = Knob("p", 0.3, "p (dropout rate)", "dropout rate on the LM-head input, or auto (calibrated per prompt)",
-         low=0.0, high=1.0, open_high=True, auto=True, studio_default=None, sweep=FRONTIER_P, lab=True,
-         slider=(0.0, 0.5, 0.01), short="p")
-CENTROID = Knob("centroid", "probs", "centroid of the paths",
-                "probs: mean of the path distributions (the method's); logits: softmax of the mean logits (an option)",
-                kind=str, choices=CENTROIDS, lab=True)
-MASK_DRAW = Knob("mask_draw", "per_position", "mask draw",
-                 "per_position (every recorded run's) or counter (a server's step in one batched draw; other masks)",
-                 kind=str, choices=MASK_DRAWS)
-AUTO_AGREEMENT_KNOB = Knob("auto_agreement", AUTO_AGREEMENT, "auto agreement",
-                           "p = auto: the largest p whose paths keep the clean argmax at this share of the prompt",
-                           low=0.0, high=1.0, open_low=True)
-RESCUE_ARGMAX = Knob("rescue_argmax", False, "paths may rescue the target's top token (sampling)",
-                     "sampling: the paths also judge a top-token draft the lossless coin rejected (p = 0 then is "
-                     "not lossless SD)", kind=bool, lab=True)
-MAJORITY_FRACTION = Knob("majority_fraction", 0.8, "majority: share of paths that must agree",
-                         "ceil(f * K) votes, never fewer than a strict majority: 0.8 = 4 of 5 (\"nearly all\")",
-                         low=0.5, high=1.0, lab=True, slider=(0.5, 1.0, 0.05))
-JUDGE_THRESHOLD = Knob("judge_threshold", None, "trained judge threshold",
-                       "accept a mismatch the judge scores below it, or auto (chosen on its validation split)",
-                       low=0.0, high=1.0, auto=True, sweep=(0.05, 0.1, 0.2, 0.3, 0.5), short="threshold")
+NUM_PATHS = Knob("num_paths", 5, "K (paths)", kind=int, key="k", low=1, high=MAX_PATHS, lab=True, slider=(1, 16, 1))
+P = Knob("p", 0.3, "p (dropout rate)", low=0.0, high=1.0, open_high=True, auto=True, studio_default=None,
+         sweep=FRONTIER_P, lab=True, slider=(0.0, 0.5, 0.01), short="p")
+CENTROID = Knob("centroid", "probs", "centroid of the paths", kind=str, choices=CENTROIDS, lab=True)
+MASK_DRAW = Knob("mask_draw", "per_position", "mask draw", kind=str, choices=MASK_DRAWS)
+AUTO_AGREEMENT_KNOB = Knob("auto_agreement", AUTO_AGREEMENT, "auto agreement", low=0.0, high=1.0, open_low=True)
+RESCUE_ARGMAX = Knob("rescue_argmax", False, "paths may rescue the target's top token (sampling)", kind=bool, lab=True)
+MAJORITY_FRACTION = Knob("majority_fraction", 0.8, "majority: share of paths that must agree", low=0.5, high=1.0,
+                         lab=True, slider=(0.5, 1.0, 0.05))
+JUDGE_THRESHOLD = Knob("judge_threshold", None, "trained judge threshold", low=0.0, high=1.0, auto=True,
+                       sweep=(0.05, 0.1, 0.2, 0.3, 0.5), short="threshold")
 PATH_KNOBS = (NUM_PATHS, P, CENTROID, MASK_DRAW, AUTO_AGREEMENT_KNOB, RESCUE_ARGMAX)
 
 
@@ -467,27 +454,18 @@ def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | N
 
 
 
-TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", "typical acceptance's probability floor: min(ε, δ exp(-H))",
-                   low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True, slider=(0.0, 0.5, 0.01), short="ε")
-TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", "typical acceptance's entropy factor: min(ε, δ exp(-H))",
-                     low=0.0)
-FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",
-                low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True, slider=(0.0, 0.69, 0.01), short="threshold")
-FLY_WINDOW = Knob("fly_window", 6, "FLy window",
-                  "FLy's window, the position itself counted (AMD's win_len; vLLM's fly_window_size is one less): "
-                  "it needs at least window + 1 drafts in a round", kind=int, low=2, high=MAX_GAMMA)
-FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold",
-                   "FLy's gate: the target's top-3 entropy at least this (a lower threshold tolerates more)",
-                   low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05), lab=True, slider=(0.0, 1.5, 0.05),
-                   short="entropy threshold")
-ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w",
-                       "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
-                       low=0.0, high=1.0, open_low=True, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True,
-                       slider=(0.05, 1.0, 0.05), short="weight w")
-MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold",
-                      "MARS relaxes where the target's top two logits have z2 / z1 above it (its relaxation_threshold)",
-                      low=0.0, high=1.0, sweep=(0.98, 0.94, 0.9, 0.86, 0.84), lab=True, slider=(0.5, 1.0, 0.01),
-                      short="logit-ratio threshold")
+TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True,
+                   slider=(0.0, 0.5, 0.01), short="ε")
+TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", low=0.0)
+FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True,
+                slider=(0.0, 0.69, 0.01), short="threshold")
+FLY_WINDOW = Knob("fly_window", 6, "FLy window", kind=int, low=2, high=MAX_GAMMA)
+FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold", low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05),
+                   lab=True, slider=(0.0, 1.5, 0.05), short="entropy threshold")
+ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w", low=0.0, high=1.0, open_low=True,
+                       sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True, slider=(0.05, 1.0, 0.05), short="weight w")
+MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold", low=0.0, high=1.0, sweep=(0.98, 0.94, 0.9, 0.86, 0.84),
+                      lab=True, slider=(0.5, 1.0, 0.01), short="logit-ratio threshold")
 MAJORITY_KNOBS = (*PATH_KNOBS, MAJORITY_FRACTION)
 
 for _rule in (

@@ -139,15 +139,14 @@ LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a numb
 
 # The decode fields as knobs: each DecodeConfig field is checked by its Knob, as a rule's knobs are.
 DECODE_KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
-    Knob("gamma", 4, "gamma (draft length)", "drafted tokens a round", kind=int, low=1, high=MAX_GAMMA),
-    Knob("max_new_tokens", 128, "max new tokens", "the most tokens a run writes", kind=int, low=1, high=100_000),
-    Knob("temperature", 0.0, "temperature", "0: greedy", low=0.0, high=5.0),
-    Knob("top_p", 1.0, "top-p", "the nucleus sampling keeps", low=0.0, high=1.0, open_low=True),
-    Knob("seed", 0, "seed", "the run's random streams", kind=int, low=0, high=2**63 - 1),
-    Knob("gamma_auto", False, "gamma = auto", "the draft length chosen each round", kind=bool),
-    Knob("draft_source", "model", "draft source", "who drafts", kind=str, choices=DRAFT_SOURCES),
-    Knob("gamma_tuned_for_rule", False, "gamma tuned for the rule", "gamma = auto prices the rule's verify step",
-         kind=bool),
+    Knob("gamma", 4, "gamma (draft length)", kind=int, low=1, high=MAX_GAMMA),
+    Knob("max_new_tokens", 128, "max new tokens", kind=int, low=1, high=100_000),
+    Knob("temperature", 0.0, "temperature", low=0.0, high=5.0),
+    Knob("top_p", 1.0, "top-p", low=0.0, high=1.0, open_low=True),
+    Knob("seed", 0, "seed", kind=int, low=0, high=2**63 - 1),
+    Knob("gamma_auto", False, "gamma = auto", kind=bool),
+    Knob("draft_source", "model", "draft source", kind=str, choices=DRAFT_SOURCES),
+    Knob("gamma_tuned_for_rule", False, "gamma tuned for the rule", kind=bool),
 )}
 
 

@@ -36,7 +36,8 @@ class ReasonWords:
 class RuleWords:
     """How a rule shows: its charts' colour, its column's title (default: its label), the rule lab's line
     (signals, knobs, position) -> text, numbers (token, knobs) -> what its sentences read beyond the token's and
-    the knobs', port (what differs from its authors' code), lookup_note (why Rule.judges_lookup is False)."""
+    the knobs', port (what differs from its authors' code), lookup_note (why Rule.judges_lookup is False),
+    rival: shown beside DropMatch in the short comparisons (the field)."""
 
     colour: str
     title: str = ""
@@ -44,6 +45,7 @@ class RuleWords:
     numbers: Callable[[Any, RuleKnobs], dict] | None = None
     port: str = ""
     lookup_note: str = ""
+    rival: bool = False
 
 
 def column_title(rule: str) -> str:
@@ -226,13 +228,36 @@ RULE_WORDS: dict[str, RuleWords] = {
     "dropmatch": RuleWords("#0d47a1", title="DropMatch", numbers=_path_numbers),
     "typical": RuleWords("#8d6e63", lab_line=_typical_line),
     "fixed_js": RuleWords("#00838f", lab_line=_fixed_js_line),
-    "judge": RuleWords("#ad1457", title="trained judge", numbers=_judge_numbers),
+    "judge": RuleWords("#ad1457", title="trained judge", numbers=_judge_numbers, rival=True),
     "dropmatch_judge": RuleWords("#827717", numbers=_judge_numbers),
-    "fly": RuleWords("#2e7d32", title="FLy", lab_line=_fly_line, numbers=_fly_numbers,
+    "fly": RuleWords("#2e7d32", title="FLy", lab_line=_fly_line, numbers=_fly_numbers, rival=True,
                      port="sampling: vLLM's random kernel (pull request #53987) with AMD's window count"),
     "ensemble": RuleWords("#c0ca33", title="static ensemble", lab_line=_ensemble_line, numbers=_ensemble_numbers,
-                          lookup_note="the static ensemble never judges prompt-lookup drafts (transformers refuses "
-                                      "assistant_ensemble_weight with prompt lookup; against a one-hot q it would "
-                                      "accept any token the target gives mass): a lookup round gets the exact test"),
-    "mars": RuleWords("#c62828", title="MARS", lab_line=_mars_line, numbers=_mars_numbers, port=MARS_PORT),
+                          rival=True, lookup_note="the static ensemble never judges prompt-lookup drafts "
+                          "(transformers refuses assistant_ensemble_weight with prompt lookup; against a one-hot q it "
+                          "would accept any token the target gives mass): a lookup round gets the exact test"),
+    "mars": RuleWords("#c62828", title="MARS", lab_line=_mars_line, numbers=_mars_numbers, port=MARS_PORT,
+                      rival=True),
+}
+
+
+# Each knob's help, by knob name: a control's info, the CLI's --help, generate()'s argument table.
+KNOB_HELP: dict[str, str] = {
+    "num_paths": "Monte-Carlo dropout paths on the LM head",
+    "p": "dropout rate on the LM-head input, or auto (calibrated per prompt)",
+    "centroid": "probs: mean of the path distributions (the method's); logits: softmax of the mean logits (an option)",
+    "mask_draw": "per_position (every recorded run's) or counter (a server's step in one batched draw; other masks)",
+    "auto_agreement": "p = auto: the largest p whose paths keep the clean argmax at this share of the prompt",
+    "rescue_argmax": "sampling: the paths also judge a top-token draft the lossless coin rejected (p = 0 then is not "
+                     "lossless SD)",
+    "majority_fraction": "ceil(f * K) votes, never fewer than a strict majority: 0.8 = 4 of 5 (\"nearly all\")",
+    "judge_threshold": "accept a mismatch the judge scores below it, or auto (chosen on its validation split)",
+    "typical_eps": "typical acceptance's probability floor: min(ε, δ exp(-H))",
+    "typical_delta": "typical acceptance's entropy factor: min(ε, δ exp(-H))",
+    "fixed_js_threshold": "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",
+    "fly_window": "FLy's window, the position itself counted (AMD's win_len; vLLM's fly_window_size is one less): it "
+                  "needs at least window + 1 drafts in a round",
+    "fly_entropy_threshold": "FLy's gate: the target's top-3 entropy at least this (a lower threshold tolerates more)",
+    "ensemble_weight": "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
+    "mars_threshold": "MARS relaxes where the target's top two logits have z2 / z1 above it (its relaxation_threshold)",
 }

@@ -205,6 +205,7 @@ def rule_table(root: Path = ROOT, hub: bool = False) -> str:
     try:
         from dropmatch.acceptance import KNOBS, RULES
         from dropmatch.hf_generate import PREFIX, default_rule
+        from dropmatch.rule_words import KNOB_HELP
     finally:
         sys.path.remove(str(root))
     default = default_rule()
@@ -218,7 +219,7 @@ def rule_table(root: Path = ROOT, hub: bool = False) -> str:
         if not readers:
             continue
         lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if value is None else value}` | "
-                     f"{knob.help.replace('|', '/')} | {readers} |")
+                     f"{KNOB_HELP[knob.name].replace('|', '/')} | {readers} |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from conftest import PROMPTS
 
 from dropmatch import acceptance, lab
 from dropmatch.acceptance import Knob, Reason, Rule
-from dropmatch.rule_words import REASON_WORDS, RULE_WORDS, ReasonWords, RuleWords
+from dropmatch.rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, ReasonWords, RuleWords
 from dropmatch.config import DecodeConfig, RuleConfig, Settings
 from dropmatch.engine import run_to_end
 
@@ -26,8 +26,7 @@ def _toy_check(signals, cfg):
 @pytest.fixture()
 def toy_rule():
     """'toy': accept a mismatch the clean target gives at least `toy_floor`; one knob, declared here only."""
-    knob = Knob(TOY_KNOB, 0.5, "toy floor", "accept a mismatch the target gives at least this", low=0.0, high=1.0,
-                sweep=(0.9, 0.02), lab=True, slider=(0.0, 1.0, 0.05))
+    knob = Knob(TOY_KNOB, 0.5, "toy floor", low=0.0, high=1.0, sweep=(0.9, 0.02), lab=True, slider=(0.0, 1.0, 0.05))
     # Its decision (acceptance), then its words (rule_words): the two declarations, nothing else.
     rules, knobs = dict(acceptance.RULES), dict(acceptance.KNOBS)
     acceptance.register_reason(Reason("toy", lossy=True))
@@ -37,12 +36,14 @@ def toy_rule():
                                       says="{tok} clears the toy floor {toy_floor:g}.",
                                       fails="{tok} is under the toy floor {toy_floor:g}")
     RULE_WORDS["toy"] = RuleWords("#0000aa")
+    KNOB_HELP[TOY_KNOB] = "accept a mismatch the target gives at least this"
     yield "toy"
     for table, before in ((acceptance.RULES, rules), (acceptance.KNOBS, knobs)):  # the table as it was
         table.clear()
         table.update(before)
     for table in (acceptance.REASONS, REASON_WORDS, RULE_WORDS):
         table.pop("toy")
+    KNOB_HELP.pop(TOY_KNOB)
 
 
 def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_dirs, tiny_engine, tmp_path, capsys):
@@ -60,7 +61,8 @@ def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_d
     assert Settings("hi", rule="toy", toy_floor=0.3).parse()[1].toy_floor == 0.3
     with pytest.raises(ValueError, match="toy floor must be in"):
         RuleConfig("toy", toy_floor=2)
-    assert "--toy-floor" in build_parser().format_help()
+    cli_help = " ".join(build_parser().format_help().split())
+    assert "--toy-floor" in cli_help and "the target gives at least this (rules: toy)" in cli_help
     assert ServeSettings().updated({"rule": "toy", TOY_KNOB: 0.1}).rule.toy_floor == 0.1
     assert ("toy floor", "toy") in lossy_rule_choices()
     with gr.Blocks():

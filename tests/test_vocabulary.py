@@ -87,8 +87,10 @@ def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
 
 
 def test_every_rule_and_reason_of_the_decision_table_has_its_words_and_no_more():
-    """The words table (rule_words) is keyed by the decision table's names: each rule and reason has one entry."""
-    assert list(REASON_WORDS) == list(REASONS) and set(RULE_WORDS) == set(RULES)
+    """The words table (rule_words) is keyed by the decision table's names: each rule, reason and knob has one entry."""
+    from dropmatch.rule_words import KNOB_HELP
+
+    assert list(REASON_WORDS) == list(REASONS) and set(RULE_WORDS) == set(RULES) and set(KNOB_HELP) == set(acceptance.KNOBS)
 
 
 METHOD_MODULES = ("acceptance", "verifying", "config", "engine", "drafting", "sampling", "mc_head", "trace", "recording",

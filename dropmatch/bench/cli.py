@@ -42,6 +42,7 @@ from ..acceptance import BASELINE, KNOBS, METHOD, RULES
 from ..config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
                       parse_p, rule_names)
 from ..engine import Engine
+from ..rule_words import KNOB_HELP
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     for knob in KNOBS.values():  # every rule knob of the table, by its key (RuleConfig.from_mapping checks it)
         parser.add_argument(f"--{knob.user_key.replace('_', '-')}", dest=knob.user_key,
                             default=getattr(DEFAULTS, knob.user_key), choices=knob.choices or None,
-                            help=f"{knob.help} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
+                            help=f"{KNOB_HELP[knob.name]} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
     parser.add_argument("--preset", default="", choices=("", *PRESET_SETTINGS),
                         help="method: the method's own " + ", ".join(f"{key} {value}" for key, value in
                                                                       PRESET_SETTINGS["method"].items()

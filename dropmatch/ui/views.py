@@ -20,7 +20,7 @@ from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_sum
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
-from ..rule_words import column_title
+from ..rule_words import RULE_WORDS, column_title
 from ..trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
@@ -60,7 +60,6 @@ def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
 
 
-FIELD = ("dropmatch", "mars", "ensemble", "judge", "fly")  # the tab's short table: DropMatch and the field
 POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15"}
 
 
@@ -72,7 +71,7 @@ def same_drafts_markdown(document: dict | None) -> str:
 
     if not document or not document.get("same_drafts"):
         return "No comparison on the same drafts is shipped with this build."
-    shown = [rule for rule in FIELD if rule in RULES]
+    shown = [METHOD, *(rule for rule in RULES if RULE_WORDS[rule].rival)]  # the short table: DropMatch and the field
     head = ["draft policy", "prompt set", *(f"{column_title(r)} vs {'lossless' if r == METHOD else 'DropMatch'}"
                                              for r in shown), "target p of the added tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
