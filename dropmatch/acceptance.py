@@ -186,7 +186,6 @@ class Rule:
     checks: tuple[str, ...] = ()  # the reasons its check gives, in the order it tries them
     reads_draft: bool = False  # its checks read the draft's distribution (not only the drafted token)
     modes: tuple[str, ...] = ("greedy", "sampling")  # the decoding modes the rule is defined under
-    why_mode: str = ""  # why it is defined under those only (the one-line refusal says it)
     reads_later: bool = False  # reads the exact test's result at later drafted positions of its round (a window)
     reads_coin: bool = False  # under sampling it reads the lossless test's coin (a run must have kept them)
     frontier_also: tuple[str, ...] = ()  # knobs whose every choice the frontier crosses with its sweep

@@ -415,6 +415,6 @@ def check_mode(rule: RuleConfig, decode: DecodeConfig) -> None:
     if mode not in entry.modes:
         fix = "set a temperature above 0" if decode.greedy else "set the temperature to 0 (greedy)"
         raise ConfigError(f"the rule {rule.rule!r} ({entry.label}) is defined under {' and '.join(entry.modes)} "
-                          f"decoding only: {entry.why_mode}; {fix}")
+                          f"decoding only; {fix}")
 
 

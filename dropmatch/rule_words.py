@@ -69,7 +69,6 @@ def _majority_confusion(slots: list[dict]) -> str | None:
     return f"the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
 
 
-
 def _mars_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     rank = {int(s.target_tokens[i]): "top-1", int(s.target_runner_up[i]): "top-2"}.get(int(s.draft_tokens[i]), "not top-2")
     return f"MARS: {rank}; z2/z1 {float(s.target_logit_ratio[i]):.3f} vs {cfg.mars_threshold:g}"

@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "greedy" if decode.greedy else "sampling"
         for name in rules:
             if mode not in RULES[name].modes:
-                raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only "
-                                 f"({RULES[name].why_mode}); this run is {mode}")
+                raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only; "
+                                 f"this run is {mode}")
         swept = tuple(parse_rules(args.frontier_rules)) if args.frontier_rules else None
         runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, mode, swept)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
