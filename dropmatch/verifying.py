@@ -254,6 +254,7 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
     what an earlier call on the same batch computed (the rule lab judges many rules on one round)."""
     if not batch:
         return []
+    assert not rule.uses_paths or rule.p is not None, "p = auto is resolved into the rule at a run's start"
     _check_shapes(batch)
     temperature = _one_temperature(batch)
     spans = _spans(batch)
