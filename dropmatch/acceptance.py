@@ -5,12 +5,11 @@ drafted position at once, what any rule may look at (`Signals`); a rule is a fun
 signals to an ordered list of (reason, accepted-mask); verifying.verify scans the positions left to
 right and stops at the first one that neither the exact (lossless) test nor the rule accepts (`scan`).
 
-`RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check,
-its knobs (`Knob`: name, type, default, range, label, the frontier's values, whether the rule lab
-offers it), the modes it is defined under; its words (colours, sentences, the lab's lines) are one entry of
-rule_words.py, beside the renderer. Every consumer derives from the two: RuleConfig's fields and validation, the benchmark's flags, the vLLM plugin's keys,
-generate()'s `dropmatch_*` keywords, the app's controls, the rule lab, the frontier, the run file
-(docs/architecture.md).
+`RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check, its
+knobs (`Knob`: name, type, default, range, label, the frontier's values, whether the rule lab offers it), the
+modes it is defined under; its words (colours, sentences, the lab's lines) are one entry of rule_words.py.
+Every consumer derives from the two: RuleConfig, the benchmark's flags, the vLLM plugin's keys, generate()'s
+keywords, the app's controls, the rule lab, the frontier, the run file (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -452,7 +451,6 @@ def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | N
     return None if greedy else s.target_logit_ratio > cfg.mars_threshold
 
 
-
 TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True,
                    slider=(0.0, 0.5, 0.01), short="ε")
 TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", low=0.0)
@@ -538,7 +536,6 @@ def lossless_test(
     q_x = q_sample.gather(-1, index).squeeze(-1)
     uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)
     return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
-
 
 
 def correction_token(

@@ -163,7 +163,6 @@ def _mars_numbers(d, cfg: RuleKnobs) -> dict:
     return {"mars_ratio": ratio, "mars_says": says}
 
 
-
 REASON_WORDS: dict[str, ReasonWords] = {
     "exact": ReasonWords("exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
     "js": ReasonWords("JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid",
