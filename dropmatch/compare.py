@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from .decoding.acceptance import RULES
+from .decoding.acceptance import BASELINE, RULES
 from .decoding.config import DecodeConfig, RuleConfig
 from .decoding.engine import run_to_end
 from .models import ensemble_assisted_generate, sequence_nll
@@ -74,7 +74,7 @@ def compare_stream(
 
     runs = {
         # The lossless column keeps its states: the rule lab re-judges its drafts under every rule.
-        "lossless": (state.lossless, engine.speculative(ids, decode, replace(rule, rule="lossless"), stop_event,
+        "lossless": (state.lossless, engine.speculative(ids, decode, replace(rule, rule=BASELINE), stop_event,
                                                         keep_states=True, **reading("lossless"))),
         "lossy": (state.lossy, engine.speculative(ids, decode, rule, stop_event, **reading("lossy"))),
     }
@@ -87,7 +87,7 @@ def compare_stream(
         # model work: Gradio closes a cancelled event's generator only once its first step has returned.
         state.phase = "warm-up"
         yield state
-        warm_up(engine, ids, decode, [RuleConfig("lossless"), rule], stop_event)
+        warm_up(engine, ids, decode, [RuleConfig(BASELINE), rule], stop_event)
         state.phase = "running"
         active = dict(runs)
         while active:

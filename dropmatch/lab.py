@@ -23,8 +23,8 @@ from .decoding import acceptance
 from .decoding.config import LAB_P, ConfigError, RuleConfig
 from .decoding.verifying import VerifyInputs, verify
 from .decoding.mc_head import mask_seed
-from .decoding.pair_services import PairServices
 from .decoding.causal_lm import CausalLM
+from .rule_words import RULE_WORDS, judge_line
 from .decoding.sampling import sampling_probs, signal_probs
 from .decoding.trace import GenerationTrace
 from .decoding.trained_judge import TrainedJudge
@@ -125,9 +125,8 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
     columns = []  # per rule: per round, (reasons, host signals)
     for name in rules:
         cfg = dataclasses.replace(settings, rule=name)
-        p = cfg.p if cfg.uses_paths else None
         column = []
-        for verified in verify(target, cfg, p, prepared, memo=memo, judge=judge):  # every round in one batch
+        for verified in verify(target, cfg, prepared, memo=memo, judge=judge):  # every round in one batch
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(verified.signals).items()})
             column.append((verified.verdict.reasons, signals))
         columns.append((cfg, column))
@@ -153,7 +152,7 @@ def _rows(prepared, columns, token_text) -> list[dict]:
                 reason = reasons[i]
                 info = cell_info(cfg, signals, i, reason, token_text)
                 if not acceptance.judges_drafts(cfg.rule, rnd.draft_source) and reason != "unchecked":
-                    info += "\n" + acceptance.RULES[cfg.rule].exact_on_lookup
+                    info += "\n" + RULE_WORDS[cfg.rule].lookup_note
                 cells.append({"reason": reason, "accepted": reason not in acceptance.NOT_ACCEPTED, "info": info})
             rows.append({"round": r, "slot": i, "token": token, "text": token_text(token), "cells": cells})
     return rows
@@ -177,12 +176,12 @@ def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str,
              f"({float(signals.target_token_prob[i]):.3f})"]
     if reason == "exact":
         lines.append("accepted by the lossless test")
-    elif acceptance.RULES[cfg.rule].lab_line is not None:
-        lines.append(acceptance.RULES[cfg.rule].lab_line(signals, cfg, i))
+    elif RULE_WORDS[cfg.rule].lab_line is not None:
+        lines.append(RULE_WORDS[cfg.rule].lab_line(signals, cfg, i))
     if cfg.uses_paths and reason != "exact":
         lines.append(_path_info(cfg, signals, i, token_text))
     if cfg.uses_judge and reason != "exact" and signals.judge_scores is not None:
-        lines.append(acceptance.judge_line(signals, cfg, i))
+        lines.append(judge_line(signals, cfg, i))
     return "\n".join(lines)
 
 
@@ -192,7 +191,7 @@ def _path_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, token_text)
             return "paths not read: the draft is the target's top token (the lossless test decides)"
         return "paths not read: an earlier token of the round could not be accepted"
     paths = " ".join(repr(token_text(int(t))) for t in signals.path_tokens[:, i])
-    needed = acceptance.needed_votes(cfg, cfg.num_paths)
+    needed = acceptance.votes_needed(cfg.num_paths, cfg.majority_fraction)
     majority = int(signals.majority_tokens[i])
     majority_text = token_text(majority) if majority >= 0 else "(tie)"
     return (f"paths: {paths}\nJS(draft, centroid) {float(signals.js_draft_centroid[i]):.3f} vs threshold "

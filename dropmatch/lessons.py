@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decoding.acceptance import REASONS, check_names, needed_votes
+from .decoding.acceptance import REASONS, RULES, votes_needed
 from .render import explain, kind_label
+from .rule_words import REASON_WORDS
 from .decoding.trace import DraftedToken, GenerationTrace
 
 LESSON_VERSION = 1
@@ -31,7 +32,7 @@ CLOSE_CALLS = {
 def rule_reasons(rule: str) -> tuple[str, ...]:
     """The reasons a rule can give a drafted token, in the order a learner chooses from:
     exact, each of the rule's own checks, rejected."""
-    return ("exact", *check_names(rule), "rejected")
+    return ("exact", *RULES[rule].checks, "rejected")
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def close_calls(d: DraftedToken, source: str, trace: GenerationTrace) -> list[st
         tags.append("lookup")
     if d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR:
         tags.append("js_near")
-    if d.path_tokens and d.draft_votes == needed_votes(trace.rule_config, len(d.path_tokens)) - 1:
+    if d.path_tokens and d.draft_votes == votes_needed(len(d.path_tokens), trace.rule_config.majority_fraction) - 1:
         tags.append("votes_short")
     if trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob:
         tags.append("coin_rejected")
@@ -115,7 +116,8 @@ def _sentence(answered: str, truth: str, slots: list[dict], lesson: dict) -> str
     labels, n = lesson["labels"], len(slots)
     head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
     for reason in [name for name in REASONS if name in (answered, truth)]:  # a reason's own sentence (its numbers)
-        said = REASONS[reason].confusion(slots) if REASONS[reason].confusion else None
+        confusion = REASON_WORDS[reason].confusion
+        said = confusion(slots) if confusion else None
         if said:
             return f"{head}: {said}"
     if "exact" in (answered, truth) and not lesson.get("greedy", True):

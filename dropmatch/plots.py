@@ -10,9 +10,10 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .decoding.acceptance import KNOBS, REASONS, RULES, needed_votes
+from .decoding.acceptance import BASELINE, KNOBS, REASONS, RULES, votes_needed
 from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
+from .rule_words import REASON_WORDS, RULE_WORDS
 from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 TokenText = Callable[[int], str]
@@ -94,7 +95,7 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     if not cells:
         return _empty(title, f"the {trace.label} rule reads no Monte-Carlo paths")
     num_paths = len(cells[0][2].path_tokens)
-    needed = needed_votes(trace.rule_config, num_paths)
+    needed = votes_needed(num_paths, trace.rule_config.majority_fraction)
     rows = [f"path {k + 1}" for k in range(num_paths)] + ["paths' majority", "draft"]
     z, hover = [], []
     for k in range(num_paths):
@@ -153,7 +154,7 @@ def js_scatter(trace: GenerationTrace, token_text: TokenText) -> go.Figure:
         rejected = reason == "rejected"
         fig.add_trace(go.Scatter(
             x=[i for i, *_ in group], y=[d.js for *_, d in group], mode="markers", name=reason,
-            marker=dict(color=REASONS[reason].colour, size=14 if rejected else 10,
+            marker=dict(color=REASON_WORDS[reason].colour, size=14 if rejected else 10,
                         symbol="x" if rejected else "circle", line=dict(width=1, color="white")),
             text=[f"r{r}·{j + 1} {show(token_text(d.token))}<br>JS={d.js:.4f} threshold={d.threshold:.4f}"
                   f"<br>votes {d.draft_votes}/{len(d.path_tokens)} → {d.reason}" for _, r, j, d in group],
@@ -231,7 +232,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
         groups.setdefault(wrapped(f"{name}: {knob_short(point['knob'])} swept", 24), []).append(point)
     for name, group in groups.items():
         rule = RULES.get(group[0]["rule"])
-        colour = rule.colour if rule else None
+        colour = RULE_WORDS[rule.name].colour if rule else None
         dash = "dot" if "logits centroid" in name else None
         hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
@@ -284,13 +285,13 @@ def robustness_rows(document: dict | None) -> list[dict]:
     seed = ((document or {}).get("settings") or {}).get("seed") or 0
     for name, benchmark in ((document or {}).get("benchmarks") or {}).items():
         runs = benchmark.get("rules") or {}
-        lossless = runs.get("lossless")
+        lossless = runs.get(BASELINE)
         if not lossless or not lossless.get("tau"):
             continue
         place = "in" if benchmark.get("kind") in IN_DISTRIBUTION_KINDS else "out"
-        intervals = trajectory_gains(((document or {}).get("prompts") or {}).get(name) or [], "lossless", seed)
+        intervals = trajectory_gains(((document or {}).get("prompts") or {}).get(name) or [], BASELINE, seed)
         for label, run in runs.items():
-            if label == "lossless":
+            if label == BASELINE:
                 continue
             rows.append({"benchmark": name, "place": place, "run": label, "rule": label.split("@")[0],
                          "tau_gain": run["tau"] / lossless["tau"] - 1.0, "speed": run.get("speedup_vs_lossless"),
@@ -324,7 +325,7 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
                 x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=wrapped(run_label(run), 28),
                 legendgroup=run,
                 showlegend=row == 1, text=hover, hoverinfo="text",
-                line=dict(color=rule.colour if rule else None, dash="dot" if "@" in run else None),
+                line=dict(color=RULE_WORDS[rule.name].colour if rule else None, dash="dot" if "@" in run else None),
                 marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=row, col=1)
     fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)

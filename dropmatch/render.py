@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 from typing import Callable, Sequence
 
-from .decoding.acceptance import KNOBS, REASONS, RULES, check_names, judges_drafts
+from .decoding.acceptance import KNOBS, REASONS, RULES, judges_drafts
 from .decoding.config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
+from .rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, column_title
 from .decoding.trace import DraftedToken, RoundTrace
 
 TokenText = Callable[[int], str]
@@ -25,20 +26,21 @@ NOT_IN_TEXT = ("unchecked",)  # reasons no token of a column wears (a rejected d
 
 def kind_label(kind: str) -> str:
     if kind in REASONS:
-        return REASONS[kind].meaning
+        return REASON_WORDS[kind].meaning
     return EXTRA_KINDS[kind][0] if kind in EXTRA_KINDS else kind
 
 
 def legend_items() -> list[tuple[str, str]]:
     """(kind, label) of the legend: every accepting reason of the rule table, then the extra tokens."""
-    reasons = [(name, reason.legend if name != "rejected" else "rejected draft (struck through)")
-               for name, reason in REASONS.items() if name not in NOT_IN_TEXT]
+    reasons = [(name, REASON_WORDS[name].legend if name != "rejected" else "rejected draft (struck through)")
+               for name in REASONS if name not in NOT_IN_TEXT]
     return reasons + [("correction", "correction"), ("bonus", "bonus"), ("first", "prefill")]
 
 
 def palette() -> dict[str, tuple[str, str, str]]:
     """kind -> (light highlight, dark highlight, text-decoration) for every reason and extra kind."""
-    found = {name: (reason.background, reason.dark_background, reason.cue) for name, reason in REASONS.items()}
+    found = {name: (REASON_WORDS[name].background, REASON_WORDS[name].dark_background, REASON_WORDS[name].cue)
+             for name in REASONS}
     found.update({kind: (light, dark, cue) for kind, (_, light, dark, cue) in EXTRA_KINDS.items()})
     return found
 
@@ -371,9 +373,9 @@ def too_few_drafts(trace) -> str:
     gamma = draft_length_fix(trace)
     fix = f": use its authors' draft length {gamma}" if gamma else ""
     if not could:
-        return (f"{rule.column_title} could not act here: it needs at least {needed} drafts in a round, and none of "
+        return (f"{column_title(rule.name)} could not act here: it needs at least {needed} drafts in a round, and none of "
                 f"its {rounds} rounds drafted that many ({mean:.1f} on average){fix}.")
-    return (f"{rule.column_title} could act in only {could} of its {rounds} rounds ({could / rounds:.0%}): it needs at "
+    return (f"{column_title(rule.name)} could act in only {could} of its {rounds} rounds ({could / rounds:.0%}): it needs at "
             f"least {needed} drafts in a round, and rounds drafted {mean:.1f} on average{fix}.")
 
 
@@ -389,10 +391,10 @@ def _refused_all(trace) -> str:
         return ""
     knob = KNOBS.get(rule.knob) if rule.knob else None
     value = None if knob is None else trace.rule_config.knobs.get(knob.name)
-    at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} ({knob.help})"
+    at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} ({KNOB_HELP[knob.name]})"
     rounds = f"all {len(able)} rounds" if len(able) > 1 else "the one round"
     mismatches = f"all {refused} mismatches" if refused > 1 else "the one mismatch"
-    return (f"{rule.column_title} acted in none of its {len(trace.rounds)} rounds: in {rounds} it could act in, it "
+    return (f"{column_title(rule.name)} acted in none of its {len(trace.rounds)} rounds: in {rounds} it could act in, it "
             f"refused {mismatches}{at}.")
 
 
@@ -512,7 +514,7 @@ def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: b
     the exact test is the lossless coin (accept with probability min(1, p / q)), not the argmax. source: the
     round's draft source; where the rule does not judge such drafts (acceptance.judges_drafts), only the
     exact test ran, and the sentence says so.
-    The lossy reasons' sentences are their own (acceptance.Reason.says / fails / before)."""
+    The lossy reasons' sentences are their own (rule_words.ReasonWords.says / fails / before)."""
     tok, target = _q(token_text(d.token)), _q(token_text(d.target_token))
     if d.reason == "exact" and not greedy:
         return f"The lossless coin accepted {tok}: " + _coin(d) + "."
@@ -522,15 +524,16 @@ def explain(d: DraftedToken, token_text: TokenText, knobs: RuleConfig, greedy: b
         return "Not checked: an earlier token of this round was rejected, so the rest of the draft is discarded."
     if d.reason == "rejected" and knobs.rule in RULES and not judges_drafts(knobs.rule, source):
         return (f"{tok} rejected: " + _exact_failed(d, tok, target, greedy) + f". The target's {target} is emitted "
-                f"instead; {RULES[knobs.rule].exact_on_lookup}.")
-    checks = check_names(knobs.rule)
+                f"instead; {RULE_WORDS[knobs.rule].lookup_note}.")
+    checks = RULES[knobs.rule].checks
     numbers = _numbers(d, tok, target, knobs)
-    readable = [name for name in checks if not REASONS[name].reads or getattr(d, REASONS[name].reads) not in (None, ())]
+    words = REASON_WORDS
+    readable = [name for name in checks if not words[name].reads or getattr(d, words[name].reads) not in (None, ())]
     if d.reason != "rejected":
         earlier = checks[: checks.index(d.reason)] if d.reason in checks else ()
-        numbers["earlier"] = "".join(REASONS[name].before.format(**numbers) for name in earlier if name in readable)
-        return REASONS[d.reason].says.format(**numbers)
-    why = [_exact_failed(d, tok, target, greedy)] + [REASONS[name].fails.format(**numbers) for name in readable]
+        numbers["earlier"] = "".join(words[name].before.format(**numbers) for name in earlier if name in readable)
+        return words[d.reason].says.format(**numbers)
+    why = [_exact_failed(d, tok, target, greedy)] + [words[name].fails.format(**numbers) for name in readable]
     return f"{tok} rejected: " + "; ".join(why) + f". The target's {target} is emitted instead."
 
 
@@ -548,13 +551,13 @@ def _js_note(d: DraftedToken, tok: str) -> str:
 
 def _numbers(d: DraftedToken, tok: str, target: str, knobs: RuleConfig) -> dict:
     """A drafted token's numbers under the names the reasons' sentences use: the token's own, every knob's
-    value by its name, and its rule's own numbers (acceptance.Rule.numbers)."""
-    rule = RULES[knobs.rule]
+    value by its name, and its rule's own numbers (rule_words.RuleWords.numbers)."""
+    numbers = RULE_WORDS[knobs.rule].numbers
     own = {"tok": tok, "target": target, "p_target": d.target_token_prob, "p_x": d.target_prob, "q_x": d.draft_prob,
            "js": d.js, "threshold": d.threshold, "votes": d.draft_votes, "k": len(d.path_tokens),
            "js_target": d.js_target, "js_note": _js_note(d, tok), "judge_score": d.judge_score, "earlier": "",
            "js_cmp": ">" if d.js is not None and d.threshold is not None and d.js > d.threshold else "≤"}
-    return {**knobs.knobs, **own, **(rule.numbers(d, knobs) if rule.numbers else {})}
+    return {**knobs.knobs, **own, **(numbers(d, knobs) if numbers else {})}
 
 
 def _exact_failed(d: DraftedToken, tok: str, target: str, greedy: bool) -> str:
@@ -607,7 +610,7 @@ def step_html(r: RoundTrace, token_text: TokenText, knobs: RuleConfig, greedy: b
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
     drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"
     if knobs.rule in RULES and not judges_drafts(knobs.rule, r.draft_source):
-        drafted_by += f" ({RULES[knobs.rule].exact_on_lookup})"
+        drafted_by += f" ({RULE_WORDS[knobs.rule].lookup_note})"
     asked = f" (γ asked: {r.gamma})" if r.gamma is not None and r.gamma != len(r.drafted) else ""
     summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {drafted_by}{asked}; {r.num_accepted} "
                f"accepted, then a {r.extra_kind} token. Emitted: {emitted}</p>")
@@ -649,7 +652,7 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
 def _short(rule: dict) -> str:
     """A matrix column's heading: the rule's short column title (its label is the heading's hover)."""
     known = RULES.get(rule["name"])
-    return known.title or known.label.split(" (")[0] if known else rule["label"]
+    return RULE_WORDS[known.name].title or known.label.split(" (")[0] if known else rule["label"]
 
 
 def lab_summary_html(matrix: dict) -> str:

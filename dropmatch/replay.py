@@ -10,12 +10,13 @@ from __future__ import annotations
 import html
 import json
 
-from .decoding.acceptance import REASONS, RULES, lossy_reasons, needed_votes
+from .decoding.acceptance import REASONS, lossy_reasons, votes_needed
 from .decoding.config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
 from .runfile import RunRecord
 from .render import kind_label, palette, tooltip
+from .rule_words import column_title
 from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 PAYLOAD_VERSION = 1
@@ -23,7 +24,7 @@ PAYLOAD_VERSION = 1
 
 def replay_payload(record: RunRecord, title: str = "") -> dict:
     """{"title", "columns": [lossless, lossy], "legend"}: everything the player shows."""
-    lossy_name = RULES[record.rule].column_title
+    lossy_name = column_title(record.rule)
     return {
         "version": PAYLOAD_VERSION,
         "title": title,
@@ -78,7 +79,7 @@ def slot_payload(d: DraftedToken, record: RunRecord, knobs: RuleConfig) -> dict:
              "target": _text(record, d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
     if d.path_tokens:
         found.update(paths=[_text(record, t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
-                     votes=d.draft_votes, needed=needed_votes(knobs, len(d.path_tokens)))
+                     votes=d.draft_votes, needed=votes_needed(len(d.path_tokens), knobs.majority_fraction))
     return found
 
 

@@ -113,6 +113,7 @@ def rule_table(root: Path = ROOT, hub: bool = False) -> str:
     try:
         from dropmatch.decoding.acceptance import KNOBS, RULES
         from dropmatch.decoding.hf_generate import PREFIX, default_rule
+        from dropmatch.rule_words import KNOB_HELP
     finally:
         sys.path.remove(str(root))
     default = default_rule()
@@ -126,7 +127,7 @@ def rule_table(root: Path = ROOT, hub: bool = False) -> str:
         if not readers:
             continue
         lines.append(f"| `{PREFIX}{knob.user_key}` | `{'auto' if value is None else value}` | "
-                     f"{knob.help.replace('|', '/')} | {readers} |")
+                     f"{KNOB_HELP[knob.name].replace('|', '/')} | {readers} |")
     return "\n".join(lines)
 
 

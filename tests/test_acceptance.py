@@ -320,3 +320,33 @@ def test_the_top_token_is_argmax_with_ties_and_nans():
     values[5, 100:200:9] = float("nan")
     for rows in (values, values.softmax(-1), values[0], values[:, :7]):
         assert torch.equal(top_token(rows), rows.argmax(-1))
+
+
+def _scan_by_definition(tests: list[list[bool]], names: tuple[str, ...]) -> tuple[str, ...]:
+    """Left to right: the first test accepting a slot names it; the first slot none accepts is rejected, the rest unchecked."""
+    reasons: list[str] = []
+    for slot in zip(*tests):
+        if reasons and reasons[-1] in ("rejected", "unchecked"):
+            reasons.append("unchecked")
+        else:
+            reasons.append(next((name for name, ok in zip(names, slot) if ok), "rejected"))
+    return tuple(reasons)
+
+
+def test_the_tensor_scan_over_a_batch_of_rounds_is_the_left_to_right_scan_of_each():
+    """acceptance.scan (accepted prefix as a cumulative product, the reason by an argmax) gives, round by round of
+    a stacked batch of uneven rounds (an empty one too), the reasons the left-to-right definition gives."""
+    from dropmatch.decoding.acceptance import scan, scan_names
+
+    generator = torch.Generator().manual_seed(0)
+    names = scan_names(("js", "majority"))
+    for trial in range(200):
+        lengths = torch.randint(0, 6, (int(torch.randint(1, 5, (1,), generator=generator)),), generator=generator)
+        lengths = lengths.tolist()
+        tests = torch.rand((3, sum(lengths)), generator=generator) < 0.35 + 0.5 * (trial % 3) / 2
+        codes = scan(tests, lengths).tolist()
+        start = 0
+        for length in lengths:
+            found = tuple(names[code] for code in codes[start: start + length])
+            assert found == _scan_by_definition(tests[:, start: start + length].tolist(), names[:3]), (trial, length)
+            start += length

@@ -424,6 +424,8 @@ def test_every_rule_and_the_runs_star_wear_colours_told_apart_in_trade_offs():
     from dropmatch.decoding.acceptance import RULES
     from dropmatch.plots import RUN_STAR
 
-    colours = {name: rule.colour for name, rule in RULES.items()} | {"this run's star": RUN_STAR["color"]}
+    from dropmatch.rule_words import RULE_WORDS
+
+    colours = {name: RULE_WORDS[name].colour for name in RULES} | {"this run's star": RUN_STAR["color"]}
     for (a, first), (b, second) in itertools.combinations(colours.items(), 2):
         assert math.dist(_lab(first), _lab(second)) >= 20, (a, first, b, second)

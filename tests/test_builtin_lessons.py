@@ -160,3 +160,20 @@ def test_a_rejection_names_only_the_tests_its_rule_reads_and_every_comparison_it
             if slot["answer"] == "rejected":
                 assert ("JS " in why and "threshold" in why) == ("js" in reads), (name, why)
                 assert ("paths chose it" in why) == ("majority" in reads), (name, why)
+
+
+def test_the_lessons_prose_reads_its_numbers_from_the_knobs(monkeypatch):
+    """The intros say the knobs' values: a knob's default changed, the prose changes with it (K, the votes a
+    majority needs, the typical floor, FLy's window, the ensemble's weight, MARS's threshold)."""
+    import dataclasses
+
+    from dropmatch.decoding import acceptance
+
+    for name, value in (("num_paths", 7), ("typical_eps", 0.25), ("fly_window", 4), ("ensemble_weight", 0.7),
+                        ("mars_threshold", 0.85)):
+        monkeypatch.setitem(acceptance.KNOBS, name, dataclasses.replace(acceptance.KNOBS[name], default=value))
+    assert "K = 7 dropout copies" in SPECS["majority"].intro and "(6 of 7)" in SPECS["majority"].intro
+    assert "min(0.25, 0.09 * exp(-H))" in SPECS["typical"].intro
+    assert "the next 3 drafted tokens" in SPECS["fly"].intro and "last 4 positions" in SPECS["fly"].intro
+    assert "v = 0.7 p + 0.3 q" in SPECS["ensemble"].intro and "30% of the time" in SPECS["ensemble"].intro
+    assert "above 0.85" in SPECS["mars"].intro

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from dropmatch.decoding.acceptance import REASONS
+from dropmatch.rule_words import REASON_WORDS
 from dropmatch.decoding.config import DecodeConfig, RuleConfig
 from dropmatch.metrics import lossy_count, summarize
 from dropmatch.render import cannot_act, token_spans, verdict
@@ -76,8 +77,8 @@ def test_a_lossy_acceptance_the_text_ends_with_is_a_reason_of_its_own_shown_colo
     exact_end = a_run("mars", [a_round(0, [(7, "mars"), (8, "exact"), (EOS, "exact")], (7, 8, EOS), 3)], "eos")
     assert [d.reason for d in exact_end.rounds[-1].drafted] == ["mars", "exact", "exact"]
     assert GenerationTrace.from_dict(early.to_dict()) == early
-    reason = REASONS["lossy_end"]
-    assert reason.lossy and reason.says
+    reason = REASON_WORDS["lossy_end"]
+    assert REASONS["lossy_end"].lossy and reason.says
     css = render.css()
     assert reason.legend in render.legend_html() and f".dm-lossy_end {{ background: {reason.background};" in css
     assert f".dark .dm-lossy_end {{ background: {reason.dark_background};" in css

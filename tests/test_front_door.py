@@ -219,11 +219,12 @@ def test_a_long_prompt_says_its_tokens_and_cost_before_the_run():
 
 def test_the_right_columns_title_names_the_rule_as_a_reader_does():
     from dropmatch.decoding.acceptance import RULES
+    from dropmatch.rule_words import RULE_WORDS
     from dropmatch.ui.views import lossy_title
 
     assert lossy_title("dropmatch") == "### DropMatch" and lossy_title("mars") == "### MARS"
     for name, rule in RULES.items():  # a rule's declared title, else its label
-        assert lossy_title(name) == f"### {rule.title or rule.label}"
+        assert lossy_title(name) == f"### {RULE_WORDS[name].title or rule.label}"
 
 
 @pytest.mark.slow

@@ -28,3 +28,36 @@ def test_the_benchmark_preset_sets_the_knobs_and_leaves_the_rules_to_rules():
     assert (args.k, args.p, args.centroid, args.majority_fraction) == (5, "0.3", "probs", 0.8)
     assert args.rules == "lossless,js"
     assert METHOD_SETTINGS["rule"] == "dropmatch"
+
+
+def test_the_methods_operating_point_is_written_once_as_the_knobs_defaults(monkeypatch):
+    """The preset, the app's note, generate()'s default rule and the vLLM plugin's read the knobs' defaults: a
+    changed default changes what generate() and the plugin run."""
+    import dataclasses
+
+    from dropmatch.decoding import acceptance
+    from dropmatch.decoding.hf_generate import default_rule
+    from dropmatch.serving.vllm.settings import ServeSettings
+    from dropmatch.ui.listeners import method_note
+
+    knobs = acceptance.KNOBS
+    assert (METHOD_SETTINGS["k"], float(METHOD_SETTINGS["p"]), METHOD_SETTINGS["majority_fraction"]) == \
+        (knobs["num_paths"].default, knobs["p"].default, knobs["majority_fraction"].default)
+    assert f"K {knobs['num_paths'].default} paths, p {knobs['p'].default:g}" in method_note()
+    monkeypatch.setitem(knobs, "p", dataclasses.replace(knobs["p"], default=0.25))
+    assert default_rule().p == 0.25 and ServeSettings().rule.p == 0.25
+
+
+def test_the_decode_fields_are_knobs_checked_by_the_knobs_code():
+    """Every DecodeConfig field has its Knob (config.DECODE_KNOBS), and a bad value is that knob's one-line error."""
+    import dataclasses
+
+    from dropmatch.decoding.config import DECODE_KNOBS, DecodeConfig
+
+    assert [f.name for f in dataclasses.fields(DecodeConfig)] == list(DECODE_KNOBS)
+    for name, bad in (("gamma", 0), ("top_p", 0.0), ("temperature", 9), ("seed", -1), ("draft_source", "x")):
+        with pytest.raises(ConfigError) as error:
+            DecodeConfig(**{name: bad})
+        with pytest.raises(ConfigError) as direct:
+            DECODE_KNOBS[name].check(bad)
+        assert str(error.value) == str(direct.value)

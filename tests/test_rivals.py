@@ -107,7 +107,7 @@ def verified(rule: RuleConfig, logits, drafted: list[int], q_rows=None, coin=Non
         extra = dict(coin=coin, sample_target_prob=p_x, sample_draft_prob=q_x, q_sample=q_rows, p_sample=p_sample)
     inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(g + 1, 2), logits, exact, temperature, 0,
                                     top_p=top_p, **extra)
-    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(seed))
+    found, = verifying.verify(None, rule, [inputs], generator=torch.Generator().manual_seed(seed))
     return found.verdict
 
 
@@ -398,7 +398,9 @@ def test_mars_declares_and_explains_its_residual_departure_from_the_authors():
     from dropmatch import render
     from dropmatch.decoding.trace import DraftedToken
 
-    assert "max(0, p(x) − q(x))" in acceptance.MARS_RESIDUAL
+    from dropmatch.rule_words import RULE_WORDS
+
+    assert "max(0, p(x) − q(x))" in RULE_WORDS["mars"].port
     token = DraftedToken(token=1, reason="rejected", draft_prob=0.9, target_prob=0.1, target_token=0, js_target=0.1,
                          target_token_prob=0.8, coin=0.9, target_logit_ratio=0.5, target_runner_up=1)
     sentence = render.explain(token, str, RuleConfig("mars"), greedy=False)
@@ -463,7 +465,7 @@ def lookup_verified(rule: RuleConfig, p_row, drafted: int, coin, temperature: fl
                      p_sample=p_sample)
     inputs = verifying.VerifyInputs(0, tokens, q_rows, torch.zeros(2, 2), logits, exact, temperature, 0,
                                     draft_source=source, **extra)
-    found, = verifying.verify(None, rule, None, [inputs], generator=torch.Generator().manual_seed(0))
+    found, = verifying.verify(None, rule, [inputs], generator=torch.Generator().manual_seed(0))
     return found.verdict
 
 

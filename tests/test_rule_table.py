@@ -13,6 +13,7 @@ from conftest import PROMPTS
 from dropmatch.decoding import acceptance
 from dropmatch import lab
 from dropmatch.decoding.acceptance import Knob, Reason, Rule
+from dropmatch.rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, ReasonWords, RuleWords
 from dropmatch.decoding.config import DecodeConfig, RuleConfig, Settings
 from dropmatch.decoding.engine import run_to_end
 
@@ -26,19 +27,24 @@ def _toy_check(signals, cfg):
 @pytest.fixture()
 def toy_rule():
     """'toy': accept a mismatch the clean target gives at least `toy_floor`; one knob, declared here only."""
-    knob = Knob(TOY_KNOB, 0.5, "toy floor", "accept a mismatch the target gives at least this", low=0.0, high=1.0,
-                sweep=(0.9, 0.02), lab=True, slider=(0.0, 1.0, 0.05))
-    acceptance.register_reason(Reason("toy", "toy", "accepted by the toy floor", "#0000aa", "#ccccff", "#000066",
-                                      "underline", lossy=True, says="{tok} clears the toy floor {toy_floor:g}.",
-                                      fails="{tok} is under the toy floor {toy_floor:g}"))
+    knob = Knob(TOY_KNOB, 0.5, "toy floor", low=0.0, high=1.0, sweep=(0.9, 0.02), lab=True, slider=(0.0, 1.0, 0.05))
+    # Its decision (acceptance), then its words (rule_words): the two declarations, nothing else.
     rules, knobs = dict(acceptance.RULES), dict(acceptance.KNOBS)
-    acceptance.register_rule(Rule("toy", "toy floor", lossy=True, uses_paths=False, colour="#0000aa",
-                                  check=_toy_check, knobs=(knob,), knob=TOY_KNOB, checks=("toy",)))
+    acceptance.register_reason(Reason("toy", lossy=True))
+    acceptance.register_rule(Rule("toy", "toy floor", lossy=True, uses_paths=False, check=_toy_check, knobs=(knob,),
+                                  knob=TOY_KNOB, checks=("toy",)))
+    REASON_WORDS["toy"] = ReasonWords("toy", "accepted by the toy floor", "#0000aa", "#ccccff", "#000066", "underline",
+                                      says="{tok} clears the toy floor {toy_floor:g}.",
+                                      fails="{tok} is under the toy floor {toy_floor:g}")
+    RULE_WORDS["toy"] = RuleWords("#0000aa")
+    KNOB_HELP[TOY_KNOB] = "accept a mismatch the target gives at least this"
     yield "toy"
     for table, before in ((acceptance.RULES, rules), (acceptance.KNOBS, knobs)):  # the table as it was
         table.clear()
         table.update(before)
-    acceptance.REASONS.pop("toy")
+    for table in (acceptance.REASONS, REASON_WORDS, RULE_WORDS):
+        table.pop("toy")
+    KNOB_HELP.pop(TOY_KNOB)
 
 
 def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_dirs, tiny_engine, tmp_path, capsys):
@@ -56,7 +62,8 @@ def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_d
     assert Settings("hi", rule="toy", toy_floor=0.3).parse()[1].toy_floor == 0.3
     with pytest.raises(ValueError, match="toy floor must be in"):
         RuleConfig("toy", toy_floor=2)
-    assert "--toy-floor" in build_parser().format_help()
+    cli_help = " ".join(build_parser().format_help().split())
+    assert "--toy-floor" in cli_help and "the target gives at least this (rules: toy)" in cli_help
     assert ServeSettings().updated({"rule": "toy", TOY_KNOB: 0.1}).rule.toy_floor == 0.1
     assert ("toy floor", "toy") in lossy_rule_choices()
     with gr.Blocks():
@@ -94,6 +101,9 @@ def test_a_rule_and_its_knob_declared_once_reach_every_consumer(toy_rule, tiny_d
     record = RunRecord(PROMPTS[0], "toy", False, lossless, toy, None, tokens, matrix)
     back = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert back.lossy == toy and back.lossy.rule_config.toy_floor == 0.02 and back.lab == matrix
+    from dropmatch import render  # its words: the legend, the stylesheet, the tooltips
+
+    assert render.kind_label("toy") == "accepted by the toy floor" and ".dm-toy { background: #ccccff;" in render.css()
 
 
 def _prompt_file(folder):

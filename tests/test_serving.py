@@ -139,15 +139,14 @@ def test_verify_decides_what_the_oracle_decides_for_every_rule_greedy_and_sample
     # FLy's window needs runs of exact drafts: one second choice per round, early enough for the window
     rounds = rounds_of(head, num_requests=24, gamma=8, second_at=(1,)) if name == "fly" else \
         rounds_of(head, num_requests=24)
-    p = rule.p if rule.uses_paths else None
     decided = []
     for i, round_ in enumerate(rounds):
         if greedy:
-            found, = verifying.verify(head, rule, p, [round_.verify_inputs()], judge=judge)
+            found, = verifying.verify(head, rule, [round_.verify_inputs()], judge=judge)
             assert found.verdict == by_definition(head, rule, round_, judge)
         else:
             inputs = sampled_inputs(round_, coin_seed=i)
-            found, = verifying.verify(head, rule, p, [inputs], generator=torch.Generator().manual_seed(100 + i),
+            found, = verifying.verify(head, rule, [inputs], generator=torch.Generator().manual_seed(100 + i),
                                       judge=judge)
             assert found.verdict == defined_sampled(head, rule, inputs, 100 + i, judge)
         decided += found.verdict.reasons
@@ -167,7 +166,7 @@ def test_under_temperature_and_top_p_verify_decides_what_the_oracle_decides(tiny
     gamma, second_at = (8, (1,)) if name == "fly" else (4, ())
     for i, round_ in enumerate(rounds_of(head, num_requests=12, gamma=gamma, second_at=second_at)):
         inputs = sampled_inputs(round_, coin_seed=i, temperature=0.7, top_p=0.8)
-        found, = verifying.verify(head, rule, rule.p if rule.uses_paths else None, [inputs],
+        found, = verifying.verify(head, rule, [inputs],
                                   generator=torch.Generator().manual_seed(100 + i), judge=judge)
         assert found.verdict == defined_sampled(head, rule, inputs, 100 + i, judge)
 

@@ -8,6 +8,7 @@ from fake_engine import FakeEngine
 
 from dropmatch.decoding import acceptance, verifying
 from dropmatch.decoding.acceptance import REASONS, RULES, Reason, Rule
+from dropmatch.rule_words import REASON_WORDS, RULE_WORDS, ReasonWords, RuleWords
 from dropmatch.decoding.config import ConfigError, DecodeConfig, RuleConfig, rule_names
 from reference_rules import decide
 
@@ -19,14 +20,17 @@ def coin_rule():
         positions = torch.arange(signals.draft_tokens.shape[0])
         return [("heads", positions % 2 == 1)]
 
-    acceptance.register_reason(Reason("heads", "heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
-                                      "underline dotted", lossy=True, says="{tok} came up heads (draft p {q_x:.2f}).",
-                                      fails="the coin came up tails for {tok}"))
-    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, colour="#123456", check=check,
-                                  checks=("heads",)))
+    acceptance.register_reason(Reason("heads", lossy=True))
+    REASON_WORDS["heads"] = ReasonWords("heads", "accepted by the coin", "#123456", "#abcdef", "#1a237e",
+                                        "underline dotted", says="{tok} came up heads (draft p {q_x:.2f}).",
+                                        fails="the coin came up tails for {tok}")
+    acceptance.register_rule(Rule("coin", "coin flip", lossy=True, uses_paths=True, check=check, checks=("heads",)))
+    RULE_WORDS["coin"] = RuleWords("#123456")
     yield "coin"
     RULES.pop("coin")
     REASONS.pop("heads")
+    RULE_WORDS.pop("coin")
+    REASON_WORDS.pop("heads")
 
 
 def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_rule):
@@ -79,4 +83,59 @@ def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
                                     "rule_top": torch.zeros(2, dtype=torch.long)})
     given = tuple(reason for reason, _ in RULES[name].check(signals, RuleConfig(name, judge_threshold=0.5)))
     assert given == RULES[name].checks
-    assert all(REASONS[reason].says and REASONS[reason].fails for reason in given), "a reason without its sentences"
+    assert all(REASON_WORDS[reason].says and REASON_WORDS[reason].fails for reason in given), "a reason without its sentences"
+
+
+def test_every_rule_and_reason_of_the_decision_table_has_its_words_and_no_more():
+    """The words table (rule_words) is keyed by the decision table's names: each rule, reason and knob has one entry."""
+    from dropmatch.rule_words import KNOB_HELP
+
+    assert list(REASON_WORDS) == list(REASONS) and set(RULE_WORDS) == set(RULES) and set(KNOB_HELP) == set(acceptance.KNOBS)
+
+
+CSS_COLOUR_NAMES = {"red", "green", "blue", "black", "white", "gray", "grey", "orange", "purple", "yellow", "pink",
+                    "brown", "cyan", "magenta", "navy", "teal", "olive", "maroon", "lime", "silver", "gold", "crimson"}
+
+
+def colour_literals(source: str) -> list[str]:
+    """The string literals of a module's source that hold a colour: #rgb / #rrggbb, rgb(...), a CSS colour
+    property, or a named CSS colour as the whole value."""
+    import io
+    import re
+    import tokenize
+
+    colour = re.compile(r"#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?(?![0-9A-Za-z])|rgba?\(|(?:colou?r|background)\s*:")
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.STRING:
+            value = token.string.strip("rbfuRBFU").strip("\"'")
+            if colour.search(value) or value.strip().lower() in CSS_COLOUR_NAMES:
+                found.append(f"line {token.start[0]}: {token.string[:60]}")
+    return found
+
+
+def test_the_method_package_holds_no_colour_literal():
+    """No module of the method package (dropmatch/decoding/) carries a colour: a rule's colours are its words
+    (rule_words.py), beside the renderer."""
+    from pathlib import Path
+
+    assert colour_literals('x = "#0d47a1"\ny = "red"\nz = f"color: {c}"') and not colour_literals('k = "#53987"')
+    modules = sorted(Path(acceptance.__file__).parent.glob("*.py"))
+    assert len(modules) > 10
+    for path in modules:
+        assert not colour_literals(path.read_text()), f"decoding/{path.name}: {colour_literals(path.read_text())}"
+
+
+def test_no_module_but_the_rule_table_names_the_baseline_rule_as_a_literal():
+    """Lossless SD's rule name is read from the table (acceptance.BASELINE): no comparison with, nor a rule set to,
+    the literal "lossless" elsewhere in the package or the app (a column of the run file may keep that key)."""
+    import re
+    from pathlib import Path
+
+    literal = re.compile(r'(==|!=)\s*"lossless"|"lossless"\s*(==|!=)|rule\s*=\s*"lossless"|RuleConfig\("lossless"'
+                         r'|"rule":\s*"lossless"|label\s*!=\s*"lossless"')
+    root = Path(acceptance.__file__).parents[1]
+    found = [f"{path.relative_to(root.parent)}:{n}" for path in [*root.rglob("*.py"), root.parent / "app.py"]
+             if path.name != "acceptance.py" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if literal.search(line)]
+    assert not found, found

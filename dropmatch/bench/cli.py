@@ -42,6 +42,7 @@ from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
 from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
                       parse_p, rule_names)
 from ..decoding.engine import Engine
+from ..rule_words import KNOB_HELP
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
@@ -89,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     for knob in KNOBS.values():  # every rule knob of the table, by its key (RuleConfig.from_mapping checks it)
         parser.add_argument(f"--{knob.user_key.replace('_', '-')}", dest=knob.user_key,
                             default=getattr(DEFAULTS, knob.user_key), choices=knob.choices or None,
-                            help=f"{knob.help} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
+                            help=f"{KNOB_HELP[knob.name]} (rules: {', '.join(n for n, r in RULES.items() if knob in r.knobs)})")
     parser.add_argument("--preset", default="", choices=("", *PRESET_SETTINGS),
-                        help="method: the method's own K 5, p 0.3, mean centroid, 4-of-5 majority (over --k, --p, ...)")
+                        help="method: the method's own " + ", ".join(f"{key} {value}" for key, value in
+                                                                      PRESET_SETTINGS["method"].items()
+                                                                      if key != "rule") + " (over --k, --p, ...)")
     parser.add_argument("--reference-samples", default=3,
                         help="samples of the target alone per prompt for the reference band (T 0.7, top-p 0.95); 0: off")
     parser.add_argument("--frontier", action="store_true",
@@ -167,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "greedy" if decode.greedy else "sampling"
         for name in rules:
             if mode not in RULES[name].modes:
-                raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only "
-                                 f"({RULES[name].why_mode}); this run is {mode}")
+                raise BenchError(f"--rules: {name!r} is defined under {' and '.join(RULES[name].modes)} decoding only; "
+                                 f"this run is {mode}")
         swept = tuple(parse_rules(args.frontier_rules)) if args.frontier_rules else None
         runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, mode, swept)
         args.reference_samples = _count("--reference-samples", args.reference_samples)
@@ -211,7 +214,7 @@ def vllm_bench_args(args) -> list[str]:
     """This command's settings as dropmatch.serving.vllm.bench arguments (raises BenchError or
     ConfigError on a bad --p-sweep)."""
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != BASELINE]
-    p = "0.3" if str(args.p) == "auto" else str(args.p)  # p = auto calibrates per prompt, which vLLM does not run
+    p = f"{KNOBS['p'].default:g}" if str(args.p) == "auto" else str(args.p)  # vLLM runs no per-prompt calibration
     if args.p_sweep:
         p = ",".join(str(value) for value in parse_sweep(args.p_sweep))
     forwarded = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens),

@@ -29,7 +29,7 @@ def _bars(document: dict, key: str, title: str, ytitle: str, percent: bool = Fal
     fig = go.Figure()
     benchmarks = list(document["benchmarks"])
     labels = sorted({label for b in document["benchmarks"].values() for label in b["rules"]},
-                    key=lambda label: (label != "lossless", "@" in label, label))
+                    key=lambda label: (label != BASELINE, "@" in label, label))
     for label in labels:
         values = [document["benchmarks"][b]["rules"].get(label, {}).get(key) for b in benchmarks]
         shown = [None if v is None else (100 * v if percent else v) for v in values]
@@ -115,7 +115,7 @@ def verdicts(document: dict) -> list[str]:
     reference samples', off-nucleus rate at most 1%); accuracy where scored."""
     lines = []
     for name, summary in document["benchmarks"].items():
-        lossless, lossy = summary["rules"].get("lossless"), summary["rules"].get(METHOD)
+        lossless, lossy = summary["rules"].get(BASELINE), summary["rules"].get(METHOD)
         if not lossless or not lossy or not lossless["tau"]:
             continue
         gain = lossy["tau"] / lossless["tau"] - 1
@@ -193,7 +193,7 @@ def step_costs(document: dict) -> list[str]:
     the ratio that decides how long a draft pays off on this machine."""
     lines = []
     for name, summary in document["benchmarks"].items():
-        lossless = summary["rules"].get("lossless") or {}
+        lossless = summary["rules"].get(BASELINE) or {}
         draft_ms, round_ms = lossless.get("draft_step_ms"), lossless.get("verify_round_ms")
         if draft_ms and round_ms:
             lines.append(f"{name}: a draft step {draft_ms:.1f} ms, a lossless round {round_ms:.1f} ms "
@@ -222,7 +222,7 @@ def frontier_section(document: dict) -> tuple[list[go.Figure], str]:
     for name in dict.fromkeys(p["benchmark"] for p in points):
         summary = document["rules"] if name == "all" else document["benchmarks"][name]["rules"]
         reference = (document.get("reference") if name == "all" else document["benchmarks"][name].get("reference")) or {}
-        figures.append(frontier_figure([p for p in points if p["benchmark"] == name], summary.get("lossless"),
+        figures.append(frontier_figure([p for p in points if p["benchmark"] == name], summary.get(BASELINE),
                                        reference.get("target_sampled"), title=f"Trade-off frontier: {name}"))
     rows = []
     for key, point in best_points([p for p in points if p["benchmark"] == "all"]).items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .. import metrics, quality
-from ..decoding.acceptance import KNOBS, METHOD, RULES
+from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
 from ..compare import peer_weight
 from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
 from ..decoding.engine import run_to_end
@@ -167,17 +167,17 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
         for name, (_, generate, ours) in (active_peers(decode, runs) if peer else {}).items():
             tokens, seconds = generate(engine, ids, decode)
             peer_rows[name] = {"tokens": len(tokens), "seconds": seconds, "ours": ours,
-                               "identical_to_lossless": "lossless" in traces and list(traces["lossless"].output_ids) == tokens,
+                               "identical_to_lossless": BASELINE in traces and list(traces[BASELINE].output_ids) == tokens,
                                **_peer_quality(engine, ids, tokens, decode)}
         identical = None
-        if check_identity and "lossless" in traces:
+        if check_identity and BASELINE in traces:
             reference = greedy_reference(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
-            identical = list(traces["lossless"].output_ids) == reference
+            identical = list(traces[BASELINE].output_ids) == reference
             if not identical:
-                found = first_divergence(engine.target, ids, reference, list(traces["lossless"].output_ids))
+                found = first_divergence(engine.target, ids, reference, list(traces[BASELINE].output_ids))
                 why = found.describe(engine.services.token_text) if found else "one output is a prefix of the other"
                 result.divergences.append(f"prompt {len(result.items)}: {why}")
-        lossless = traces.get("lossless")
+        lossless = traces.get(BASELINE)
         result.items.append(item)
         result.ar.append(generation(kind, item, ar))
         result.reference.append([generation(kind, item, trace) for trace in own_samples])
@@ -236,9 +236,9 @@ def active_peers(decode: DecodeConfig, runs) -> dict:
     Always transformers' plain generate() (greedy or sampled as the run), against lossless SD. Greedy:
     transformers' assisted generation and prompt lookup, against lossless SD. Sampling: transformers' static
     ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
-    alone = {GENERATE: (PEER_NAMES[GENERATE], _generate, "lossless")}
+    alone = {GENERATE: (PEER_NAMES[GENERATE], _generate, BASELINE)}
     if decode.greedy:
-        return {**alone, **{key: (shown, generate, "lossless") for key, (shown, generate) in PEERS.items()}}
+        return {**alone, **{key: (shown, generate, BASELINE) for key, (shown, generate) in PEERS.items()}}
     ensemble = next((run for run in runs if RULES[run.rule.rule].peer == ENSEMBLE_PEER and run.knob is None), None)
     if ensemble is None:
         return alone

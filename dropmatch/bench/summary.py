@@ -68,7 +68,7 @@ def alone_tokens_per_s(result: BenchmarkResult, indices) -> float | None:
 def _rule_stats(result: BenchmarkResult, label: str, pairs: list[tuple[int, object]]) -> dict:
     """One run label's pooled numbers over the prompts it ran (`pairs`: (prompt index, Generation))."""
     traces, indices = [g.trace for _, g in pairs], [i for i, _ in pairs]
-    lossless_runs = result.runs.get("lossless")
+    lossless_runs = result.runs.get(BASELINE)
     stats = pooled(traces)
     alone = alone_tokens_per_s(result, indices)
     if alone is None:
@@ -89,7 +89,7 @@ def _rule_stats(result: BenchmarkResult, label: str, pairs: list[tuple[int, obje
     stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
     stats.update(ending_counts(result, pairs))
     stats["repetition_yardstick"] = own_greedy_distinct2(result, indices)
-    if label == "lossless" and traces[0].temperature == 0.0 and result.identical:
+    if label == BASELINE and traces[0].temperature == 0.0 and result.identical:
         stats["identical_to_target_greedy"] = all(result.identical)
         stats["identical_prompts"] = f"{sum(result.identical)}/{len(result.identical)}"
         stats["divergences"] = list(result.divergences)
@@ -100,7 +100,7 @@ def peers_summary(result: BenchmarkResult, rules: dict) -> dict:
     """Each peer's tokens/s (ratio of sums), ours over it (the run it is held against), its identity and NLL."""
     out = {}
     for name, rows in result.peers.items():
-        against = rows[0].get("ours", "lossless")
+        against = rows[0].get("ours", BASELINE)
         ours = rules.get(against, {}).get("tokens_per_s")
         theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
         out[name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
@@ -190,7 +190,7 @@ def _minus(a, b):
 
 def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:
     """One point per frontier run (a run with a knob) of a benchmark summary, against its lossless run."""
-    lossless = summary["rules"].get("lossless")
+    lossless = summary["rules"].get(BASELINE)
     points = []
     for run in runs:
         stats = summary["rules"].get(run.label)

@@ -3,14 +3,13 @@
 One verification round has g drafted tokens. The verify step (verifying.py) computes, for every
 drafted position at once, what any rule may look at (`Signals`); a rule is a function from those
 signals to an ordered list of (reason, accepted-mask); verifying.verify scans the positions left to
-right and stops at the first one that neither the exact (lossless) test nor the rule accepts.
+right and stops at the first one that neither the exact (lossless) test nor the rule accepts (`scan`).
 
-`RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check,
-its knobs (`Knob`: name, type, default, range, label, help, the frontier's values, whether the rule lab
-offers it), the modes it is defined under, its reasons' sentences and numbers. Every consumer derives
-from the table: RuleConfig's fields and validation, the benchmark's flags, the vLLM plugin's keys,
-generate()'s `dropmatch_*` keywords, the app's controls, the rule lab, the frontier, the run file
-(docs/architecture.md).
+`RULES`, `KNOBS` and `REASONS` are the project's one vocabulary. A rule is one `Rule` entry: its check, its
+knobs (`Knob`: name, type, default, range, label, the frontier's values, whether the rule lab offers it), the
+modes it is defined under; its words (colours, sentences, the lab's lines) are one entry of rule_words.py.
+Every consumer derives from the two: RuleConfig, the benchmark's flags, the vLLM plugin's keys, generate()'s
+keywords, the app's controls, the rule lab, the frontier, the run file (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -71,8 +70,7 @@ class Knob:
 
     name: str
     default: Any
-    label: str
-    help: str
+    label: str  # its name in a control and in an error message (its help: rule_words.KNOB_HELP)
     kind: type = float
     key: str = ""
     low: float | None = None
@@ -119,13 +117,16 @@ class Knob:
         below = self.low is not None and (number < self.low or (self.open_low and number == self.low))
         above = self.high is not None and (number > self.high or (self.open_high and number == self.high))
         if below or above:
-            raise ConfigError(f"{self.label} must be in {self.range_text()}, got {number:g}")
+            raise ConfigError(f"{self.label} must be in {self.range_text()}, got {self._shown(number)}")
+
+    def _shown(self, number: float) -> str:
+        return str(int(number)) if self.kind is int else f"{number:g}"
 
     def range_text(self) -> str:
         if self.choices:
             return ", ".join(self.choices)
-        low = "-inf" if self.low is None else f"{self.low:g}"
-        high = "inf" if self.high is None else f"{self.high:g}"
+        low = "-inf" if self.low is None else self._shown(self.low)
+        high = "inf" if self.high is None else self._shown(self.high)
         return f"{'(' if self.open_low else '['}{low}, {high}{')' if self.open_high or self.high is None else ']'}"
 
 
@@ -140,29 +141,17 @@ def knob_by_key(key: str) -> Knob | None:
 MAX_PATHS, MAX_GAMMA = 64, 16
 FRONTIER_P = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 AUTO_AGREEMENT = 0.5  # p = auto's target agreement; chosen on the dev set (docs/results-archive-2026-12.md)
-NUM_PATHS = Knob("num_paths", 5, "K (paths)", "Monte-Carlo dropout paths on the LM head", kind=int, key="k",
-                 low=1, high=MAX_PATHS, lab=True, slider=(1, 16, 1))
-P = Knob("p", 0.3, "p (dropout rate)", "dropout rate on the LM-head input, or auto (calibrated per prompt)",
-         low=0.0, high=1.0, open_high=True, auto=True, studio_default=None, sweep=FRONTIER_P, lab=True,
-         slider=(0.0, 0.5, 0.01), short="p")
-CENTROID = Knob("centroid", "probs", "centroid of the paths",
-                "probs: mean of the path distributions (the method's); logits: softmax of the mean logits (an option)",
-                kind=str, choices=CENTROIDS, lab=True)
-MASK_DRAW = Knob("mask_draw", "per_position", "mask draw",
-                 "per_position (every recorded run's) or counter (a server's step in one batched draw; other masks)",
-                 kind=str, choices=MASK_DRAWS)
-AUTO_AGREEMENT_KNOB = Knob("auto_agreement", AUTO_AGREEMENT, "auto agreement",
-                           "p = auto: the largest p whose paths keep the clean argmax at this share of the prompt",
-                           low=0.0, high=1.0, open_low=True)
-RESCUE_ARGMAX = Knob("rescue_argmax", False, "paths may rescue the target's top token (sampling)",
-                     "sampling: the paths also judge a top-token draft the lossless coin rejected (p = 0 then is "
-                     "not lossless SD)", kind=bool, lab=True)
-MAJORITY_FRACTION = Knob("majority_fraction", 0.8, "majority: share of paths that must agree",
-                         "ceil(f * K) votes, never fewer than a strict majority: 0.8 = 4 of 5 (\"nearly all\")",
-                         low=0.5, high=1.0, lab=True, slider=(0.5, 1.0, 0.05))
-JUDGE_THRESHOLD = Knob("judge_threshold", None, "trained judge threshold",
-                       "accept a mismatch the judge scores below it, or auto (chosen on its validation split)",
-                       low=0.0, high=1.0, auto=True, sweep=(0.05, 0.1, 0.2, 0.3, 0.5), short="threshold")
+NUM_PATHS = Knob("num_paths", 5, "K (paths)", kind=int, key="k", low=1, high=MAX_PATHS, lab=True, slider=(1, 16, 1))
+P = Knob("p", 0.3, "p (dropout rate)", low=0.0, high=1.0, open_high=True, auto=True, studio_default=None,
+         sweep=FRONTIER_P, lab=True, slider=(0.0, 0.5, 0.01), short="p")
+CENTROID = Knob("centroid", "probs", "centroid of the paths", kind=str, choices=CENTROIDS, lab=True)
+MASK_DRAW = Knob("mask_draw", "per_position", "mask draw", kind=str, choices=MASK_DRAWS)
+AUTO_AGREEMENT_KNOB = Knob("auto_agreement", AUTO_AGREEMENT, "auto agreement", low=0.0, high=1.0, open_low=True)
+RESCUE_ARGMAX = Knob("rescue_argmax", False, "paths may rescue the target's top token (sampling)", kind=bool, lab=True)
+MAJORITY_FRACTION = Knob("majority_fraction", 0.8, "majority: share of paths that must agree", low=0.5, high=1.0,
+                         lab=True, slider=(0.5, 1.0, 0.05))
+JUDGE_THRESHOLD = Knob("judge_threshold", None, "trained judge threshold", low=0.0, high=1.0, auto=True,
+                       sweep=(0.05, 0.1, 0.2, 0.3, 0.5), short="threshold")
 PATH_KNOBS = (NUM_PATHS, P, CENTROID, MASK_DRAW, AUTO_AGREEMENT_KNOB, RESCUE_ARGMAX)
 
 
@@ -171,30 +160,17 @@ PATH_KNOBS = (NUM_PATHS, P, CENTROID, MASK_DRAW, AUTO_AGREEMENT_KNOB, RESCUE_ARG
 
 @dataclass(frozen=True)
 class Reason:
-    """Why a drafted token ended as it did. lossy: accepted only because a lossy rule let it through."""
+    """Why a drafted token ended as it did. lossy: accepted only because a lossy rule let it through.
+    (Its words and colours: rule_words.REASON_WORDS.)"""
 
     name: str
-    legend: str  # short label in the legend and charts
-    meaning: str  # the tooltip's first line
-    colour: str  # chart marker colour
-    background: str  # token highlight in the text (light theme; dark text on it)
-    dark_background: str  # the highlight in a dark theme (light text on it)
-    cue: str  # a second cue beside the colour: the CSS text-decoration of its tokens
     lossy: bool = False
-    # The reason's own sentences (render.explain fills them from a drafted token's numbers: tok, target,
-    # p_target, p_x, q_x, js, js_cmp, threshold, votes, k, js_target, judge_score; every knob's value by its
-    # name; and its rule's own numbers, Rule.numbers).
-    says: str = ""  # the whole sentence for a token this check accepted ({earlier}: the checks before it that failed)
-    fails: str = ""  # the clause for a rejected token: why this check did not accept it
-    before: str = ""  # the clause {earlier} gets when a later check of the rule accepted the token
-    # A lesson's sentence on a confusion with this reason: (slots as lessons.py writes them) -> text, or None.
-    confusion: Callable[[list[dict]], str | None] | None = None
-    reads: str = ""  # the DraftedToken field its sentences need (path_tokens, judge_score, ...); "": none beyond the token's
 
 
 @dataclass(frozen=True)
 class Rule:
-    """An acceptance rule. check: Signals, RuleKnobs -> [(reason, accepted mask [g])].
+    """An acceptance rule's decision (its words: rule_words.RULE_WORDS). check: Signals, RuleKnobs -> [(reason,
+    accepted mask [g])].
     knobs: the settings it reads (Knob); knob: the one the frontier sweeps (None: not swept).
     uses_paths: reads the K Monte-Carlo dropout paths; uses_judge: the trained judge's scores."""
 
@@ -202,22 +178,15 @@ class Rule:
     label: str
     lossy: bool
     uses_paths: bool
-    colour: str
     check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
     knobs: tuple[Knob, ...] = ()
     knob: str | None = None
     uses_judge: bool = False
     checks: tuple[str, ...] = ()  # the reasons its check gives, in the order it tries them
     reads_draft: bool = False  # its checks read the draft's distribution (not only the drafted token)
-    # The rule lab's line for a position: (signals, knobs, position) -> text; None: its checks' numbers say it.
-    lab_line: Callable[["Signals", RuleKnobs, int], str] | None = None
     modes: tuple[str, ...] = ("greedy", "sampling")  # the decoding modes the rule is defined under
-    why_mode: str = ""  # why it is defined under those only (the one-line refusal says it)
     reads_later: bool = False  # reads the exact test's result at later drafted positions of its round (a window)
     reads_coin: bool = False  # under sampling it reads the lossless test's coin (a run must have kept them)
-    title: str = ""  # the column's title (default: label)
-    # The numbers its reasons' sentences read beyond the token's own and its knobs' values: (token, knobs) -> dict.
-    numbers: Callable[[Any, RuleKnobs], dict] | None = None
     frontier_also: tuple[str, ...] = ()  # knobs whose every choice the frontier crosses with its sweep
     peer: str = ""  # transformers' own implementation of the rule, timed beside it (models.references)
     # Where the rule's own test replaces the lossless one: (signals, knobs, greedy) -> mask [g] (None: nowhere).
@@ -229,18 +198,14 @@ class Rule:
     # The drafts a round needs for the rule to act at all (FLy's window), and its authors' draft length.
     min_drafts: Callable[[RuleKnobs], int] | None = None
     authors_gamma: int | None = None
-    # Why its authors never run it on prompt-lookup drafts, where it then gives those rounds the exact test
-    # alone (judges_drafts); "": it judges every round.
-    exact_on_lookup: str = ""
+    # False: its authors never run it on prompt-lookup drafts, and those rounds get the exact test alone
+    # (judges_drafts; rule_words.RuleWords.lookup_note says why).
+    judges_lookup: bool = True
 
     @property
     def judges_mismatches(self) -> bool:
         """Judges only where the exact test cannot accept (judged_by_paths): the path and judge rules."""
         return self.uses_paths or self.uses_judge
-
-    @property
-    def column_title(self) -> str:
-        return self.title or self.label
 
 
 REASONS: dict[str, Reason] = {}
@@ -249,8 +214,8 @@ RULES: dict[str, Rule] = {}
 
 def judges_drafts(rule: str, draft_source: str) -> bool:
     """Does the rule judge a round drafted by draft_source ("model", "ngram")? The one place this is decided:
-    a rule that declares exact_on_lookup leaves prompt-lookup rounds to the exact test."""
-    return draft_source != "ngram" or not RULES[rule].exact_on_lookup
+    a rule that declares judges_lookup False leaves prompt-lookup rounds to the exact test."""
+    return draft_source != "ngram" or RULES[rule].judges_lookup
 
 
 def register_reason(reason: Reason) -> Reason:
@@ -284,76 +249,11 @@ def lossy_reasons() -> tuple[str, ...]:
     return tuple(name for name, reason in REASONS.items() if reason.lossy)
 
 
-def _js_confusion(slots: list[dict]) -> str | None:
-    ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
-    if not ratios:
-        return None
-    low, high = min(ratios), max(ratios)
-    span = f"{low:.2g}x" if abs(high - low) < 0.05 else f"{low:.2g}-{high:.2g}x"
-    return f"their JS was {span} the threshold (JS accepts at 1x or less)"
-
-
-def _majority_confusion(slots: list[dict]) -> str | None:
-    if not all("votes" in s for s in slots):
-        return None
-    votes = sorted({s["votes"] for s in slots})
-    return f"the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
-
-
-for _reason in (
-    Reason("exact", "exact", "accepted: target's own choice", "#2e7d32", "#c8e6c9", "#1b5e20", "none"),
-    Reason("js", "JS", "accepted by JS", "#1565c0", "#bbdefb", "#0d47a1", "underline solid", lossy=True,
-           says="{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
-                "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.{js_note}",
-           fails="JS {js:.4f} {js_cmp} threshold {threshold:.4f}",
-           before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="path_tokens",
-           confusion=_js_confusion),
-    Reason("majority", "majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
-           lossy=True, says="{tok} {earlier}{votes} of {k} dropout paths chose it: at least the {needed} the majority "
-                            "rule asks, and no other token has as many.",
-           fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="path_tokens",
-           confusion=_majority_confusion),
-    Reason("naive", "naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", "#8a3c00",
-           "underline dashed", lossy=True, says="{tok} is one of the K path tokens ({votes} of {k} paths chose it).",
-           fails="none of the {k} paths chose it", reads="path_tokens"),
-    Reason("typical", "typical", "accepted by typical acceptance", "#8d6e63", "#d7ccc8", "#4e342e",
-           "underline dotted", lossy=True, says="{tok} has target probability {p_x:.3f}, above the typical-acceptance floor.",
-           fails="its target probability {p_x:.3f} is below the typical-acceptance floor"),
-    Reason("fixed_js", "fixed JS", "accepted by fixed-threshold JS", "#00838f", "#b2ebf2", "#005662",
-           "underline wavy", lossy=True,
-           says="JS(draft ‖ target) = {js_target:.4f} is under the fixed threshold, so {tok} is accepted.{js_note}",
-           fails="JS(draft ‖ target) = {js_target:.4f} is above the fixed threshold"),
-    Reason("judge", "judge", "accepted by the trained judge (scored unimportant)", "#ad1457", "#f8bbd0",
-           "#880e4f", "overline", lossy=True,
-           says="{tok} is not the target's choice {target}, but the trained judge scores this mismatch unimportant: "
-                "P(it changes the answer) = {judge_score:.3f} < threshold {judge_at}.",
-           fails="the judge scores it important (P = {judge_score:.3f} ≥ {judge_at})", reads="judge_score"),
-    Reason("fly", "FLy", "accepted by FLy (an unsure target; the next drafts agree)", "#f9a825", "#fff59d", "#6d5200",
-           "overline dashed", lossy=True,
-           says="{tok} is not the target's choice {target}, but {fly_gate} and the next {fly_later} drafted tokens are "
-                "the target's own choices, so FLy lets the mismatch stand.",
-           fails="FLy lets a mismatch stand only {fly_gate_fails}where the next {fly_later} drafted tokens of the round "
-                 "are the target's",
-           reads="target_top3_entropy"),
-    Reason("ensemble", "ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
-           "overline double", lossy=True,
-           says="{ensemble_says}", fails="{ensemble_fails}"),
-    Reason("mars", "MARS", "accepted by MARS (the target's top two logits are close)", "#5d4037", "#ffccbc",
-           "#4e2a1e", "underline dashed", lossy=True,
-           says="The target's top two logits are close here (z2 / z1 = {mars_ratio:.3f} > {mars_threshold:g}), so "
-                "MARS accepts either of its top two tokens without a coin: {tok} is one of them.",
-           fails="{mars_says}", reads="target_logit_ratio"),
-    # Not a check's: a lossy acceptance the text ends with (trace.with_lossy_end relabels it, whatever check gave it).
-    Reason(LOSSY_END, "ended by the rule", "accepted only by the rule, and the text ends with it", "#212121", "#b39ddb",
-           "#311b92", "underline overline", lossy=True,
-           says="{tok} is not what lossless SD would emit here (the target's choice is {target}, p = {p_target:.2f}; "
-                "{tok} has p = {p_x:.3f}), but the rule accepted it, and the text ends with it: an end of text the "
-                "exact test would not have reached here.",
-           fails="the text does not end here"),
-    Reason("rejected", "rejected", "rejected", "#c62828", "#ffcdd2", "#8e0000", "line-through"),
-    Reason("unchecked", "unchecked", "not checked (after a rejection)", "#bdbdbd", "#eceff1", "#37474f", "none"),
-):
-    register_reason(_reason)
+# The reasons, in the legend's order; a lossy reason names the check that accepted a token (LOSSY_END: a lossy
+# acceptance the text ends with, trace.with_lossy_end relabels it whatever check gave it).
+for _name in ("exact", "js", "majority", "naive", "typical", "fixed_js", "judge", "fly", "ensemble", "mars", LOSSY_END,
+              "rejected", "unchecked"):
+    register_reason(Reason(_name, lossy=_name not in ("exact", "rejected", "unchecked")))
 
 
 @dataclass(frozen=True)
@@ -427,11 +327,6 @@ def rule_accepts(cfg: RuleKnobs, signals: Signals) -> torch.Tensor:
 # ---------------------------------------------------------------- the rules
 
 Check = list[tuple[str, torch.Tensor]]
-
-
-def needed_votes(cfg: RuleKnobs, num_paths: int) -> int:
-    """The votes a run's majority test asks of num_paths paths (its rule's settings)."""
-    return votes_needed(num_paths, cfg.majority_fraction)
 
 
 def votes_needed(num_paths: int, fraction: float) -> int:
@@ -556,167 +451,52 @@ def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | N
     return None if greedy else s.target_logit_ratio > cfg.mars_threshold
 
 
-def _mars_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    rank = {int(s.target_tokens[i]): "top-1", int(s.target_runner_up[i]): "top-2"}.get(int(s.draft_tokens[i]), "not top-2")
-    return f"MARS: {rank}; z2/z1 {float(s.target_logit_ratio[i]):.3f} vs {cfg.mars_threshold:g}"
-
-
-def _fly_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    later = s.exact[i + 1 : i + cfg.fly_window].tolist()
-    return (f"FLy: top-3 entropy {float(s.target_top3_entropy[i]):.3f} vs {cfg.fly_entropy_threshold:g}; "
-            f"the next {cfg.fly_window - 1} drafts exact: {sum(later)}/{cfg.fly_window - 1}")
-
-
-def _ensemble_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    if s.coin is None:
-        return f"ensemble (w {cfg.ensemble_weight:g}): argmax of w p + (1 − w) q is token {int(s.rule_top[i])}"
-    odds = ensemble_odds(float(s.sample_target_prob[i]), float(s.sample_draft_prob[i]), cfg.ensemble_weight)
-    return f"ensemble (w {cfg.ensemble_weight:g}): coin {float(s.coin[i]):.3f} vs odds {odds:.3f}"
-
-
-def judge_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    return f"judge: P(changes the answer) {float(s.judge_scores[i]):.3f} vs threshold {cfg.judge_threshold:.3f}"
-
-
-def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    floor = float(typical_floor(s.target_entropy[i], cfg))
-    return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {floor:.3f}"
-
-
-def _fixed_js_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    return f"JS(draft, target) {float(s.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}"
-
-
-# The numbers a rule's sentences read beyond the token's own and the knobs' values (token: trace.DraftedToken).
-def _path_numbers(d, cfg: RuleKnobs) -> dict:
-    k = len(d.path_tokens)
-    return {"needed": votes_needed(k, cfg.majority_fraction) if k else None}
-
-
-def _judge_numbers(d, cfg: RuleKnobs) -> dict:
-    at = "the judge's" if cfg.judge_threshold is None else f"{cfg.judge_threshold:.3f}"
-    return {**_path_numbers(d, cfg), "judge_at": at}
-
-
-def _fly_numbers(d, cfg: RuleKnobs) -> dict:
-    """The gate's clause as it ran: off at thresholds <= FLY_GATE_OFF, else the entropy against the threshold."""
-    entropy, threshold = d.target_top3_entropy, cfg.fly_entropy_threshold
-    if threshold <= FLY_GATE_OFF:
-        gate = f"its entropy gate is off (threshold {threshold:g} ≤ {FLY_GATE_OFF:g}, as in AMD's code)"
-        gate_fails = f"({gate}) "
-    else:
-        shown = "unknown" if entropy is None else f"{entropy:.3f}"
-        gate = f"the target is unsure here (top-3 entropy {shown} ≥ {threshold:g})"
-        gate_fails = f"where the target is unsure (top-3 entropy {shown}, threshold {threshold:g}) and "
-    return {"fly_entropy": entropy, "fly_later": cfg.fly_window - 1, "fly_gate": gate, "fly_gate_fails": gate_fails}
-
-
-def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
-    """Greedy: the test against argmax v. Sampling: the odds from the probabilities the decision read, the
-    sampled (temperature, top-p) p(x) and q(x)."""
-    w = f"{cfg.ensemble_weight:g}"
-    v = f"v = {w} p + (1 − {w}) q"
-    if d.coin is None:
-        return {"ensemble_says": f"{{tok}} is the top token of {v} (DIVERSED's static ensemble, as transformers "
-                                 "verifies greedy drafts), so it is accepted.",
-                "ensemble_fails": f"it is not the top token of {v}"}
-    p_x = d.target_prob if d.sample_target_prob is None else d.sample_target_prob
-    q_x = d.draft_prob if d.sample_draft_prob is None else d.sample_draft_prob
-    odds = ensemble_odds(p_x, q_x, cfg.ensemble_weight)
-    return {"ensemble_says": f"The lossless coin rejected {{tok}}, but the static ensemble verifies against {v}: its "
-                             f"odds min(1, 1 − w + w p / q) = {odds:.2f}, and the same coin passes them.",
-            "ensemble_fails": f"against {v} its odds {odds:.2f} did not pass the coin either"}
-
-
-MARS_RESIDUAL = ("where z2 / z1 is at most the threshold, a sampled rejection draws from lossless SD's residual "
-                 "norm(max(0, p − q)) over the draft's tempered, top-p'd q; the authors' code lowers p at the "
-                 "rejected token only, to max(0, p(x) − q(x))")
-
-
-def _mars_numbers(d, cfg: RuleKnobs) -> dict:
-    ratio = d.target_logit_ratio
-    if ratio is None:
-        says = ""
-    elif ratio <= cfg.mars_threshold:
-        says = f"MARS relaxes only where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
-        if d.coin is not None:
-            says += f" (our port: {MARS_RESIDUAL})"
-    elif d.target_runner_up == -1:
-        says = "top-p left only the target's top token here, so MARS accepts that one alone"
-    else:
-        says = f"MARS accepts only the target's top two tokens where z2 / z1 > {cfg.mars_threshold:g} (here {ratio:.3f})"
-    return {"mars_ratio": ratio, "mars_says": says}
-
-
-TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", "typical acceptance's probability floor: min(ε, δ exp(-H))",
-                   low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True, slider=(0.0, 0.5, 0.01), short="ε")
-TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", "typical acceptance's entropy factor: min(ε, δ exp(-H))",
-                     low=0.0)
-FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", "accept iff JS(draft ‖ target) ≤ T (Fuzzy SD)",
-                low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True, slider=(0.0, 0.69, 0.01), short="threshold")
-FLY_WINDOW = Knob("fly_window", 6, "FLy window",
-                  "FLy's window, the position itself counted (AMD's win_len; vLLM's fly_window_size is one less): "
-                  "it needs at least window + 1 drafts in a round", kind=int, low=2, high=MAX_GAMMA)
-FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold",
-                   "FLy's gate: the target's top-3 entropy at least this (a lower threshold tolerates more)",
-                   low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05), lab=True, slider=(0.0, 1.5, 0.05),
-                   short="entropy threshold")
-ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w",
-                       "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
-                       low=0.0, high=1.0, open_low=True, sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True,
-                       slider=(0.05, 1.0, 0.05), short="weight w")
-MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold",
-                      "MARS relaxes where the target's top two logits have z2 / z1 above it (its relaxation_threshold)",
-                      low=0.0, high=1.0, sweep=(0.98, 0.94, 0.9, 0.86, 0.84), lab=True, slider=(0.5, 1.0, 0.01),
-                      short="logit-ratio threshold")
+TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True,
+                   slider=(0.0, 0.5, 0.01), short="ε")
+TYPICAL_DELTA = Knob("typical_delta", 0.09, "typical δ", low=0.0)
+FIXED_JS = Knob("fixed_js_threshold", 0.1, "fixed-JS threshold T", low=0.0, sweep=(0.02, 0.05, 0.1, 0.2, 0.3), lab=True,
+                slider=(0.0, 0.69, 0.01), short="threshold")
+FLY_WINDOW = Knob("fly_window", 6, "FLy window", kind=int, low=2, high=MAX_GAMMA)
+FLY_ENTROPY = Knob("fly_entropy_threshold", 0.3, "FLy entropy threshold", low=0.0, sweep=(1.0, 0.6, 0.3, 0.15, 0.05),
+                   lab=True, slider=(0.0, 1.5, 0.05), short="entropy threshold")
+ENSEMBLE_WEIGHT = Knob("ensemble_weight", 0.5, "ensemble weight w", low=0.0, high=1.0, open_low=True,
+                       sweep=(0.9, 0.7, 0.5, 0.3, 0.1), lab=True, slider=(0.05, 1.0, 0.05), short="weight w")
+MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold", low=0.0, high=1.0, sweep=(0.98, 0.94, 0.9, 0.86, 0.84),
+                      lab=True, slider=(0.5, 1.0, 0.01), short="logit-ratio threshold")
 MAJORITY_KNOBS = (*PATH_KNOBS, MAJORITY_FRACTION)
 
 for _rule in (
-    Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, colour="#455a64", check=lambda s, cfg: []),
-    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, colour="#ef6c00", check=_naive, knob="p",
+    Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, check=lambda s, cfg: []),
+    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, check=_naive, knob="p",
          knobs=PATH_KNOBS, checks=("naive",)),
     # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
-    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, colour="#42a5f5", check=_js, checks=("js",),
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, check=_js, checks=("js",),
          knobs=PATH_KNOBS, reads_draft=True),
-    Rule("majority", "path majority", lossy=True, uses_paths=True, colour="#6a1b9a", check=_majority, knob="p",
-         knobs=MAJORITY_KNOBS, checks=("majority",), numbers=_path_numbers),
-    Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, colour="#0d47a1",
+    Rule("majority", "path majority", lossy=True, uses_paths=True, check=_majority, knob="p",
+         knobs=MAJORITY_KNOBS, checks=("majority",)),
+    Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True,
          check=_dropmatch, knob="p", knobs=MAJORITY_KNOBS, checks=("js", "majority"), reads_draft=True,
-         title="DropMatch", numbers=_path_numbers, frontier_also=("centroid",)),
-    Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, colour="#8d6e63", check=_typical,
-         knob="typical_eps", knobs=(TYPICAL_EPS, TYPICAL_DELTA), checks=("typical",), lab_line=_typical_line),
-    Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, colour="#00838f",
-         check=_fixed_js, knob="fixed_js_threshold", knobs=(FIXED_JS,), checks=("fixed_js",), reads_draft=True,
-         lab_line=_fixed_js_line),
-    Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, colour="#ad1457", check=_judge,
-         knob="judge_threshold", knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",),
-         title="trained judge",
-         numbers=_judge_numbers),
-    Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, colour="#827717",
+         frontier_also=("centroid",)),
+    Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, check=_typical,
+         knob="typical_eps", knobs=(TYPICAL_EPS, TYPICAL_DELTA), checks=("typical",)),
+    Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False,
+         check=_fixed_js, knob="fixed_js_threshold", knobs=(FIXED_JS,), checks=("fixed_js",), reads_draft=True),
+    Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, check=_judge,
+         knob="judge_threshold", knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",)),
+    Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True,
          check=_dropmatch_judge, knob="p", knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True,
-         checks=("js", "majority", "judge"), reads_draft=True, numbers=_judge_numbers),
-    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, colour="#2e7d32", check=_fly,
-         knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",), lab_line=_fly_line,
-         reads_later=True, reads_coin=True, numbers=_fly_numbers, min_drafts=lambda cfg: cfg.fly_window + 1, title="FLy",
-         authors_gamma=15),
-    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, colour="#c0ca33", check=_ensemble,
+         checks=("js", "majority", "judge"), reads_draft=True),
+    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, check=_fly,
+         knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",),
+         reads_later=True, reads_coin=True, min_drafts=lambda cfg: cfg.fly_window + 1, authors_gamma=15),
+    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, check=_ensemble,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
-         lab_line=_ensemble_line, reads_coin=True, numbers=_ensemble_numbers, peer="ensemble_assisted",
-         title="static ensemble",
-         replaces_exact=_ensemble_replaces, correction_rows=ensemble_rows,
-         exact_on_lookup="the static ensemble never judges prompt-lookup drafts (transformers refuses "
-                         "assistant_ensemble_weight with prompt lookup; against a one-hot q it would accept any "
-                         "token the target gives mass): a lookup round gets the exact test"),
-    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, colour="#c62828", check=_mars,
-         knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), lab_line=_mars_line,
-         numbers=_mars_numbers, replaces_exact=_mars_replaces, title="MARS"),
+         reads_coin=True, peer="ensemble_assisted", replaces_exact=_ensemble_replaces,
+         correction_rows=ensemble_rows, judges_lookup=False),
+    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, check=_mars,
+         knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), replaces_exact=_mars_replaces),
 ):
     register_rule(_rule)
-
-
-def check_names(rule: str) -> tuple[str, ...]:
-    """The reasons a rule's own checks give, in the order it tries them (the exact test aside)."""
-    return RULES[rule].checks
 
 
 # ---------------------------------------------------------------- one round's decision
@@ -758,7 +538,6 @@ def lossless_test(
     return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
 
 
-
 def correction_token(
     q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool, generator: torch.Generator
 ) -> int:
@@ -789,38 +568,27 @@ def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | No
     return (int(bonus.argmax()) if greedy else int(draw(bonus, generator))), kind
 
 
-def scan(num_drafted: int, is_exact: Callable[[int], bool]):
-    """The one left-to-right scan of a round, as a generator: each position the exact test accepts is
-    "exact"; at any other it yields the position and takes the rule's reason for it (send); the scan
-    stops at the first "rejected", every position after it "unchecked". Returns the reasons [g].
-    The engine drives it with every position's reason at hand (judge); a server drives many at once,
-    verifying only the positions they yield (serving/verify.py)."""
-    reasons: list[str] = []
-    for i in range(num_drafted):
-        if is_exact(i):
-            reasons.append("exact")
-            continue
-        reason = yield i
-        reasons.append(reason)
-        if reason == "rejected":
-            break
-    return tuple(reasons) + ("unchecked",) * (num_drafted - len(reasons))
+def scan(tests: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The one left-to-right scan, over every round of a batch at once, on the tests' device. tests [C, n] bool
+    over the stacked drafted slots of rounds of `lengths` [B] (summing to n): row 0 the exact test, then the
+    rule's checks in the order it tries them. A round keeps its accepted prefix (the cumulative product of
+    "some test accepts the slot"); there a slot's reason is the first test accepting it (an argmax); the first
+    slot nothing accepts is rejected, every later one unchecked. -> codes [n] into scan_names(checks): the
+    first accepting test, C at the rejection, C + 1 after it."""
+    num_tests, device = tests.shape[0], tests.device
+    slots = torch.arange(max(lengths, default=0), device=device)
+    valid = slots < torch.tensor(lengths, device=device).unsqueeze(-1)  # [B, g] the rounds, padded to the longest
+    accepted = torch.zeros(valid.shape, dtype=torch.long, device=device)
+    accepted[valid] = tests.any(0).long()
+    kept = accepted.cumprod(-1).bool()  # [B, g] the accepted prefix
+    reached = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1]], -1)  # every slot before it accepted
+    first = tests.to(torch.uint8).argmax(0)  # [n] the first test accepting each slot
+    return torch.where(kept[valid], first, torch.where(reached[valid], num_tests, num_tests + 1))
 
 
-def run_scan(steps, reason_at: Callable[[int], str]) -> tuple[str, ...]:
-    """A scan driven to its end with reason_at(position) for each position it asks about."""
-    try:
-        position = next(steps)
-        while True:
-            position = steps.send(reason_at(position))
-    except StopIteration as done:
-        return done.value
-
-
-def first_accepting(rows: dict[str, list], at: int) -> str:
-    """The reason at position `at` of host check rows {check: [n] 0/1} in the rule's order: the name of
-    the first check that accepts it, else "rejected" (the rule's checks are tried in order)."""
-    return next((name for name, row in rows.items() if row[at]), "rejected")
+def scan_names(checks) -> tuple[str, ...]:
+    """The reasons scan's codes name: the exact test, the rule's checks in order, then "rejected", "unchecked"."""
+    return ("exact", *checks, *NOT_ACCEPTED)
 
 
 NOT_ACCEPTED = ("rejected", "unchecked")  # every other reason names the check that accepted the token

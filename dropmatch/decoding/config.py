@@ -13,7 +13,8 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .acceptance import KNOBS, MAX_GAMMA, RULES, ConfigError, finite_number, is_auto, knob_by_key
+from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, METHOD, RULES, ConfigError, Knob, finite_number, is_auto,
+                         knob_by_key)
 
 EMBEDDED = "embedded"
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
@@ -128,20 +129,25 @@ def _settings(arguments: dict) -> Settings:
 
 
 DEFAULTS = Settings()
-# The method's own operating point (arXiv 2603.03333): DropMatch with K 5 paths at p 0.3, the mean of
-# the path distributions as centroid, and "nearly all paths" (4 of 5) for the majority test.
-METHOD_SETTINGS = {"rule": "dropmatch", "k": 5, "p": "0.3", "centroid": "probs", "majority_fraction": 0.8}
+# The method's own operating point (arXiv 2603.03333), written once, as its knobs' defaults: DropMatch with K
+# paths at p, the mean of the path distributions as centroid, and "nearly all paths" for the majority test.
+METHOD_SETTINGS = {"rule": METHOD, "k": KNOBS["num_paths"].default, "p": f"{KNOBS['p'].default:g}",
+                   "centroid": KNOBS["centroid"].default, "majority_fraction": KNOBS["majority_fraction"].default}
 PRESET_SETTINGS = {"method": METHOD_SETTINGS}
 LAB_P = 0.1  # the rule lab's p when the run read no paths (the lab needs a number, not "auto")
 
 
-def _integer(name: str, value, low: int, high: int) -> int:
-    number = finite_number(name, value)
-    if number != int(number):
-        raise ConfigError(f"{name} must be a whole number, got {value!r}")
-    if not low <= number <= high:
-        raise ConfigError(f"{name} must be between {low} and {high}, got {int(number)}")
-    return int(number)
+# The decode fields as knobs: each DecodeConfig field is checked by its Knob, as a rule's knobs are.
+DECODE_KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
+    Knob("gamma", 4, "gamma (draft length)", kind=int, low=1, high=MAX_GAMMA),
+    Knob("max_new_tokens", 128, "max new tokens", kind=int, low=1, high=100_000),
+    Knob("temperature", 0.0, "temperature", low=0.0, high=5.0),
+    Knob("top_p", 1.0, "top-p", low=0.0, high=1.0, open_low=True),
+    Knob("seed", 0, "seed", kind=int, low=0, high=2**63 - 1),
+    Knob("gamma_auto", False, "gamma = auto", kind=bool),
+    Knob("draft_source", "model", "draft source", kind=str, choices=DRAFT_SOURCES),
+    Knob("gamma_tuned_for_rule", False, "gamma tuned for the rule", kind=bool),
+)}
 
 
 @dataclass(frozen=True)
@@ -174,26 +180,11 @@ class DecodeConfig:
         """'auto' -> gamma = auto (capped at AUTO_GAMMA_CAP); a number -> that fixed gamma."""
         if isinstance(text, str) and text.strip().lower() == "auto":
             return {"gamma": AUTO_GAMMA_CAP, "gamma_auto": True}
-        return {"gamma": _integer("gamma (draft length)", text, 1, MAX_GAMMA), "gamma_auto": False}
+        return {"gamma": DECODE_KNOBS["gamma"].check(text), "gamma_auto": False}
 
     def __post_init__(self):
-        object.__setattr__(self, "gamma", _integer("gamma (draft length)", self.gamma, 1, MAX_GAMMA))
-        object.__setattr__(
-            self, "max_new_tokens", _integer("max new tokens", self.max_new_tokens, 1, 100_000)
-        )
-        temperature = finite_number("temperature", self.temperature)
-        if not 0.0 <= temperature <= 5.0:
-            raise ConfigError(f"temperature must be between 0 and 5, got {temperature:g}")
-        top_p = finite_number("top-p", self.top_p)
-        if not 0.0 < top_p <= 1.0:
-            raise ConfigError(f"top-p must be in (0, 1], got {top_p:g}")
-        object.__setattr__(self, "temperature", temperature)
-        object.__setattr__(self, "top_p", top_p)
-        object.__setattr__(self, "seed", _integer("seed", self.seed, 0, 2**63 - 1))
-        if self.draft_source not in DRAFT_SOURCES:
-            raise ConfigError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
-        object.__setattr__(self, "gamma_auto", bool(self.gamma_auto))
-        object.__setattr__(self, "gamma_tuned_for_rule", bool(self.gamma_tuned_for_rule))
+        for name, knob in DECODE_KNOBS.items():
+            object.__setattr__(self, name, knob.check(getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
@@ -206,7 +197,7 @@ class RuleConfig:
     as attributes (cfg.p, cfg.num_paths, cfg.typical_eps, ...) and checked by their Knob. p None means
     "auto" (calibrated per prompt); an auto knob's None is filled in by the engine (acceptance.Knob.auto).
 
-        RuleConfig("dropmatch", p=0.3)          # every other knob at its default
+        RuleConfig("dropmatch", p=0.2)          # every other knob at its default
     """
 
     rule: str = "dropmatch"
@@ -277,13 +268,8 @@ def rule_names() -> tuple[str, ...]:
 
 
 def parse_p(text) -> float | None:
-    """'auto' (or None/empty) -> None, else a float checked by RuleConfig."""
-    return parse_auto("p (dropout rate)", text)
-
-
-def parse_auto(name: str, text) -> float | None:
-    """'auto' (or None/empty) -> None, else a number (RuleConfig checks its range)."""
-    return None if is_auto(text) else finite_number(name, text)
+    """'auto' (or None/empty) -> None, else a float (RuleConfig checks its range)."""
+    return None if is_auto(text) else finite_number("p (dropout rate)", text)
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,8 @@ class _RunState:
     """What one speculative run carries from round to round."""
 
     decode: DecodeConfig
-    rule: RuleConfig
-    p: float | None  # the dropout rate in use (None when the rule reads no paths)
+    rule: RuleConfig  # every auto knob resolved (p = auto's calibrated p, the judge's threshold)
+    asked: RuleConfig  # the rule as the run records it: p as asked ("auto": None), the judge's threshold filled in
     seq: _Sequence
     target_cache: object
     drafter: drafting.Drafter
@@ -190,7 +190,7 @@ class Engine:
             ))
             yield rounds[-1]
             stop_reason = self._stop_reason(seq, decode, stop_event)
-        return self._finish("ar", RuleConfig("lossless"), None, decode, seq, rounds, stop_reason, t_prefill,
+        return self._finish("ar", RuleConfig(acceptance.BASELINE), None, decode, seq, rounds, stop_reason, t_prefill,
                             first_view=emitted_view(first_logits, [first]))
 
     def speculative(
@@ -207,7 +207,8 @@ class Engine:
             run.rounds.append(self._round(run, limit=self._limit(run)))
             yield run.rounds[-1]
             stop_reason = self._stop_reason(run.seq, decode, stop_event)
-        return self._finish("sd", run.rule, run.p, decode, run.seq, run.rounds, stop_reason, start.t_prefill,
+        return self._finish("sd", run.asked, run.rule.p if run.rule.uses_paths else None, decode, run.seq,
+                            run.rounds, stop_reason, start.t_prefill,
                             first_view=emitted_view(start.first_logits, [run.seq.output[0]]),
                             t_calibration=start.t_calibration, p_auto_reached=start.p_auto_reached,
                             states=tuple(run.states or ()))
@@ -257,14 +258,14 @@ class Engine:
         masks = mc_head.mask_seed(decode.seed, prompt_ids)  # the run's dropout masks: (seed, prompt, position)
         calibration = self._calibrate(rule, prompt_hidden, mc_head.mc_generator(masks, self.device))
         prefill.mark("calibrated")
-        p = calibration.p if calibration is not None else (rule.p if rule.uses_paths else None)
         first = self._pick(first_logits[0], decode, generator)
         drafter.start(list(prompt_ids))
         prefill.mark("end")
         seconds = prefill.read()
         t_calibration = prefill.between("calibration", "calibrated", seconds)
         self.services.note_prefill(len(prompt_ids), seconds["end"] - t_calibration)
-        run = _RunState(decode, rule, p, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
+        resolved = rule if calibration is None else rule.replace(p=calibration.p)
+        run = _RunState(decode, resolved, rule, _Sequence(list(prompt_ids), [first]), target_cache, drafter, generator,
                         masks, space.verify_cost, states=[] if keep_states else None)
         return run, _Prefill(first_logits, seconds["end"] - t_calibration, t_calibration,
                              None if calibration is None else calibration.reached)
@@ -346,7 +347,7 @@ class Engine:
                                         q_sample=draft.q_sample, p_sample=p_sample, top_p=decode.top_p,
                                         draft_source=draft.source)
         judge = self.services.judge if run.rule.uses_judge else None
-        verified, = verifying.verify(self.target, run.rule, run.p, [inputs], staged=staged, judge=judge,
+        verified, = verifying.verify(self.target, run.rule, [inputs], staged=staged, judge=judge,
                                      generator=run.generator, timer=timer)
         return verified
 
@@ -414,6 +415,6 @@ def check_mode(rule: RuleConfig, decode: DecodeConfig) -> None:
     if mode not in entry.modes:
         fix = "set a temperature above 0" if decode.greedy else "set the temperature to 0 (greedy)"
         raise ConfigError(f"the rule {rule.rule!r} ({entry.label}) is defined under {' and '.join(entry.modes)} "
-                          f"decoding only: {entry.why_mode}; {fix}")
+                          f"decoding only; {fix}")
 
 

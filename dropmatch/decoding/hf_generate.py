@@ -1,7 +1,7 @@
 """DropMatch through transformers' own door: `target.generate(..., assistant_model=draft, custom_generate=...)`.
 
     out = target.generate(**inputs, assistant_model=draft, custom_generate="path/or/owner/dropmatch",
-                          trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch", dropmatch_p=0.3)
+                          trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch")
 
 `custom_generate/generate.py` (the layout transformers loads from a repository) calls `generate` here.
 The user's two models become the engine's pair as they are (no copy, no reload); every rule of the rule
@@ -28,7 +28,7 @@ from collections import Counter
 
 import torch
 
-from .acceptance import RULES
+from .acceptance import METHOD, RULES
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
 from .causal_lm import CausalLM, LoadedPair
@@ -70,9 +70,9 @@ class Request:
 
 
 def default_rule() -> RuleConfig:
-    """generate()'s rule when the call names none: the method's operating point (dropmatch, K 5, p 0.3), with
-    every knob of the rule table as it is now (a rule registered after import brings its knobs)."""
-    return RuleConfig("dropmatch", p=0.3)
+    """generate()'s rule when the call names none: the method's operating point (DropMatch at its knobs'
+    defaults), with every knob of the rule table as it is now (a rule registered after import brings its knobs)."""
+    return RuleConfig(METHOD)
 
 
 def generate(model, inputs=None, generation_config=None, assistant_model=None, streamer=None, **kwargs):

@@ -69,5 +69,4 @@ def verify_rounds(head: verifying.Head, rule: RuleConfig, rounds: list[Round], o
     verdicts either way (tested); Verified.emitted is the row a server writes."""
     if rule.uses_paths and rule.p is None:
         raise ValueError("p = auto calibrates on a run's own prompt before decoding; a server needs p as a number")
-    return verifying.verify(head, rule, rule.p if rule.uses_paths else None,
-                            [round_.verify_inputs() for round_ in rounds], staged=not one_pass, judge=judge)
+    return verifying.verify(head, rule, [round_.verify_inputs() for round_ in rounds], staged=not one_pass, judge=judge)

@@ -11,7 +11,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 
-from .acceptance import KNOBS, LOSSY_END, lossy_reasons
+from .acceptance import BASELINE, KNOBS, LOSSY_END, lossy_reasons
 from .config import ConfigError, DecodeConfig, RuleConfig
 
 TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
@@ -314,6 +314,6 @@ def _whole(data: dict) -> dict:
     trace_fields = {field.name for field in dataclasses.fields(GenerationTrace)}  # p is the trace's own too
     rule = {name: fields.pop(name) for name in list(fields)
             if (name in KNOBS or name in _LOOSE_REMOVED) and name not in trace_fields}
-    rule["rule"] = fields.get("rule") if fields.get("mode") == "sd" else "lossless"
+    rule["rule"] = fields.get("rule") if fields.get("mode") == "sd" else BASELINE
     rule["p"] = fields.get("p")
     return {**fields, "decode_config": decode, "rule_config": rule}

@@ -2,7 +2,7 @@
 Monte-Carlo dropout paths where a rule reads them, the scan and the emitted tokens.
 
     inputs = VerifyInputs(first_position, draft_tokens, q_signal, hidden, clean_logits, exact, temperature, seed)
-    verified, = verify(target, rule, p, [inputs])
+    verified, = verify(target, rule, [inputs])
     verified.verdict.reasons, verified.emitted
 
 `verify` is the one verification function: the engine calls it with a batch of one each round, the
@@ -196,8 +196,8 @@ def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats, js_draft
     return js_draft_centroid, threshold
 
 
-def at_positions(signals: Signals, positions: torch.Tensor) -> Signals:
-    """The signals of some positions only (index [m] into the g drafted positions)."""
+def at_positions(signals: Signals, positions: torch.Tensor | slice) -> Signals:
+    """The signals of some positions only (index [m] into the g drafted positions, or a slice of them)."""
     fields = {}
     for name, value in vars(signals).items():
         if value is None:
@@ -233,12 +233,15 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
 # ---------------------------------------------------------------- the verify step
 
 
-def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, staged: bool = True,
+def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
            judge: TrainedJudge | None = None, generator: torch.Generator | None = None,
            timer: PhaseTimer | None = None, memo: dict | None = None) -> list[Verified]:
     """The one verification step: a batch of requests' drafted positions in, per request one reason
     per drafted slot and the emitted tokens out. The engine calls it with a batch of one, the rule lab
-    with each stored round, the vLLM plugin with a server step's requests.
+    with each stored round, the vLLM plugin with a server step's requests. A slot's reason: "exact" (the
+    lossless test accepted it), the name of the rule's check that accepted it (acceptance.REASONS), "rejected"
+    (the first slot none accepts) or "unchecked" (after it); then the correction at the rejection (greedy: the
+    target's argmax; sampling: a draw from norm(max(0, p - q))) or the bonus after an all-accepted round.
 
     Glossary of a slot's reason and the emitted token:
       exact        the lossless test accepted the draft (greedy: it is the target's argmax; sampling:
@@ -251,7 +254,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
                    from the residual norm(max(0, p - q)), so the lossless part keeps the target's law);
       bonus        the token emitted after the last slot when every slot was accepted.
 
-    rule: a config.RuleConfig; p its dropout rate (None when the rule reads no paths). staged: the
+    rule: a config.RuleConfig, every auto knob resolved (its p a number where it reads paths). staged: the
     Monte-Carlo paths only where the rule reads them, in two stacked head passes (the first judged
     slot of every request, then, where the rule accepted it, every later reachable one): fewer head
     rows, a host sync per stage. staged False: the paths at every drafted slot in one pass and no host
@@ -262,6 +265,7 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     what an earlier call on the same batch computed (the rule lab judges many rules on one round)."""
     if not batch:
         return []
+    assert not rule.uses_paths or rule.p is not None, "p = auto is resolved into the rule at a run's start"
     _check_shapes(batch)
     temperature = _one_temperature(batch)
     spans = _spans(batch)
@@ -275,12 +279,12 @@ def verify(head: Head, rule, p: float | None, batch: list[VerifyInputs], *, stag
     paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
     if rule.uses_paths and spans[-1][1] > 0:
         find = _staged_paths if staged else _paths_everywhere
-        paths = find(head, rows, spans, signals, rule, p, temperature, memo)
+        paths = find(head, rows, spans, signals, rule, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")
     verdicts = _scans(rule, batch, spans, signals, generator, _judged_rounds(rule, batch))
-    return [Verified(verdict, emitted, _span_of(signals, a, b), p_signal[a:b], rows, probs)
+    return [Verified(verdict, emitted, at_positions(signals, slice(a, b)), p_signal[a:b], rows, probs)
             for (verdict, emitted), (a, b), rows, probs in zip(verdicts, spans, paths.rows, paths.probs)]
 
 
@@ -314,11 +318,6 @@ def _spans(batch: list[VerifyInputs]) -> list[tuple[int, int]]:
         spans.append((start, start + inputs.num_drafted))
         start += inputs.num_drafted
     return spans
-
-
-def _span_of(signals: Signals, start: int, end: int) -> Signals:
-    return Signals(**{name: None if value is None else (value[:, start:end] if name == "path_tokens" else value[start:end])
-                      for name, value in vars(signals).items()})
 
 
 def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
@@ -397,7 +396,7 @@ def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
     return None if any(part is None for part in parts) else _cat(parts)
 
 
-def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
+def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
                   memo: dict | None) -> _PathWork:
     """The paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
     the exact test rejected them and, by default, they are not the clean target's top token) that can
@@ -415,13 +414,13 @@ def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, p: flo
         flat = [position for positions in stage for position in positions]
         if not flat:
             break
-        stats, part, accepted = _stage(head, rows, signals, rule, p, temperature, flat, memo)
+        stats, part, accepted = _stage(head, rows, signals, rule, temperature, flat, memo)
         at, going_on = 0, []
         for request, positions in enumerate(stage):
             ruled = accepted[at: at + len(positions)]
             read = _read_until_rejection(ruled)
             _keep(work, request, spans[request][0], positions, len(positions), read,
-                  stats, part, at, rule.num_paths if p != 0.0 else 0)
+                  stats, part, at, rule.num_paths if rule.p != 0.0 else 0)
             going_on.append(reach[request][1:] if later and ruled and all(ruled) else [])
             at += len(positions)
         stage = going_on
@@ -446,24 +445,24 @@ def _keep(work: _PathWork, request: int, start: int, positions: list[int], compu
     work.probs[request].append((where - start, stats.probs[:, picked]))
 
 
-def _stage(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int],
+def _stage(head: Head, rows: _Rows, signals: Signals, rule, temperature: float, flat: list[int],
            memo: dict | None) -> tuple[mc_head.PathStats, dict[str, torch.Tensor], list[bool]]:
     """The paths at the stacked slots `flat` (one head pass), their path fields, and whether the rule
     accepts each (one host read)."""
-    key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, p,
+    key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, rule.p,
            rule.centroid, rule.mask_draw)
     where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
     if memo is not None and key in memo:
         stats, part = memo[key]
     else:
-        stats, part = _paths_at(head, rows, signals, rule, p, temperature, flat, where, settle_on_host=True)
+        stats, part = _paths_at(head, rows, signals, rule, temperature, flat, where, settle_on_host=True)
         if memo is not None:
             memo[key] = stats, part
     checked = Signals(**{**vars(at_positions(signals, where)), **part})
     return stats, part, acceptance.rule_accepts(rule, checked).tolist()
 
 
-def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, p: float, temperature: float, flat: list[int] | None,
+def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, temperature: float, flat: list[int] | None,
               where: torch.Tensor | None, settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
     """PathStats and path fields at the stacked slots `flat` (where: the same as a tensor; None: every
     slot), each slot with its own request's masks."""
@@ -472,18 +471,18 @@ def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, p: float, tempera
     if flat is not None:
         hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
         keys = [keys[position] for position in flat]
-    stats = path_stats_at(head, hidden, clean_logits, rule, p, temperature, keys)
+    stats = path_stats_at(head, hidden, clean_logits, rule, temperature, keys)
     return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
 
 
-def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, p: float, temperature: float,
+def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
                       memo: dict | None) -> _PathWork:
     """The paths at every drafted slot in one head pass, no host read (settle_close_calls on the device)."""
-    stats, part = _paths_at(head, rows, signals, rule, p, temperature, None, None, settle_on_host=False)
+    stats, part = _paths_at(head, rows, signals, rule, temperature, None, None, settle_on_host=False)
     work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     for request, (a, b) in enumerate(spans):
         _keep(work, request, a, list(range(a, b)), b - a, b - a, stats, part, a,
-              rule.num_paths if p != 0.0 else 0)
+              rule.num_paths if rule.p != 0.0 else 0)
     return work
 
 
@@ -516,10 +515,10 @@ def _judged_rounds(rule, batch: list[VerifyInputs]) -> torch.Tensor | None:
 
 def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: torch.Generator | None,
            judged: torch.Tensor | None = None) -> list[tuple[Verdict, list[int]]]:
-    """Each request's scan and extra token, from one host copy of the rule's check masks, the exact
-    test (where the rule's own test replaces it: the rule's verdict, acceptance.Rule.replaces_exact), the
-    drafted tokens and the target's argmax at every verified position. judged [n]: the slots the rule
-    judges (_judged_rounds; None: all); elsewhere the exact test alone."""
+    """Each request's scan (acceptance.scan over the exact test, where the rule's own test replaces it the
+    rule's verdict, acceptance.Rule.replaces_exact, then the rule's checks) and extra token, from one host copy
+    of the scan's reasons, the drafted tokens and the target's argmax at every verified position. judged [n]:
+    the slots the rule judges (_judged_rounds; None: all); elsewhere the exact test alone."""
     n = spans[-1][1]
     checks = _checks(rule, spans, signals) if n else []
     argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
@@ -527,19 +526,17 @@ def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: 
     if judged is not None:
         checks = [(name, mask & judged) for name, mask in checks]
         replaced = None if replaced is None else replaced & judged
-    parts = [torch.stack([mask for _, mask in checks]).flatten()] if checks else []
     exact = signals.exact if replaced is None else torch.where(replaced, signals.exact & _any(checks), signals.exact)
-    parts += [exact, signals.draft_tokens, argmax]
+    codes = acceptance.scan(torch.stack([exact, *(mask for _, mask in checks)]), [b - a for a, b in spans])
+    parts = [codes, signals.draft_tokens, argmax]
     parts += [] if replaced is None else [replaced, signals.rule_top if signals.rule_top is not None else argmax[:0]]
     host = torch.cat([part.long() for part in parts]).tolist()  # the one copy
-    masks = {name: host[i * n:(i + 1) * n] for i, (name, _) in enumerate(checks)}
-    base = len(checks) * n
-    exact, drafts, argmax_host = host[base: base + n], host[base + n: base + 2 * n], host[base + 2 * n:]
+    names = acceptance.scan_names(name for name, _ in checks)
+    codes, drafts, argmax_host = host[:n], host[n: 2 * n], host[2 * n:]
     argmax_host, own = argmax_host[: n + len(batch)], argmax_host[n + len(batch):]
     found = []
     for request, ((a, b), inputs) in enumerate(zip(spans, batch)):
-        reasons = acceptance.run_scan(acceptance.scan(b - a, lambda i, at=a: bool(exact[at + i])),
-                                      lambda i, at=a: acceptance.first_accepting(masks, at + i))
+        reasons = tuple(names[code] for code in codes[a:b])
         accepted = acceptance.accepted_count(reasons)
         ruled = bool(own) and accepted < b - a and bool(own[a + accepted])  # the rule's own test rejected it
         token, kind = _extra(inputs, request, a, b, accepted, argmax_host, own[n + a + accepted] if ruled and
@@ -580,7 +577,7 @@ def _checks(rule, spans, signals: Signals) -> list[tuple[str, torch.Tensor]]:
     of its own round (FLy's window), so that no window runs into the next request."""
     if not acceptance.RULES[rule.rule].reads_later or len(spans) == 1:
         return acceptance.rule_checks(rule, signals)
-    per_request = [acceptance.rule_checks(rule, _span_of(signals, a, b)) for a, b in spans]
+    per_request = [acceptance.rule_checks(rule, at_positions(signals, slice(a, b))) for a, b in spans]
     return [(name, torch.cat([checks[c][1] for checks in per_request])) for c, (name, _) in enumerate(per_request[0])]
 
 
@@ -591,11 +588,12 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
     return temperatures.pop() if temperatures else 0.0
 
 
-def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, p: float,
-                  temperature: float, keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, temperature: float,
+                  keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
     (mask_seed, sequence position) key their dropout masks). clean_probs [n, V]: signal_probs of
     clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
+    p = rule.p
     if p == 0.0:  # every path is the clean row
         clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
         return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)

@@ -14,6 +14,7 @@ from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness,
 from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..runfile import recorded_runs
 from ..render import legend_html
+from ..rule_words import KNOB_HELP
 from . import views
 
 # The Run button's inputs: Settings fields that have a control, then every rule knob's (Ui.setting_names).
@@ -343,7 +344,7 @@ def knob_control(knob: Knob, rule: str, elem_id: str, lab: bool = False):
     """A knob's control, built from its declaration: text where it takes "auto", a checkbox, a choice, a
     slider where it declares one, else a number; shown where `rule` reads it (lab: always)."""
     value = DEFAULTS.knobs.get(knob.user_key, knob.app_default) if not lab else knob.default
-    common = dict(label=knob.label + (" (or auto)" if knob.auto and not lab else ""), info=None if lab else knob.help,
+    common = dict(label=knob.label + (" (or auto)" if knob.auto and not lab else ""), info=None if lab else KNOB_HELP[knob.name],
                   elem_id=elem_id, visible=lab or knob_shown(knob.name, rule))
     if lab:  # wide enough for its label, number box and slider ends: the lab's row wraps instead of clipping them
         common["min_width"] = 250

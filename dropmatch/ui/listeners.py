@@ -6,7 +6,7 @@ import threading
 
 import gradio as gr
 
-from ..decoding.acceptance import knob_by_key
+from ..decoding.acceptance import knob_by_key, votes_needed
 from ..builtin_lessons import SPECS
 from ..decoding.config import METHOD_SETTINGS, PRESETS, Settings
 from ..runfile import Downloads, RunRecord, recorded_runs
@@ -21,8 +21,11 @@ RUN_TIME_LIMIT_S = 600
 CHEAP_CONCURRENCY = 8  # a run past this is cancelled, so one user cannot hold the model forever
 
 
-METHOD_NOTE = ("Settings: the paper's own (DropMatch, K 5 paths, p 0.3, the mean of the path distributions as "
-               "centroid, 4 of 5 votes). Press **Run**.")
+def method_note() -> str:
+    """What the paper's-settings button set, from the settings themselves (config.METHOD_SETTINGS)."""
+    k, p = METHOD_SETTINGS["k"], METHOD_SETTINGS["p"]
+    return (f"Settings: the paper's own (DropMatch, K {k} paths, p {p}, the mean of the path distributions as "
+            f"centroid, {votes_needed(k, METHOD_SETTINGS['majority_fraction'])} of {k} votes). Press **Run**.")
 
 
 def register_listeners(demo: gr.Blocks, ui: Ui, host: PairHost, downloads: Downloads) -> None:
@@ -142,7 +145,7 @@ def _control_listeners(ui: Ui) -> None:
                    [ui.target_id, ui.draft_id], api_visibility="private")
     names = tuple(METHOD_SETTINGS)
     controls = [ui.component(name) for name in names]
-    ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), METHOD_NOTE], None,
+    ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), method_note()], None,
                            [*controls, ui.status], api_visibility="private")
     for control in controls:  # the button says when the controls hold the paper's settings
         control.change(lambda *values: callbacks.method_button_state(dict(zip(names, values))), controls,

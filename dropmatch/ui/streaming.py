@@ -3,13 +3,13 @@ ZeroGPU, on the host's model thread (callbacks.py)."""
 
 from __future__ import annotations
 
-from ..decoding.acceptance import RULES
+from ..decoding.acceptance import BASELINE, RULES
 from ..compare import compare_stream
 from ..decoding.config import DecodeConfig, RuleConfig
 from ..runfile import record_of
 from . import views
 
-LOSSLESS = RuleConfig("lossless")
+LOSSLESS = RuleConfig(BASELINE)
 
 
 class Reading:

