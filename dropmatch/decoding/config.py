@@ -280,6 +280,7 @@ class PairSpec:
     target: str = EMBEDDED
     draft: str = EMBEDDED
     trust_remote_code: bool = False
+    head: str = ""  # an EAGLE-3 head over the target (a folder or hub id), for draft_source "eagle3"; "": none
 
     def __post_init__(self):
         for role in ("target", "draft"):
