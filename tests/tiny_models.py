@@ -159,8 +159,11 @@ def fast_bigram_pair(pair):
 
         @torch.inference_mode()
         def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+            rows = self.rows[input_ids]
+            if self.layers_kept:  # every block adds zero: each layer's input is the token's one-hot row
+                self.kept_inputs = (cache.length, rows.repeat(1, len(self.layers_kept)))
             cache.length += int(input_ids.numel())
-            return self.rows[input_ids]
+            return rows
 
     return replace(pair, target=FastBigram(pair.target), draft=FastBigram(pair.draft))
 
