@@ -227,3 +227,47 @@ def test_the_eagle3_source_without_a_head_is_refused_in_one_line(pair):
     with pytest.raises(ConfigError, match="EAGLE-3 head"):
         run_to_end(engine.speculative(engine.encode(PROMPTS[0]), DecodeConfig(draft_source="eagle3"),
                                       RuleConfig("lossless")))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_the_heads_layer_is_transformers_decoder_layer_with_2h_projections(model_type):
+    """The head's layer computes what transformers' own Llama / Qwen3 decoder layer computes with q, k, v widened to
+    2 H (how speculators and vLLM build EAGLE-3's layer) over [input_layernorm(embedding) ; hidden_norm(feature)],
+    the feature as residual, llama3 rope scaling; row by row through its cache as in one call."""
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    config = AutoConfig.for_model(model_type, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=8, num_hidden_layers=1, vocab_size=50,
+                                  max_position_embeddings=1024, rope_theta=500000.0,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ours = eagle3.HeadModule(eagle3.HeadSpec(config, 50, 32, LAYERS, qk_norm=model_type == "qwen3"), len(LAYERS))
+    with torch.no_grad():
+        for parameter in ours.parameters():
+            parameter.normal_(0, 0.3)
+    reference = (LlamaDecoderLayer if model_type == "llama" else Qwen3DecoderLayer)(config, 0)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        setattr(reference.self_attn, name, torch.nn.Linear(64, getattr(ours.layers[0].self_attn, name).out_features,
+                                                           bias=False))
+    weights = {key.removeprefix("layers.0."): value for key, value in ours.state_dict().items() if key.startswith("layers.0.")}
+    hidden_norm = eagle3.RMSNorm(32, config.rms_norm_eps)
+    hidden_norm.weight.data = weights.pop("hidden_norm.weight")
+    reference.load_state_dict(weights)
+    n, embedded, feature = 7, torch.randn(7, 32), torch.randn(7, 32)
+    cos, sin = ours.rotary(feature, torch.arange(n)[None])
+    with torch.no_grad():
+        mixed = torch.cat([reference.input_layernorm(embedded), hidden_norm(feature)], -1)[None]
+        causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        attended = feature[None] + reference.self_attn(hidden_states=mixed, position_embeddings=(cos, sin),
+                                                       attention_mask=causal)[0]
+        expected = (attended + reference.mlp(reference.post_attention_layernorm(attended)))[0]
+        at_once = ours.layers[0](embedded, feature, cos[0], sin[0], eagle3.HeadCache())
+        cache = eagle3.HeadCache()
+        by_row = torch.cat([ours.layers[0](embedded[i:i + 1], feature[i:i + 1], cos[0, i:i + 1], sin[0, i:i + 1], cache)
+                            for i in range(n)])
+    torch.testing.assert_close(at_once, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(by_row, expected, rtol=1e-5, atol=1e-5)
