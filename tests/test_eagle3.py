@@ -271,3 +271,18 @@ def test_the_heads_layer_is_transformers_decoder_layer_with_2h_projections(model
                             for i in range(n)])
     torch.testing.assert_close(at_once, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(by_row, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_loaded_in_bfloat16_keeps_its_rotary_frequencies_in_float32():
+    """A head loaded in a bf16 target's dtype computes in bf16 but keeps its rope frequencies as made, in float32
+    (rounded to bf16 they would turn positions far into a long prompt)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("llama", hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                  num_key_value_heads=2, num_hidden_layers=1, vocab_size=50, rope_theta=500000.0)
+    spec = eagle3.HeadSpec(config, 50, 32, (0,))
+    module = eagle3.HeadModule(spec, 1)
+    made = module.rotary.inv_freq.clone()
+    loaded = eagle3.build_module(spec, dict(module.state_dict()), 1, torch.bfloat16, torch.device("cpu"))
+    assert loaded.fc.weight.dtype == torch.bfloat16
+    assert loaded.rotary.inv_freq.dtype == torch.float32 and torch.equal(loaded.rotary.inv_freq, made)

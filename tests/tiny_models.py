@@ -172,10 +172,13 @@ def fast_bigram_pair(pair):
 
 
 def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int = 0, scale: float = 0.3,
-                   heads: int = 4, kv_heads: int = 2, own_embedding: bool = False, qk_norm: bool = False) -> dict:
+                   heads: int = 4, kv_heads: int = 2, own_embedding: bool = False, qk_norm: bool = False,
+                   hidden: int | None = None) -> dict:
     """A random head's tensors by the keys its format uses: the authors' ("eagle": `midlayer.*`) or
-    speculators' (`layers.0.*`); d2t maps draft id i to target id draft_ids[i] (t2d marks them)."""
-    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    speculators' (`layers.0.*`); d2t maps draft id i to target id draft_ids[i] (t2d marks them). hidden: the
+    head's own width (default: the target's)."""
+    target_hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    hidden = hidden or target_hidden
     head_dim, prefix = hidden // heads, "midlayer." if fmt == "eagle" else "layers.0."
     generator = torch.Generator().manual_seed(seed)
 
@@ -185,7 +188,7 @@ def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int 
     def norm():
         return 1.0 + 0.1 * torch.randn(hidden, generator=generator)
 
-    tensors = {"fc.weight": rand(hidden, len(layer_ids) * hidden), "norm.weight": norm(),
+    tensors = {"fc.weight": rand(hidden, len(layer_ids) * target_hidden), "norm.weight": norm(),
                "lm_head.weight": 8.0 * rand(len(draft_ids), hidden),
                "d2t": torch.tensor(draft_ids) - torch.arange(len(draft_ids)),
                "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, torch.tensor(draft_ids), True)}
@@ -207,32 +210,35 @@ def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int 
 
 def save_eagle3_head(folder: Path, target, draft_ids: list[int], layer_ids, fmt: str = "eagle", seed: int = 0,
                      safetensors: bool = False, own_embedding: bool = False, default_layers: bool = False,
-                     config_changes: dict | None = None) -> Path:
+                     config_changes: dict | None = None, hidden: int | None = None) -> Path:
     """A tiny random EAGLE-3 head for `target` saved as its format publishes one: "eagle" (SafeAILab's config.json
     and pytorch_model.bin, or model.safetensors; AngelSlim's heads are the same) or "speculators" (a qwen3 layer,
-    model.safetensors). default_layers: no layer ids in the config (the authors' default then applies)."""
+    model.safetensors). default_layers: no layer ids in the config (the authors' default then applies); hidden: the
+    head's own width (with its own embedding), narrower than the target's."""
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
-    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    target_hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    hidden = hidden or target_hidden
     layer = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
              "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": vocab, "max_position_embeddings": 1024}
     ids = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     if fmt == "eagle":
         config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
-                  "draft_vocab_size": len(draft_ids), **({} if default_layers else {"eagle_config": ids})}
+                  "draft_vocab_size": len(draft_ids), "target_hidden_size": target_hidden,
+                  **({} if default_layers else {"eagle_config": ids})}
     else:
         config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
                   "transformer_layer_config": {"model_type": "qwen3", "head_dim": hidden // 4, **layer},
-                  "draft_vocab_size": len(draft_ids), "norm_before_residual": False, "target_hidden_size": None,
+                  "draft_vocab_size": len(draft_ids), "norm_before_residual": False, "target_hidden_size": target_hidden,
                   "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                          "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                          "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}},
                   **({} if default_layers else ids)}
     config.update(config_changes or {})
     (folder / "config.json").write_text(json.dumps(config))
-    tensors = eagle3_tensors(target, draft_ids, layer_ids, fmt, seed, own_embedding=own_embedding,
-                             qk_norm=fmt == "speculators")
+    tensors = eagle3_tensors(target, draft_ids, layer_ids, fmt, seed, own_embedding=own_embedding or hidden is not None,
+                             qk_norm=fmt == "speculators", hidden=hidden)
     if safetensors or fmt == "speculators":
         from safetensors.torch import save_file
 

@@ -298,7 +298,9 @@ def build_module(spec: HeadSpec, weights: dict[str, torch.Tensor], num_fused: in
             raise ConfigError(f"the EAGLE-3 checkpoint's {key} is {tuple(weights[key].shape)}, its config says "
                               f"{tuple(tensor.shape)}")
     module.load_state_dict({key: weights[key] for key in expected})
-    return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    module.rotary = type(module.rotary)(spec.layer).to(device)  # made anew: its frequencies stay float32
+    return module
 
 
 class Eagle3Head:
