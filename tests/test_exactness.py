@@ -62,7 +62,7 @@ def fast_engine(bigram_pair, tmp_path_factory):
 
     fast = fast_bigram_pair(bigram_pair)
     folder = save_eagle3_head(tmp_path_factory.mktemp("bigram_head"), fast.target.model, [4, 10, 11], (0, 0, 0),
-                              hidden=16)  # narrower than the target, with its own embedding: thousands of runs
+                              hidden=16, sharpness=0.5)  # narrow (thousands of runs); smooth drafts, varied q
     return Engine(replace(fast, head=eagle3.load_head(folder, fast.target)))
 
 

@@ -171,7 +171,7 @@ def fast_bigram_pair(pair):
 # ---------------------------------------------------------------- EAGLE-3 heads, saved in their published formats
 
 
-def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int = 0, scale: float = 0.3,
+def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int = 0, scale: float = 0.3, sharpness=8.0,
                    heads: int = 4, kv_heads: int = 2, own_embedding: bool = False, qk_norm: bool = False,
                    hidden: int | None = None) -> dict:
     """A random head's tensors by the keys its format uses: the authors' ("eagle": `midlayer.*`) or
@@ -189,7 +189,7 @@ def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int 
         return 1.0 + 0.1 * torch.randn(hidden, generator=generator)
 
     tensors = {"fc.weight": rand(hidden, len(layer_ids) * target_hidden), "norm.weight": norm(),
-               "lm_head.weight": 8.0 * rand(len(draft_ids), hidden),
+               "lm_head.weight": sharpness * rand(len(draft_ids), hidden),
                "d2t": torch.tensor(draft_ids) - torch.arange(len(draft_ids)),
                "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, torch.tensor(draft_ids), True)}
     layer = {"hidden_norm.weight": norm(), "input_layernorm.weight": norm(), "post_attention_layernorm.weight": norm(),
@@ -210,11 +210,12 @@ def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int 
 
 def save_eagle3_head(folder: Path, target, draft_ids: list[int], layer_ids, fmt: str = "eagle", seed: int = 0,
                      safetensors: bool = False, own_embedding: bool = False, default_layers: bool = False,
-                     config_changes: dict | None = None, hidden: int | None = None) -> Path:
+                     config_changes: dict | None = None, hidden: int | None = None, sharpness: float = 8.0) -> Path:
     """A tiny random EAGLE-3 head for `target` saved as its format publishes one: "eagle" (SafeAILab's config.json
     and pytorch_model.bin, or model.safetensors; AngelSlim's heads are the same) or "speculators" (a qwen3 layer,
     model.safetensors). default_layers: no layer ids in the config (the authors' default then applies); hidden: the
-    head's own width (with its own embedding), narrower than the target's."""
+    head's own width (with its own embedding), narrower than the target's; sharpness: its head's scale (8: nearly
+    one-hot drafts, as the tiny targets' own)."""
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -238,7 +239,7 @@ def save_eagle3_head(folder: Path, target, draft_ids: list[int], layer_ids, fmt:
     config.update(config_changes or {})
     (folder / "config.json").write_text(json.dumps(config))
     tensors = eagle3_tensors(target, draft_ids, layer_ids, fmt, seed, own_embedding=own_embedding or hidden is not None,
-                             qk_norm=fmt == "speculators", hidden=hidden)
+                             qk_norm=fmt == "speculators", hidden=hidden, sharpness=sharpness)
     if safetensors or fmt == "speculators":
         from safetensors.torch import save_file
 

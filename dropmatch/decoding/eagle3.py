@@ -86,12 +86,15 @@ def read_spec(config: dict) -> HeadSpec:
     for flag in UNSUPPORTED_FLAGS:
         if config.get(flag):
             raise ConfigError(f"this EAGLE-3 head sets {flag}, a variant the Studio does not compute")
-    layer_dict = dict(config["transformer_layer_config"]) if speculators else {
+    layer_dict = dict(config.get("transformer_layer_config") or {}) if speculators else {
         key: value for key, value in config.items() if key not in ("architectures", "eagle_config")}
     model_type = layer_dict.pop("model_type", "llama")
     if model_type not in ("llama", "qwen3"):
         raise ConfigError(f"an EAGLE-3 head with a {model_type!r} layer is not supported (llama or qwen3 only)")
-    layer = AutoConfig.for_model(model_type, **layer_dict)
+    try:
+        layer = AutoConfig.for_model(model_type, **layer_dict)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ConfigError(f"the EAGLE-3 head's config does not read as a {model_type} layer: {error}") from None
     if layer.num_hidden_layers != 1 or getattr(layer, "hidden_act", "silu") != "silu":
         raise ConfigError("only one-layer EAGLE-3 heads with SiLU MLPs are supported")
     ids = config.get("eagle_aux_hidden_state_layer_ids") if speculators else (
@@ -107,14 +110,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     found = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
     if not found:
         raise ConfigError(f"no EAGLE-3 weights in {folder} (expected {' or '.join(WEIGHT_FILES)})")
-    if found[0].suffix == ".safetensors":
-        from safetensors.torch import load_file
+    from transformers.modeling_utils import load_state_dict  # either file kind, tensors only (weights_only)
 
-        raw = load_file(str(found[0]))
-    else:
-        raw = torch.load(found[0], map_location="cpu", weights_only=True)
     weights = {}
-    for key, tensor in raw.items():
+    for key, tensor in load_state_dict(found[0]).items():
         key = key.removeprefix("model.").replace("midlayer.", "layers.0.")
         if not key.startswith("verifier_"):  # speculators keeps the target's norm and head for training
             weights[key] = tensor
