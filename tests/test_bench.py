@@ -51,6 +51,7 @@ def one_prompt(tmp_path) -> Path:
     (["--temperature", "abc"], "temperature"),
     (["--limit", "0"], "--limit"),
     (["--max-new-tokens", "nan"], "max new tokens"),
+    (["--draft-source", "eagle3"], "--eagle3-head"),
 ])
 def test_bad_arguments_end_with_one_line_not_a_traceback(one_prompt, extra, message, capsys):
     status, stderr = in_process(capsys, "--prompts", str(one_prompt), *extra)
@@ -142,6 +143,34 @@ def test_the_command_writes_the_promised_fields_per_rule(tiny_dirs, tmp_path):
     assert f'<script src="{plotlyjs_name()}"></script>' in page, "the report does not load the shared plotly.js"
     assert len(page) < 1_000_000, f"the report inlines plotly.js ({len(page)} bytes)"
     assert (out_html.parent / plotlyjs_name()).stat().st_size > 1_000_000, "plotly.js was not written beside the report"
+
+
+def test_the_bench_drafts_from_an_eagle3_head_and_lossless_stays_the_targets_output(tiny_dirs, tmp_path, capsys):
+    """--draft-source eagle3 --eagle3-head DIR: every lossless and DropMatch round drafts from the head, lossless
+    greedy output is the target's generate(), and the JSON records the source; a head that does not fit the
+    target is refused in one line."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+    from tiny_models import save_eagle3_head
+
+    target, draft = tiny_dirs
+    config = AutoConfig.from_pretrained(target)
+    head = save_eagle3_head(tmp_path / "head", SimpleNamespace(config=config), list(range(0, config.vocab_size, 2)),
+                            (0, 1, 1))
+    out_json = tmp_path / "out.json"
+    common = ("--prompts", f"{PROMPTS / 'gsm8k_test_100.jsonl'}", "--limit", "2", "--max-new-tokens", "12",
+              "--gamma", "auto", "--rules", "lossless,dropmatch", "--reference-samples", "0", "--target", str(target),
+              "--draft", str(draft), "--draft-source", "eagle3")
+    status, stderr = in_process(capsys, *common, "--eagle3-head", str(head), "--json", str(out_json))
+    assert status == 0, stderr[-2000:]
+    document = json.loads(out_json.read_text())
+    assert document["settings"]["draft_source"] == "eagle3" and document["settings"]["eagle3_head"] == str(head)
+    assert document["rules"]["lossless"]["identical_to_target_greedy"] is True
+    misfit = save_eagle3_head(tmp_path / "misfit", SimpleNamespace(config=config), [1, 2, 3], (0, 1, 5))
+    status, stderr = in_process(capsys, *common, "--eagle3-head", str(misfit))
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]  # the loader's progress bars aside
+    assert status == 2 and len(errors) == 1 and "layers" in errors[0] and "Traceback" not in stderr, stderr
 
 
 @pytest.mark.slow  # every rule's sweep: the full suite's, not the fast tier's

@@ -1,5 +1,5 @@
 """Lossless speculative sampling is exact through the engine's whole loop: later draft slots, the
-bonus token, top-p, prompt-lookup and hybrid drafts, gamma = auto and draft confidence.
+bonus token, top-p, prompt-lookup, hybrid and EAGLE-3 drafts, gamma = auto and draft confidence.
 
 The pair is two bigram Llamas (tests/tiny_models.make_bigram_llama) living on three tokens, so the
 target's own sampling distribution of a continuation is exact (a product of its rows, read from the
@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from dropmatch.decoding import eagle3
 from dropmatch.decoding.config import DecodeConfig, PairSpec, RuleConfig
 from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_hub_pair
@@ -53,12 +54,16 @@ def bigram_engine(bigram_pair):
 
 
 @pytest.fixture(scope="module")
-def fast_engine(bigram_pair):
+def fast_engine(bigram_pair, tmp_path_factory):
     """The same pair with its decoders replaced by the table they compute (tiny_models.fast_bigram_pair):
-    what the thousands of seeded runs go through."""
-    from tiny_models import fast_bigram_pair
+    what the thousands of seeded runs go through; with a random EAGLE-3 head over its target whose draft
+    vocabulary holds two of the three tokens and one the target never gives (the eagle3 source)."""
+    from tiny_models import fast_bigram_pair, save_eagle3_head
 
-    return Engine(fast_bigram_pair(bigram_pair))
+    fast = fast_bigram_pair(bigram_pair)
+    folder = save_eagle3_head(tmp_path_factory.mktemp("bigram_head"), fast.target.model, [4, 10, 11], (0, 0, 0),
+                              hidden=16, sharpness=0.5)  # narrow (thousands of runs); smooth drafts, varied q
+    return Engine(replace(fast, head=eagle3.load_head(folder, fast.target)))
 
 
 def test_the_fast_bigram_pair_computes_the_real_models_hidden_states_and_logits(bigram_pair):
@@ -69,9 +74,12 @@ def test_the_fast_bigram_pair_computes_the_real_models_hidden_states_and_logits(
     fast = fast_bigram_pair(bigram_pair)
     ids = torch.tensor(PROMPT + list(TOKENS) * 2)
     for real, quick in ((bigram_pair.target, fast.target), (bigram_pair.draft, fast.draft)):
+        real.layers_kept = quick.layers_kept = (0, 0)  # what an EAGLE-3 head reads, as the engine's runs keep it
         real_hidden, quick_hidden = real.hidden(ids, real.new_cache()), quick.hidden(ids, quick.new_cache())
+        real.layers_kept = ()
         torch.testing.assert_close(quick_hidden, real_hidden, rtol=0, atol=1e-6)
         torch.testing.assert_close(quick.logits(quick_hidden), real.logits(real_hidden), rtol=0, atol=1e-4)
+        torch.testing.assert_close(quick.kept_inputs[1], real.kept_inputs[1], rtol=0, atol=1e-6)
 
 
 def exact_joint(engine: Engine, decode: DecodeConfig, length: int = 3) -> dict[tuple[int, ...], float]:
@@ -129,6 +137,8 @@ CONFIGS = {  # every draft source, gamma fixed and auto, top-p < 1
     "model, gamma auto, top-p 0.75": dict(gamma=8, gamma_auto=True, draft_source="model", top_p=0.75),
     "ngram, gamma 3": dict(gamma=3, draft_source="ngram"),
     "hybrid, gamma auto, top-p 0.75": dict(gamma=8, gamma_auto=True, draft_source="hybrid", top_p=0.75),
+    # EAGLE-3's chain (later slots, the bonus) at a fixed length; gamma = auto's choice is the same code as above
+    "eagle3, gamma 3, top-p 0.75": dict(gamma=3, draft_source="eagle3", top_p=0.75),
 }
 
 

@@ -159,7 +159,91 @@ def fast_bigram_pair(pair):
 
         @torch.inference_mode()
         def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+            rows = self.rows[input_ids]
+            if self.layers_kept:  # every block adds zero: each layer's input is the token's one-hot row
+                self.kept_inputs = (cache.length, rows.repeat(1, len(self.layers_kept)))
             cache.length += int(input_ids.numel())
-            return self.rows[input_ids]
+            return rows
 
     return replace(pair, target=FastBigram(pair.target), draft=FastBigram(pair.draft))
+
+
+# ---------------------------------------------------------------- EAGLE-3 heads, saved in their published formats
+
+
+def eagle3_tensors(target, draft_ids: list[int], layer_ids, fmt: str, seed: int = 0, scale: float = 0.3, sharpness=8.0,
+                   heads: int = 4, kv_heads: int = 2, own_embedding: bool = False, qk_norm: bool = False,
+                   hidden: int | None = None) -> dict:
+    """A random head's tensors by the keys its format uses: the authors' ("eagle": `midlayer.*`) or
+    speculators' (`layers.0.*`); d2t maps draft id i to target id draft_ids[i] (t2d marks them). hidden: the
+    head's own width (default: the target's)."""
+    target_hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    hidden = hidden or target_hidden
+    head_dim, prefix = hidden // heads, "midlayer." if fmt == "eagle" else "layers.0."
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator) * scale
+
+    def norm():
+        return 1.0 + 0.1 * torch.randn(hidden, generator=generator)
+
+    tensors = {"fc.weight": rand(hidden, len(layer_ids) * target_hidden), "norm.weight": norm(),
+               "lm_head.weight": sharpness * rand(len(draft_ids), hidden),
+               "d2t": torch.tensor(draft_ids) - torch.arange(len(draft_ids)),
+               "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, torch.tensor(draft_ids), True)}
+    layer = {"hidden_norm.weight": norm(), "input_layernorm.weight": norm(), "post_attention_layernorm.weight": norm(),
+             "self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+             "self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+             "self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+             "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+             "mlp.gate_proj.weight": rand(2 * hidden, hidden), "mlp.up_proj.weight": rand(2 * hidden, hidden),
+             "mlp.down_proj.weight": rand(hidden, 2 * hidden)}
+    if qk_norm:
+        layer.update({"self_attn.q_norm.weight": 1.0 + 0.1 * torch.randn(head_dim, generator=generator),
+                      "self_attn.k_norm.weight": 1.0 + 0.1 * torch.randn(head_dim, generator=generator)})
+    tensors.update({prefix + key: value for key, value in layer.items()})
+    if own_embedding:
+        tensors["embed_tokens.weight"] = rand(vocab, hidden)
+    return tensors
+
+
+def save_eagle3_head(folder: Path, target, draft_ids: list[int], layer_ids, fmt: str = "eagle", seed: int = 0,
+                     safetensors: bool = False, own_embedding: bool = False, default_layers: bool = False,
+                     config_changes: dict | None = None, hidden: int | None = None, sharpness: float = 8.0) -> Path:
+    """A tiny random EAGLE-3 head for `target` saved as its format publishes one: "eagle" (SafeAILab's config.json
+    and pytorch_model.bin, or model.safetensors; AngelSlim's heads are the same) or "speculators" (a qwen3 layer,
+    model.safetensors). default_layers: no layer ids in the config (the authors' default then applies); hidden: the
+    head's own width (with its own embedding), narrower than the target's; sharpness: its head's scale (8: nearly
+    one-hot drafts, as the tiny targets' own)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target_hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    hidden = hidden or target_hidden
+    layer = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": vocab, "max_position_embeddings": 1024}
+    ids = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
+    if fmt == "eagle":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
+                  "draft_vocab_size": len(draft_ids), "target_hidden_size": target_hidden,
+                  **({} if default_layers else {"eagle_config": ids})}
+    else:
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": {"model_type": "qwen3", "head_dim": hidden // 4, **layer},
+                  "draft_vocab_size": len(draft_ids), "norm_before_residual": False, "target_hidden_size": target_hidden,
+                  "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                         "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}},
+                  **({} if default_layers else ids)}
+    config.update(config_changes or {})
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = eagle3_tensors(target, draft_ids, layer_ids, fmt, seed, own_embedding=own_embedding or hidden is not None,
+                             qk_norm=fmt == "speculators", hidden=hidden, sharpness=sharpness)
+    if safetensors or fmt == "speculators":
+        from safetensors.torch import save_file
+
+        save_file({key: value.contiguous() for key, value in tensors.items()}, str(folder / "model.safetensors"))
+    else:
+        torch.save(tensors, folder / "pytorch_model.bin")
+    return folder

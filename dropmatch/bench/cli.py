@@ -39,7 +39,7 @@ import torch
 from tqdm import tqdm
 
 from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
+from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
                       parse_p, rule_names)
 from ..decoding.engine import Engine
 from ..rule_words import KNOB_HELP
@@ -82,8 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", default=None, help="prompts per file (where FILE:N does not say)")
     parser.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens)
     parser.add_argument("--gamma", default=DEFAULTS.gamma, help="draft length, or 'auto' (per round, from measured costs)")
-    parser.add_argument("--draft-source", default=DEFAULTS.draft_source, choices=DRAFT_SOURCES,
-                        help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the model")
+    parser.add_argument("--draft-source", default=DEFAULTS.draft_source, choices=DRAFT_SOURCES + HEAD_DRAFT_SOURCES,
+                        help="model: the draft model; ngram: prompt lookup; hybrid: lookup where it matches, else the "
+                             "model; eagle3: the EAGLE-3 head of --eagle3-head")
+    parser.add_argument("--eagle3-head", default="", help="an EAGLE-3 head over the target (folder or hub id; the "
+                                                          "authors' or the speculators format), for --draft-source eagle3")
     parser.add_argument("--rules", default="lossless,dropmatch")
     parser.add_argument("--target", default="embedded")
     parser.add_argument("--draft", default="embedded")
@@ -189,11 +192,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"--same-drafts-gamma: {error}") from None
         if not args.same_drafts_only and any(prompt_set.kind == "humaneval" for prompt_set in benchmarks):
             check_sandbox()
-        spec = PairSpec(target=args.target, draft=args.draft)
+        check_head(args)
+        spec = PairSpec(target=args.target, draft=args.draft, head=args.eagle3_head)
         return _run(args, decode, runs, benchmarks, spec, sweep_limit)
     except (ConfigError, BenchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def check_head(args) -> None:
+    """--draft-source eagle3 needs its head; the same-drafts comparison re-judges draft-model and lookup drafts only."""
+    if args.draft_source in HEAD_DRAFT_SOURCES and not args.eagle3_head:
+        raise BenchError(f"--draft-source {args.draft_source} needs --eagle3-head (a folder or hub id of the head)")
+    if args.draft_source in HEAD_DRAFT_SOURCES and args.same_drafts:
+        raise BenchError("--same-drafts does not re-judge EAGLE-3 drafts yet; run it with another --draft-source")
 
 
 def _through_vllm(args) -> int:

@@ -80,6 +80,10 @@ class CausalLM:
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._logit_scale = getattr(model.config, "logit_scale", None)
         self._logits_scaling = getattr(model.config, "logits_scaling", None)
+        # An EAGLE-3 head reads the inputs of some decoder layers (eagle3.Eagle3Head sets them): hidden()
+        # then keeps them, (first position, [n, len(layers_kept) * H]), for the positions of its last call.
+        self.layers_kept: tuple[int, ...] = ()
+        self.kept_inputs: tuple[int, torch.Tensor] | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the weights as they compute here: every parameter's name, shape, dtype and
@@ -132,13 +136,19 @@ class CausalLM:
         sizes = onednn_chunks(total, self.device, self.compute_dtype)
         if progress is not None and self.device.type == "cpu":
             sizes = [min(PREFILL_CHUNK, size - start) for size in sizes for start in range(0, size, PREFILL_CHUNK)]
-        parts, read = [], 0
+        parts, kept, read = [], [], 0
+        first = cache.get_seq_length() if self.layers_kept else 0
+        layers = {"output_hidden_states": True} if self.layers_kept else {}
         for chunk in input_ids.split(sizes):
-            out = self.decoder(input_ids=chunk.view(1, -1), use_cache=True, **{self.cache_name: cache})
+            out = self.decoder(input_ids=chunk.view(1, -1), use_cache=True, **{self.cache_name: cache}, **layers)
             parts.append(out.last_hidden_state[0])
+            if layers:  # hidden_states[i]: the input of layer i
+                kept.append(torch.cat([out.hidden_states[i][0] for i in self.layers_kept], -1))
             read += int(chunk.numel())
             if progress is not None:
                 progress(read, total)
+        if kept:
+            self.kept_inputs = (first, torch.cat(kept))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
@@ -239,6 +249,7 @@ class LoadedPair:
     tokenizer: object
     spec: PairSpec
     source: str = ""  # where the weights came from, for the status line (empty: the spec says it)
+    head: object = None  # an EAGLE-3 head over the target (eagle3.Eagle3Head): draft_source "eagle3" drafts with it
 
     @property
     def device(self) -> torch.device:

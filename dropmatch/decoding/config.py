@@ -19,6 +19,7 @@ from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, METHOD, RULES, Config
 EMBEDDED = "embedded"
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
 DRAFT_SOURCES = ("model", "ngram", "hybrid")  # the draft model; prompt lookup; lookup where it matches, else the model
+HEAD_DRAFT_SOURCES = ("eagle3",)  # drafts from a head loaded beside the pair (decoding/eagle3.py; the bench's --eagle3-head)
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
@@ -145,7 +146,7 @@ DECODE_KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob("top_p", 1.0, "top-p", low=0.0, high=1.0, open_low=True),
     Knob("seed", 0, "seed", kind=int, low=0, high=2**63 - 1),
     Knob("gamma_auto", False, "gamma = auto", kind=bool),
-    Knob("draft_source", "model", "draft source", kind=str, choices=DRAFT_SOURCES),
+    Knob("draft_source", "model", "draft source", kind=str, choices=DRAFT_SOURCES + HEAD_DRAFT_SOURCES),
     Knob("gamma_tuned_for_rule", False, "gamma tuned for the rule", kind=bool),
 )}
 
@@ -279,6 +280,7 @@ class PairSpec:
     target: str = EMBEDDED
     draft: str = EMBEDDED
     trust_remote_code: bool = False
+    head: str = ""  # an EAGLE-3 head over the target (a folder or hub id), for draft_source "eagle3"; "": none
 
     def __post_init__(self):
         for role in ("target", "draft"):

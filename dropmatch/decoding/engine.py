@@ -19,7 +19,7 @@ from typing import Callable, Generator
 
 import torch
 
-from . import acceptance, drafting, verifying, mc_head
+from . import acceptance, drafting, eagle3, verifying, mc_head
 from .config import ConfigError, DecodeConfig, RuleConfig
 from .causal_lm import CausalLM, LoadedPair, encode_prompt, stop_token_ids
 from .pair_services import PairServices
@@ -246,7 +246,8 @@ class Engine:
         generator = torch.Generator(device=self.device).manual_seed(decode.seed)
         space = drafting.DraftSpace(decode, generator, costs, self.target.vocab_size, self.device,
                                     self.draft.hidden_size)
-        drafter = drafting.make_drafter(space, self.draft)
+        drafter = (eagle3.drafter(space, self.pair.head) if decode.draft_source == eagle3.SOURCE
+                   else drafting.make_drafter(space, self.draft))
         prefill = PhaseTimer(self.device)
         prefill.mark("start")
         target_cache = self.target.new_cache()

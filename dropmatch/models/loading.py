@@ -11,10 +11,12 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from ..decoding import eagle3
 from ..decoding.config import EMBEDDED, PairSpec
 from ..decoding.causal_lm import CausalLM, LoadedPair, RestrictedHead, pick_device
 from ..decoding.cpu_kernels import fast_dtype, prepare_for_cpu
@@ -332,8 +334,21 @@ def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMB
 
 
 def load_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
-    if spec.target == EMBEDDED:
-        return load_embedded_pair(device)
-    return load_hub_pair(spec, device)
+    pair = load_embedded_pair(device) if spec.target == EMBEDDED else load_hub_pair(spec, device)
+    return replace(pair, head=load_eagle3_head(spec.head, pair.target)) if spec.head else pair
+
+
+def load_eagle3_head(name: str, target: CausalLM) -> "eagle3.Eagle3Head":
+    """An EAGLE-3 head over `target`: a folder, or a hub id whose config.json and weights are fetched; read
+    and checked by decoding/eagle3.py (ConfigError, one line, where it does not fit the target)."""
+    folder = Path(name)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(name, allow_patterns=["config.json", *eagle3.WEIGHT_FILES]))
+        except Exception as error:  # the hub's errors are many; the user needs one line
+            raise ModelLoadError(f"could not fetch the EAGLE-3 head {name!r}: {_first_line(error)}") from error
+    return eagle3.load_head(folder, target, name)
 
 
