@@ -39,8 +39,8 @@ import torch
 from tqdm import tqdm
 
 from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec, PRESET_SETTINGS, RuleConfig,
-                      parse_p, rule_names)
+from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
+                               PRESET_SETTINGS, RuleConfig, parse_p, rule_names)
 from ..decoding.engine import Engine
 from ..rule_words import KNOB_HELP
 from ..models import ModelLoadError, load_pair
