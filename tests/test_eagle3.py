@@ -209,9 +209,13 @@ def test_dropmatch_judges_eagle3_drafts_by_the_heads_distribution(engine, monkey
 
 def test_gamma_auto_prices_an_eagle3_step_at_the_heads_own_measured_cost(engine, monkeypatch):
     """gamma = auto drafts one token a round when the head's step is priced dear and more when it is cheap: the
-    price is the head's own step (Eagle3Head.step_seconds), not the draft model's."""
+    price is the head's own step (Eagle3Head.step_seconds), not the draft model's. The target's prices are
+    pinned (one second a call, whatever its length), so the verdict reads no clock."""
+    from dropmatch.decoding.drafting import StepCosts
+
     head = engine.pair.head
     assert head.step_seconds() > 0
+    monkeypatch.setattr(engine.services, "_costs", StepCosts(draft_step=1.0, verify_base=1.0, verify_per_position=0.0))
     lengths = {}
     for price in (1e3, 0.0):
         monkeypatch.setattr(head, "_step_seconds", price)
