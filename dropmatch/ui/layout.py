@@ -9,8 +9,7 @@ import gradio as gr
 
 from .. import plots
 from ..decoding.acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js,
-                      theme_js, toy_head_js)
+from ..assets import ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, page_file
 from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..runfile import recorded_runs
 from ..render import legend_html
@@ -22,101 +21,6 @@ SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", 
                     "max_new_tokens", "seed", "run_autoregressive", "draft_source", "gamma_tuned_for_rule")
 LAB_PREFIX = "lab_"  # a rule-lab control's name in a view: lab_<knob name>
 SESSION_TTL_S = 3600
-# A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
-# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
-# it opens below the token, or above it near the window's bottom, and never leaves the window.
-# The switch under a column that hides or shows its struck-through rejected drafts: a class on the column itself
-# (Gradio scopes the page's styles under its container, so a class on <body> would match no scoped rule), which
-# stays through the column's later runs.
-REJECTED_TOGGLE_JS = """
-element.addEventListener('click', (e) => {
-  const toggle = e.target.closest('.dm-rejected-toggle');
-  if (toggle) toggle.setAttribute('aria-pressed', String(element.classList.toggle('dm-hide-rejected')));
-});
-"""
-POPOVER_JS = """
-const pop = () => element.querySelector('.dm-pop');
-let pinned = null;
-const show = (token) => {
-  const box = pop();
-  if (!box || !token.dataset.tip) return;
-  box.replaceChildren();
-  const head = document.createElement('div');
-  head.className = 'dm-pop-token';
-  head.textContent = token.textContent.replace('\\n', '↵');
-  box.append(head);
-  for (const line of token.dataset.tip.split('\\n')) {
-    const row = document.createElement('div');
-    if (line.startsWith('why: ')) { row.className = 'dm-pop-why'; row.textContent = line.slice(5); }
-    else row.textContent = line;
-    box.append(row);
-  }
-  box.hidden = false;
-  place(box, token);
-};
-// Under the token, or above it where the window has no room below; inside the column and the window.
-const place = (box, token) => {
-  const margin = 6, edge = 4, host = box.offsetParent || element;
-  box.style.maxHeight = (window.innerHeight - 2 * edge) + 'px';
-  const t = token.getBoundingClientRect(), h = host.getBoundingClientRect();
-  const width = box.offsetWidth, height = box.offsetHeight;
-  const leftMost = Math.max(0, edge - h.left), rightMost = Math.min(h.width, window.innerWidth - edge - h.left) - width;
-  box.style.left = Math.max(leftMost, Math.min(t.left - h.left, rightMost)) + 'px';
-  const below = window.innerHeight - edge - (t.bottom + margin), above = t.top - margin - edge;
-  let top = height <= below || below >= above ? t.bottom + margin : t.top - margin - height;
-  top = Math.max(edge, Math.min(top, window.innerHeight - edge - height));  // a very tall box: inside all the same
-  box.style.top = (top - h.top) + 'px';
-};
-const hide = () => { const box = pop(); if (box) box.hidden = true; };
-element.addEventListener('mouseover', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
-element.addEventListener('mouseout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
-element.addEventListener('focusin', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
-element.addEventListener('focusout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
-element.addEventListener('click', (e) => {
-  const t = e.target.closest('.dm-tok');
-  if (!t) return;
-  if (pinned === t) { pinned = null; t.classList.remove('dm-pinned'); hide(); return; }
-  if (pinned) pinned.classList.remove('dm-pinned');
-  pinned = t; t.classList.add('dm-pinned'); show(t);
-});
-element.addEventListener('keydown', (e) => {
-  const t = e.target.closest('.dm-tok');
-  if (t && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); t.click(); }
-  if (e.key === 'Escape') { if (pinned) pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
-});
-document.addEventListener('click', (e) => {
-  if (pinned && !element.contains(e.target)) { pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
-});
-"""
-# A number typed outside a slider's range, or no number at all (letters, an empty box), is set by Gradio without a
-# word: say so, in one line under the control, until the next change (the capture phase sees the typed value
-# before Gradio clamps it; what a non-number became is read after Gradio's own handler).
-CLAMP_JS = """
-if (!window.dmClampNotes) {
-  window.dmClampNotes = true;
-  const say = (block, text) => {
-    let note = block.querySelector('.dm-clamp');
-    if (!text) { if (note) note.remove(); return; }
-    if (!note) { note = document.createElement('div'); note.className = 'dm-clamp'; note.setAttribute('role', 'status'); block.append(note); }
-    note.textContent = text;
-  };
-  document.addEventListener('change', (e) => {
-    const input = e.target;
-    if (!(input instanceof HTMLInputElement) || input.type !== 'number' || !input.closest('#settings')) return;
-    const block = input.closest('.block') || input.parentElement;
-    const typed = input.value, value = Number(typed);
-    const min = input.min === '' ? null : Number(input.min), max = input.max === '' ? null : Number(input.max);
-    if (typed === '' && min !== null) {
-      setTimeout(() => say(block, 'That is not a number (letters or an empty box): it is set to ' + input.value + '.'), 50);
-      return;
-    }
-    let text = '';
-    if (min !== null && value < min) text = typed + ' is below the smallest value this setting takes: it is set to ' + min + '.';
-    else if (max !== null && value > max) text = typed + ' is above the largest value this setting takes: it is set to ' + max + '.';
-    say(block, text);
-  }, true);
-}
-"""
 # The tabs by what a visitor came for: (group, its id, its tabs' labels). The groups' row sits right under the
 # status line, so it is on the first screen of a projector and of a phone; tab rows wrap instead of hiding tabs.
 TAB_GROUPS = (("Watch", "watch", ("Replay", "Step through", "Charts")),
@@ -129,27 +33,6 @@ TERMS_HTML = ('<div class="dm-terms"><span><b>tau</b>: tokens per target call (r
               'apart two next-token distributions are (0 = the same, at most ln 2 ≈ 0.69).</span><span><b>centroid'
               '</b>: the mean of the K dropout paths\' distributions, the point the draft is measured against.</span>'
               '</div>')
-# The group row reads as the page's navigation; Stop looks inactive until a run goes on. Gradio's default theme
-# draws hint text (1.9:1), Run's white on orange (2.8:1) and the selected tab's orange (2.8:1) under WCAG's 4.5:1:
-# darker shades, in both themes.
-LAYOUT_CSS = """
-:root, .gradio-container { --body-text-color-subdued: #5f6368; --color-accent: #c2410c;
-  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
-.dark, .dark .gradio-container { --body-text-color-subdued: #b0b7c3; --color-accent: #fb923c;
-  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
-#tabs > .tab-wrapper button[role=tab] { font-size: 1.1rem; font-weight: 600; }
-@media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
-#stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
-#theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
-/* At a desktop's width the wide tables wrap their cells instead of scrolling in a box of their own (a phone's
-   keeps each row on one line and scrolls it). */
-@media (min-width: 1000px) { .dm-nowrap-table th, .dm-nowrap-table td { white-space: normal; } }
-#lab-knobs > .form, #lab-knobs { flex-wrap: wrap; }
-.dm-skip { position: absolute; left: -10000px; }  /* shown only while it has the keyboard's focus */
-.dm-skip:focus { position: static; display: inline-block; padding: 4px 10px; border: 2px solid currentColor; }
-#verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
-.dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
-"""
 
 
 @dataclass
@@ -253,7 +136,7 @@ def build_layout() -> Ui:
     # The status sits right under Run, above Settings: open settings must not push it off the first screen.
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
-    gr.HTML("", js_on_load=theme_js(), elem_id="theme-js", padding=False)  # charts follow the theme and the width
+    gr.HTML("", js_on_load=page_file("theme.js"), elem_id="theme-js", padding=False)  # charts follow the theme and the width
     with gr.Tabs(elem_id="tabs", overflow_behavior="wrap") as parts["tabs"]:
         for group, group_id, names in TAB_GROUPS:
             with gr.Tab(group, id=group_id, elem_id=f"{group_id}-group"):
@@ -311,7 +194,7 @@ def _examples(parts: dict) -> None:
 
 def _settings(parts: dict) -> None:
     # Outside the closed accordion: its listener is installed at page load, not when Settings first opens.
-    gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
+    gr.HTML("", js_on_load=page_file("clamp.js"), elem_id="clamp-notes", padding=False)
     with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
         with gr.Row():
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, MAX_GAMMA + 1))], value=DEFAULTS.gamma, label="draft length γ",
@@ -375,11 +258,11 @@ def _columns(parts: dict) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
-            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=page_file("popover.js"))
             parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
         with gr.Column(elem_id="lossy-column"):
             parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
-            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=page_file("popover.js"))
             parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
 
 
@@ -390,7 +273,7 @@ def _replay_tab(parts: dict) -> None:
                     "run on one clock paced by each round's measured time; or tick *one stage per key* and drive "
                     "it with the arrow keys or a clicker. Link to a shipped run with `?run=<name>` "
                     "(`&presenter=1` opens the presenter layout).")
-        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=replay_js(), elem_id="replay")
+        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=page_file("replay.js"), elem_id="replay")
 
 
 def _lessons_tab(parts: dict) -> None:
@@ -400,7 +283,7 @@ def _lessons_tab(parts: dict) -> None:
                     "per rule (link one with `?lesson=js`), or a lesson made from the run shown. Score, streak, and at "
                     "the end what you confused. Keys 1-5 answer, Enter or → next, ← back; your progress stays in this "
                     "browser.")
-        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=lessons_js(), elem_id="lessons")
+        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=page_file("lessons.js"), elem_id="lessons")
 
 
 def _charts_tab(parts: dict) -> None:
@@ -483,7 +366,7 @@ def _toy_tab(parts: dict) -> None:
                     "centroid is their mean; the threshold is how far the farthest path lies from it; the draft's q "
                     "is accepted by JS when it lies no farther. Drag h, q, K and p, or press *new masks*; the page "
                     "computes every number with the project's formulas (greedy: distributions at T = 1).")
-        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=toy_head_js(), elem_id="toy-head")
+        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=page_file("toy_head.js"), elem_id="toy-head")
 
 
 def _how_tab(parts: dict) -> None:
