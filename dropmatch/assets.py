@@ -13,6 +13,7 @@ ROBUSTNESS_LONG_DRAFT_FILE = ROOT / "assets" / "results" / "robustness_gamma15.j
 SAME_DRAFTS_FILE = ROOT / "assets" / "results" / "same_drafts.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
+TAB_NOTES_FILE = ROOT / "assets" / "tab_notes.md"
 LESSONS_DIR = ROOT / "assets" / "lessons"  # the built-in lessons (builtin_lessons.py)
 PAGE_FILES = {name: ROOT / "assets" / name for name in  # what page_file reads
               ("render.css", "layout.css", "replay.js", "theme.js", "toy_head.js", "lessons.js", "popover.js", "clamp.js")}
@@ -52,6 +53,12 @@ def how_it_works() -> str:
         return "docs/how_it_works.md is missing from this installation."
     text = HOW_IT_WORKS_FILE.read_text(encoding="utf-8")
     return text.split("\n", 1)[1].lstrip() if text.startswith("# ") else text  # the tab names it already
+
+
+def tab_note(tab: str) -> str:
+    """The Markdown note under a tab of the page: its `## <tab>` section of assets/tab_notes.md."""
+    sections = TAB_NOTES_FILE.read_text(encoding="utf-8").split("\n## ")[1:]
+    return next(body.strip() for head, _, body in (section.partition("\n") for section in sections) if head == tab)
 
 
 def page_file(name: str) -> str:

@@ -282,7 +282,7 @@ def _lossy(trace: GenerationTrace) -> bool:
 
 def component_costs(traces: list[GenerationTrace]) -> dict:
     """The measured seconds of each part of the runs and the counts they were spent on, summed (what
-    cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
+    scripts/tools/cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
     verified positions (with the sums a least-squares line of forward seconds on positions needs), the
     clean head, the verify step (Monte-Carlo work) and the rest; the tokens the draft model drafted
     (prompt lookup costs no model call) and the positions the verify step judged."""

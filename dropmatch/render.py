@@ -190,16 +190,12 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
             speed_interval: tuple[float, float] | None = None, machine: str = "this machine",
             ar: RunMetrics | None = None) -> str:
     """The comparison in plain sentences: a headline of at most 30 words (target calls per token against
-    lossless SD, and whether the text changed), then, in a paragraph of its own, the details,
-    machine-independent facts first: the counts and tau, the tokens only the rule accepted, the text's
-    change as the target sees it; then this run's wall clock, labelled as one run on `machine` (this one,
-    or where a recorded run was made), and
-    called faster or slower only beyond the spread the run itself shows (speed_interval:
-    metrics.speed_ratio_interval: blocks of each column's rounds resampled, prefill and calibration kept); the
-    target alone (transformers' generate(), speedup_vs_ar) against both columns and the engine's own
-    autoregressive run (`ar`, the third column), where it ran; and, when both SD columns ran slower than
-    the target alone, that they did. A run whose answer ended before lossless SD's (ended_early) says so as
-    its first words, with both lengths, and is never called a win."""
+    lossless SD, and whether the text changed), then a paragraph of details, machine-independent facts first
+    (counts and tau, the tokens only the rule accepted, the text's change as the target sees it); then the
+    wall clock, as one run on `machine`, called faster or slower only beyond the run's own spread
+    (speed_interval: metrics.speed_ratio_interval); then the target alone (transformers' generate()) against
+    both columns and the engine's own autoregressive run `ar`, where it ran. A run whose answer ended before
+    lossless SD's (ended_early) says so first, with both lengths, and is never called a win."""
     early = ended_early(lossless, lossy)
     headline = _early_headline(lossless, lossy, rule_label) if early else \
         f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."

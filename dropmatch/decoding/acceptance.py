@@ -538,34 +538,22 @@ def lossless_test(
     return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
 
 
-def correction_token(
-    q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool, generator: torch.Generator
-) -> int:
-    """q_sample, p_sample [V] at the rejected position -> the emitted token.
-
-    Sampling draws from norm(max(0, p - q)): the clean target's residual, so that whatever a
-    lossy rule adds, the lossless part keeps the target's distribution.
-    """
-    if greedy:
-        return int(p_sample.argmax())  # the emitted id: the one host copy this needs
-    residual = (p_sample - q_sample).clamp_min(0.0)
-    if float(residual.sum()) <= 0.0:
-        residual = p_sample
-    return int(draw(residual / residual.sum(), generator))
-
-
 def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | None, p_sample: torch.Tensor | None,
-                generator: torch.Generator | None, greedy: bool = False) -> tuple[int, str]:
-    """(the token emitted after num_accepted of g drafts, its kind): a correction at the rejected
-    position (correction_token) or a bonus after the last draft, drawn from p_sample [g + 1, V] with
-    q_sample [g, V]; token -1 where no distributions were given (a caller that reads reasons only)."""
+                generator: torch.Generator | None) -> tuple[int, str]:
+    """(the token a sampled round emits after num_accepted of g drafts, its kind): a bonus after the last
+    draft, drawn from p_sample [g + 1, V]; else a correction at the rejected position, drawn from the
+    residual norm(max(0, p - q)) (q_sample [g, V]), so that whatever a lossy rule adds, the lossless part
+    keeps the target's distribution. Token -1 where no distributions were given (a caller that reads
+    reasons only)."""
     kind = BONUS if num_accepted == num_drafted else CORRECTION
     if p_sample is None:
         return -1, kind
-    if kind == CORRECTION:
-        return correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator), kind
-    bonus = p_sample[num_drafted]
-    return (int(bonus.argmax()) if greedy else int(draw(bonus, generator))), kind
+    if kind == BONUS:
+        return int(draw(p_sample[num_drafted], generator)), kind
+    residual = (p_sample[num_accepted] - q_sample[num_accepted]).clamp_min(0.0)
+    if float(residual.sum()) <= 0.0:
+        residual = p_sample[num_accepted]
+    return int(draw(residual / residual.sum(), generator)), kind
 
 
 def scan(tests: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -579,13 +579,11 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, temperature: float,
-                  keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+                  keys: list[tuple[int, int]]) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
-    (mask_seed, sequence position) key their dropout masks). clean_probs [n, V]: signal_probs of
-    clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
+    (mask_seed, sequence position) key their dropout masks)."""
     p = rule.p
     if p == 0.0:  # every path is the clean row
-        clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
-        return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)
+        return mc_head.PathStats.of_clean_row(clean_logits, signal_probs(clean_logits, temperature), rule.num_paths)
     keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype, rule.mask_draw)
     return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)

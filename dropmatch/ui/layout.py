@@ -9,7 +9,8 @@ import gradio as gr
 
 from .. import plots
 from ..decoding.acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, page_file
+from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, page_file,
+                      tab_note)
 from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..runfile import recorded_runs
 from ..render import legend_html
@@ -268,21 +269,13 @@ def _columns(parts: dict) -> None:
 
 def _replay_tab(parts: dict) -> None:
     with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
-        gr.Markdown("Play the run round by round: the drafts appear, the verifier marks each slot (with the "
-                    "paths' votes and JS against its threshold), then the correction or bonus lands. Both columns "
-                    "run on one clock paced by each round's measured time; or tick *one stage per key* and drive "
-                    "it with the arrow keys or a clicker. Link to a shipped run with `?run=<name>` "
-                    "(`&presenter=1` opens the presenter layout).")
+        gr.Markdown(tab_note("Replay"))
         parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=page_file("replay.js"), elem_id="replay")
 
 
 def _lessons_tab(parts: dict) -> None:
     with gr.Tab("Lessons", id="lessons", elem_id="lessons-tab"):
-        gr.Markdown("Predict before you see: for each slot the rule judged, choose its verdict, then the reveal (the "
-                    "exact test first, then the K paths, their votes and JS against its threshold). A built-in lesson "
-                    "per rule (link one with `?lesson=js`), or a lesson made from the run shown. Score, streak, and at "
-                    "the end what you confused. Keys 1-5 answer, Enter or → next, ← back; your progress stays in this "
-                    "browser.")
+        gr.Markdown(tab_note("Lessons"))
         parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=page_file("lessons.js"), elem_id="lessons")
 
 
@@ -306,10 +299,7 @@ def _step_tab(parts: dict) -> None:
 
 def _lab_tab(parts: dict) -> None:
     with gr.Tab("Rule lab", elem_id="lab-tab"):
-        gr.Markdown("The lossless column's drafted tokens (the same drafts, the same clean target) judged by every "
-                    "rule at once, re-judged through the models' heads when you move a control. The totals under "
-                    "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
-                    "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
+        gr.Markdown(tab_note("Rule lab"))
         with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
             parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
                                   for knob in KNOBS.values() if knob.lab}
@@ -323,49 +313,27 @@ def _lab_tab(parts: dict) -> None:
 
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
-        gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair), the training-free rivals MARS, FLy and the static ensemble among them: how "
-                    "many more tokens a round keeps (tau gain over lossless SD) against the quality the target "
-                    "itself sees. Shaded: where the target's own samples (temperature 0.7, top-p 0.95) lie. The "
-                    "star is your last run. A point's hover names the run it comes from (docs/results.md has each "
-                    "run's command); FLy's window never fits the Studio's short rounds, so its points sit at 0.")
+        gr.Markdown(tab_note("Trade-offs"))
         parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
 def _robustness_tab(parts: dict) -> None:
     with gr.Tab("Robustness", elem_id="robustness-tab"):
         document = load_robustness()
-        gr.Markdown("### On lossless SD's drafts\nEvery rule re-judges the drafts lossless SD made on each prompt "
-                    "(the rule lab's code): the tau it would reach on them, the share of drafted tokens it accepts "
-                    "beyond the exact test, and how the target sees what it accepted (its probability and rank). "
-                    "The same drafts for every rule, so the figures measure the rule alone; at the Studio's draft "
-                    "policy and at a long fixed draft (15, FLy's authors'), where a windowed rule has room. GSM8K "
-                    "test is the trained judge's distribution (it learned on GSM8K *train*); chat, code, "
-                    "instructions and other languages are out of it.")
+        gr.Markdown(tab_note("Robustness"))
         gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
-        gr.Markdown("### Each rule's own text\nEach rule decodes the prompt itself: after its first lossy token "
-                    "it writes another text, with other drafts, so its tau and speed measure the rule and the text "
-                    "it led to; gains carry 95% intervals over prompts, and a lead or a trail is said only beyond "
-                    "them. Each line is one rule across the benchmarks; a filled marker stays inside the band of the "
-                    "target's own text (NLL and off-nucleus rate against its samples, repetition against its greedy "
-                    "text) on every axis, an open one leaves it. At the Studio's draft policy:")
+        gr.Markdown(tab_note("Robustness: each rule's own text"))
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
-        gr.Markdown("At a long fixed draft (15 tokens from the draft model, FLy's authors' length), where FLy's "
-                    "window has room; both columns drafted alike:")
+        gr.Markdown(tab_note("Robustness: a long fixed draft"))
         gr.Markdown(views.robustness_markdown(load_robustness(ROBUSTNESS_LONG_DRAFT_FILE)),
                     elem_id="robustness-long-table")
 
 
 def _toy_tab(parts: dict) -> None:
     with gr.Tab("Toy head", elem_id="toy-tab"):
-        gr.Markdown("DropMatch's idea small enough to hold in one view: 6 tokens, a hidden state h of 8 numbers, a "
-                    "head W (6 x 8). Each path keeps some of h's coordinates (its mask m) and rescales them, "
-                    "h * m / (1 - p), so its distribution softmax(W h') moves a little: K paths, K opinions. The "
-                    "centroid is their mean; the threshold is how far the farthest path lies from it; the draft's q "
-                    "is accepted by JS when it lies no farther. Drag h, q, K and p, or press *new masks*; the page "
-                    "computes every number with the project's formulas (greedy: distributions at T = 1).")
+        gr.Markdown(tab_note("Toy head"))
         gr.HTML('<div class="dm-toy-host"></div>', js_on_load=page_file("toy_head.js"), elem_id="toy-head")
 
 
@@ -382,8 +350,7 @@ def _downloads_tab(parts: dict) -> None:
 
 def _recorded_tab(parts: dict) -> None:
     with gr.Tab("Recorded runs", elem_id="recorded-tab"):
-        gr.Markdown("Open a run recorded earlier (a trace JSON from *Downloads*, or one shipped with the app): "
-                    "both columns, the stats, every chart and the step view, without loading a model.")
+        gr.Markdown(tab_note("Recorded runs"))
         with gr.Row():
             parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
                                                    elem_id="recorded-choice")
