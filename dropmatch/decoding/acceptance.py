@@ -415,7 +415,7 @@ def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
     """DIVERSED's static ensemble (arXiv 2604.07622; transformers 5.23's assistant_ensemble_weight, in
     _speculative_sampling), verifying against v = w p + (1 - w) q. Sampling: the same coin u as the lossless
     test, accept iff u q(x) < (1 - w) q(x) + w p(x), i.e. u < min(1, 1 - w + w p(x) / q(x)). Greedy: the draft
-    is accepted iff it is argmax v (which replaces the exact test, ensemble_replaces), and argmax v is the
+    is accepted iff it is argmax v (which replaces the exact test, _ensemble_replaces), and argmax v is the
     correction (ensemble_rows). w = 1 is lossless SD."""
     if s.coin is None:
         return [("ensemble", s.draft_tokens == s.rule_top)]
@@ -438,9 +438,9 @@ def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     processed logits (temperature, then top-p, their processors' order) are close, r = z2 / (z1 + 1e-10) >
     threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
     tied logits the other tied token) is accepted without a coin. Under sampling that test replaces the lossless
-    one there (mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
-    token drawn from p); elsewhere the lossless test and its residual (MARS_RESIDUAL: ours, not the authors').
-    Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
+    one there (_mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
+    token drawn from p); elsewhere the lossless test and its residual (rule_words.MARS_RESIDUAL: ours, not the
+    authors'). Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
     securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
     r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
     close = s.target_logit_ratio > cfg.mars_threshold
