@@ -15,8 +15,8 @@ RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
 TAB_NOTES_FILE = ROOT / "assets" / "tab_notes.md"
 LESSONS_DIR = ROOT / "assets" / "lessons"  # the built-in lessons (builtin_lessons.py)
-PAGE_FILES = {name: ROOT / "assets" / name for name in  # what page_file reads
-              ("render.css", "layout.css", "replay.js", "theme.js", "toy_head.js", "lessons.js", "popover.js", "clamp.js")}
+PAGE_FILES = {name: ROOT / "assets" / name for name in ("render.css", "layout.css", "replay.js", "theme.js",
+                                                        "toy_head.js", "lessons.js", "popover.js", "clamp.js")}
 REPORT_TEMPLATE = ROOT / "assets" / "report.html"  # the benchmark report page (bench/report.py; not on the Space)
 
 

@@ -309,12 +309,13 @@ def quality_deltas(trace: GenerationTrace, lossless: GenerationTrace | None) -> 
     """delta_target_nll, delta_off_nucleus_rate, delta_distinct2: this run minus lossless SD's."""
     if lossless is None:
         return {"delta_target_nll": None, "delta_off_nucleus_rate": None, "delta_distinct2": None}
-    return {"delta_target_nll": _difference(target_nll(trace), target_nll(lossless)),
-            "delta_off_nucleus_rate": _difference(off_nucleus_rate(trace), off_nucleus_rate(lossless)),
+    return {"delta_target_nll": difference(target_nll(trace), target_nll(lossless)),
+            "delta_off_nucleus_rate": difference(off_nucleus_rate(trace), off_nucleus_rate(lossless)),
             "delta_distinct2": distinct2(trace.output_ids) - distinct2(lossless.output_ids)}
 
 
-def _difference(a: float | None, b: float | None) -> float | None:
+def difference(a: float | None, b: float | None) -> float | None:
+    """a - b, None where either is missing."""
     return None if a is None or b is None else a - b
 
 

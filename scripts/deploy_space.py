@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOW = (
     "app.py", "README.md", "requirements.txt", ".gitattributes", "pyproject.toml",
     "dropmatch/*.py", "dropmatch/*/*.py",
-    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/*.js", "assets/*.css", "assets/tab_notes.md",
+    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json",
+    "assets/*.js", "assets/*.css", "assets/tab_notes.md",  # the page's scripts, styles and tab notes
     "assets/lessons/*.json",  # the built-in lessons (DENY: not their runs)
     "assets/results/frontier.json", "assets/results/robustness.json", "assets/results/robustness_gamma15.json",
     "assets/results/same_drafts.json",

@@ -137,7 +137,8 @@ def build_layout() -> Ui:
     # The status sits right under Run, above Settings: open settings must not push it off the first screen.
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
-    gr.HTML("", js_on_load=page_file("theme.js"), elem_id="theme-js", padding=False)  # charts follow the theme and the width
+    # Charts follow the theme and the width.
+    gr.HTML("", js_on_load=page_file("theme.js"), elem_id="theme-js", padding=False)
     with gr.Tabs(elem_id="tabs", overflow_behavior="wrap") as parts["tabs"]:
         for group, group_id, names in TAB_GROUPS:
             with gr.Tab(group, id=group_id, elem_id=f"{group_id}-group"):
