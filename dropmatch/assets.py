@@ -1,4 +1,5 @@
-"""Where the files shipped with the project live (prompts, results, recorded runs, How it works)."""
+"""Where the files shipped with the project live (prompts, results, recorded runs, How it works, the page's
+scripts, styles and tab notes, the report page)."""
 
 from __future__ import annotations
 
