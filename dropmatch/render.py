@@ -300,10 +300,9 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
     low, high = interval
     spread = (f"{low:.2f}x-{high:.2f}x, the 95% interval of the ratio, end to end, from resampling blocks of each "
               "column's rounds")
-    if low > 1.0:
-        return f"{measured}: faster, beyond the spread of its rounds' timings ({spread})."
-    if high < 1.0:
-        return f"{measured}: slower, beyond the spread of its rounds' timings ({spread})."
+    if low > 1.0 or high < 1.0:
+        word = "faster" if low > 1.0 else "slower"
+        return f"{measured}: {word}, beyond the spread of its rounds' timings ({spread})."
     return f"{measured}: within the spread of its rounds' timings ({spread}), so not called a win or a loss."
 
 
