@@ -1,4 +1,5 @@
-"""Where the files shipped with the project live (prompts, results, recorded runs, How it works)."""
+"""Where the files shipped with the project live (prompts, results, recorded runs, How it works, the page's
+scripts, styles and tab notes, the report page)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ ROBUSTNESS_LONG_DRAFT_FILE = ROOT / "assets" / "results" / "robustness_gamma15.j
 SAME_DRAFTS_FILE = ROOT / "assets" / "results" / "same_drafts.json"
 RECORDED_DIR = ROOT / "assets" / "recorded"
 HOW_IT_WORKS_FILE = ROOT / "docs" / "how_it_works.md"
-REPLAY_JS_FILE = ROOT / "assets" / "replay.js"
-THEME_JS_FILE = ROOT / "assets" / "theme.js"
-TOY_HEAD_JS_FILE = ROOT / "assets" / "toy_head.js"
-LESSONS_JS_FILE = ROOT / "assets" / "lessons.js"
+TAB_NOTES_FILE = ROOT / "assets" / "tab_notes.md"
 LESSONS_DIR = ROOT / "assets" / "lessons"  # the built-in lessons (builtin_lessons.py)
+PAGE_FILES = {name: ROOT / "assets" / name for name in ("render.css", "layout.css", "replay.js", "theme.js",
+                                                        "toy_head.js", "lessons.js", "popover.js", "clamp.js")}
+REPORT_TEMPLATE = ROOT / "assets" / "report.html"  # the benchmark report page (bench/report.py; not on the Space)
 
 
 def load_examples() -> list[dict]:
@@ -55,21 +56,15 @@ def how_it_works() -> str:
     return text.split("\n", 1)[1].lstrip() if text.startswith("# ") else text  # the tab names it already
 
 
-def replay_js() -> str:
-    """The replay player, run by the page as the replay component's js_on_load (assets/replay.js)."""
-    return REPLAY_JS_FILE.read_text(encoding="utf-8")
+def tab_note(tab: str) -> str:
+    """The Markdown note under a tab of the page: its `## <tab>` section of assets/tab_notes.md."""
+    sections = TAB_NOTES_FILE.read_text(encoding="utf-8").split("\n## ")[1:]
+    return next(body.strip() for head, _, body in (section.partition("\n") for section in sections) if head == tab)
 
 
-def theme_js() -> str:
-    """Charts follow the page's light or dark theme (assets/theme.js), run as a component's js_on_load."""
-    return THEME_JS_FILE.read_text(encoding="utf-8")
-
-
-def toy_head_js() -> str:
-    """The toy head, computed in the page (assets/toy_head.js), run as its component's js_on_load."""
-    return TOY_HEAD_JS_FILE.read_text(encoding="utf-8")
-
-
-def lessons_js() -> str:
-    """The lesson player (assets/lessons.js), run as the lessons component's js_on_load."""
-    return LESSONS_JS_FILE.read_text(encoding="utf-8")
+def page_file(name: str) -> str:
+    """A file the page loads, read when the page is built: a stylesheet, or a script Gradio runs as a component's
+    js_on_load (`element` is the component). replay.js: the replay player; theme.js: charts follow the page's
+    theme; toy_head.js: the toy head; lessons.js: the lesson player; popover.js, clamp.js: the texts' popovers
+    and the settings' clamp notes; render.css, layout.css: the texts' and the page's styles."""
+    return PAGE_FILES[name].read_text(encoding="utf-8")

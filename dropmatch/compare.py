@@ -1,10 +1,10 @@
 """Lossless SD and a lossy rule on the same prompt, seed and pair, round by round, then the baselines.
 
-The two runs advance alternately so that a UI can show both columns growing together. Each
-run's times are measured inside the run (see Engine._finish), so alternating does not make
-either one look slower. One stopwatch: a short untimed run of each rule comes first (`warm_up`), so that
-one-time costs (first calls' allocations, kernels built on first use, cold caches) fall on neither column;
-each column is then timed end to end (prefill, p = auto's calibration, rounds). The target alone is what a
+The two runs advance alternately so that a UI can show both columns growing together; each run's times
+are measured inside the run (Engine._finish), so alternating makes neither look slower. A short untimed
+run of each rule comes first (`warm_up`), so that one-time costs (first calls' allocations, kernels built
+on first use, cold caches) fall on neither column; each is then timed end to end (prefill, p = auto's
+calibration, rounds). The target alone is what a
 user runs: transformers' generate() on the same loaded target (`target_alone`), timed after the engine's
 own autoregressive run (the third column, kept for its trace).
 """

@@ -1,10 +1,9 @@
 """The rule lab: one run's drafted tokens re-judged under every rule, through the heads only.
 
-The engine keeps, per round, the target's and the draft's final hidden states and the lossless test's
-result (trace.RoundStates). From them `prepare` recomputes what the transformer gave (the clean logits
-and the draft's distributions) with the models' heads, and `rejudge` judges every drafted position
-under every rule with the engine's own verify step (verifying.verify, every round in one batch): the
-same drafts and the same clean target for every rule, in well under a second, without running a
+From each round's kept states (trace.RoundStates: the target's and the draft's final hidden states, the
+lossless test's result) `prepare` recomputes the clean logits and the draft's distributions with the
+models' heads, and `rejudge` judges every drafted position under every rule with the engine's own verify
+step (every round in one batch): the same drafts and clean target for every rule, without running a
 transformer block. A replay with the run's own settings decides exactly as the run did.
 
 The numbers under the matrix are counterfactuals on fixed drafts: what each rule would accept of

@@ -282,7 +282,7 @@ def _lossy(trace: GenerationTrace) -> bool:
 
 def component_costs(traces: list[GenerationTrace]) -> dict:
     """The measured seconds of each part of the runs and the counts they were spent on, summed (what
-    cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
+    scripts/tools/cost_model.py reads): prefill and calibration; per round the draft, the target's forward over the
     verified positions (with the sums a least-squares line of forward seconds on positions needs), the
     clean head, the verify step (Monte-Carlo work) and the rest; the tokens the draft model drafted
     (prompt lookup costs no model call) and the positions the verify step judged."""
@@ -309,12 +309,13 @@ def quality_deltas(trace: GenerationTrace, lossless: GenerationTrace | None) -> 
     """delta_target_nll, delta_off_nucleus_rate, delta_distinct2: this run minus lossless SD's."""
     if lossless is None:
         return {"delta_target_nll": None, "delta_off_nucleus_rate": None, "delta_distinct2": None}
-    return {"delta_target_nll": _difference(target_nll(trace), target_nll(lossless)),
-            "delta_off_nucleus_rate": _difference(off_nucleus_rate(trace), off_nucleus_rate(lossless)),
+    return {"delta_target_nll": difference(target_nll(trace), target_nll(lossless)),
+            "delta_off_nucleus_rate": difference(off_nucleus_rate(trace), off_nucleus_rate(lossless)),
             "delta_distinct2": distinct2(trace.output_ids) - distinct2(lossless.output_ids)}
 
 
-def _difference(a: float | None, b: float | None) -> float | None:
+def difference(a: float | None, b: float | None) -> float | None:
+    """a - b, None where either is missing."""
     return None if a is None or b is None else a - b
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from typing import Callable, Sequence
 
+from .assets import page_file
 from .decoding.acceptance import KNOBS, REASONS, RULES, judges_drafts
 from .decoding.config import DecodeConfig, RuleConfig
 from .metrics import RunMetrics
@@ -46,120 +47,15 @@ def palette() -> dict[str, tuple[str, str, str]]:
 
 
 def css() -> str:
-    """The app's stylesheet: per reason of the rule table and per extra kind a highlight with an
-    explicit text colour, a second cue (an underline style), and a dark variant under Gradio's
-    `.dark` (set from the OS or the Hugging Face theme)."""
+    """The texts' stylesheet (assets/render.css), then per reason of the rule table and per extra kind a
+    highlight with an explicit text colour, a second cue (an underline style), and a dark variant under
+    Gradio's `.dark` (set from the OS or the Hugging Face theme)."""
     rules = []
     for kind, (light, dark, cue) in palette().items():
         rules.append(f".dm-{kind} {{ background: {light}; color: {TEXT_ON_LIGHT}; text-decoration: {cue}; "
                      "text-underline-offset: 3px; }")
         rules.append(f".dark .dm-{kind} {{ background: {dark}; color: {TEXT_ON_DARK}; }}")
-    return BASE_CSS + "\n".join(rules) + "\n" + REPLAY_CSS + TOY_CSS
-
-
-BASE_CSS = """
-.dm-text { font-size: 1.15rem; line-height: 2.0; white-space: pre-wrap; word-break: break-word; }
-.dm-tok { border-radius: 4px; padding: 1px 1px; margin: 0 0.5px; cursor: help; }
-.dm-legend { display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; }
-.dm-legend span { padding: 2px 6px; border-radius: 4px; font-size: 0.95rem; white-space: nowrap; }
-.dm-stats td { padding: 2px 10px 2px 0; font-size: 1.05rem; } .dm-stats td:first-child { color: #546e7a; }
-.dark .dm-stats td:first-child { color: #b0bec5; } .dark .dm-step td, .dark .dm-step th, .dark .dm-lab td { border-color: #546e7a; }
-.dark .dm-lab th { background: #263238; }
-.dm-step table { border-collapse: collapse; font-size: 1.0rem; } .dm-step td, .dm-step th { border: 1px solid #cfd8dc; padding: 4px 8px; vertical-align: top; }
-.dm-step td { white-space: nowrap; } .dm-step td.why-cell { white-space: normal; min-width: 320px; }
-.dm-step .why { max-width: 460px; }
-.dm-text-host { position: relative; }
-#rule-choice input, #pair-choice input { padding-right: 2.4em; text-overflow: ellipsis; }  /* the arrow covers no text */
-.dm-key { margin-top: 6px; }
-.dm-clamp { margin-top: 4px; font-size: 0.9rem; color: #b71c1c; } .dark .dm-clamp { color: #ef9a9a; }
-.dm-pop { position: absolute; z-index: 50; max-width: min(30rem, 92vw); padding: 8px 12px; border-radius: 8px;
-  font-size: 1.05rem; line-height: 1.45; background: #ffffff; color: #1a1a1a; border: 1px solid #90a4ae;
-  box-shadow: 0 4px 16px rgba(0, 0, 0, 0.25); white-space: normal; overflow-y: auto; }
-.dark .dm-pop { background: #1e272c; color: #f5f5f5; border-color: #78909c; }
-.dm-pop-token { font-weight: 700; font-size: 1.15rem; margin-bottom: 2px; }
-.dm-pop-why { margin-top: 6px; padding-top: 6px; border-top: 1px solid #cfd8dc; }
-.dm-tok.dm-pinned, .dm-tok:focus-visible { outline: 3px solid #ff6f00; outline-offset: 1px; }
-.dm-nowrap-table th, .dm-nowrap-table td { white-space: nowrap; word-break: keep-all; overflow-wrap: normal; }
-.dm-command { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.85rem; padding: 6px 8px; border-radius: 6px; }
-.dm-scroll { overflow-x: auto; max-width: 100%; }  /* a wide table scrolls inside its box on a phone */
-.dm-lab { max-height: 560px; overflow: auto; }
-.dm-lab table { border-collapse: collapse; font-size: 0.9rem; }
-.dm-lab th { position: sticky; top: 0; background: #eceff1; padding: 4px 6px; border: 1px solid #cfd8dc; }
-.dm-lab td { border: 1px solid #cfd8dc; padding: 2px 6px; text-align: center; cursor: help; white-space: nowrap; }
-.dm-lab td.tok { text-align: left; font-family: monospace; } .dm-lab tr.round-start td { border-top: 2px solid #607d8b; }
-.dm-lab-summary td, .dm-lab-summary th { padding: 2px 10px; text-align: right; } .dm-lab-summary td:first-child { text-align: left; }
-.dm-hide-rejected .dm-tok.dm-rejected { display: none; }
-.dm-rejected-toggle { margin-top: 4px; font-size: 0.85rem; padding: 2px 8px; border-radius: 6px; border: 1px solid #90a4ae;
-  background: transparent; color: inherit; cursor: pointer; }
-.dm-rejected-toggle .dm-when-hidden, .dm-hide-rejected .dm-rejected-toggle .dm-when-shown { display: none; }
-.dm-hide-rejected .dm-rejected-toggle .dm-when-hidden { display: inline; }
-"""
-
-
-REPLAY_CSS = """
-.dm-rp { --dm-rp-font: 1.15rem; }
-.dm-rp-controls { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 4px 0; }
-.dm-rp-controls button, .dm-rp-controls select { padding: 4px 10px; border-radius: 6px; border: 1px solid #90a4ae;
-  background: #fafafa; color: #1a1a1a; font-size: 0.95rem; cursor: pointer; }
-.dark .dm-rp-controls button, .dark .dm-rp-controls select { background: #263238; color: #f5f5f5; border-color: #78909c; }
-.dm-rp button:focus-visible, .dm-rp select:focus-visible, .dm-rp input:focus-visible, .dm-rp .dm-tok:focus-visible {
-  outline: 3px solid #ff6f00; outline-offset: 2px; }
-.dm-rp-legend { font-size: 0.85rem; line-height: 1.9; margin-bottom: 4px; }
-.dm-rp-keys { font-size: 0.85rem; opacity: 0.85; margin-bottom: 6px; }
-.dm-rp-cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
-.dm-rp-col h3 { margin: 4px 0; font-size: calc(var(--dm-rp-font) * 1.05); }
-.dm-rp-text { font-size: var(--dm-rp-font); min-height: 6em; }
-.dm-rp-counters { display: flex; flex-wrap: wrap; gap: 14px; font-size: calc(var(--dm-rp-font) * 0.8); }
-.dm-rp-note { font-size: calc(var(--dm-rp-font) * 0.8); min-height: 4.2em; border-left: 4px solid #90a4ae; padding-left: 8px; }
-.dm-rp-choices { display: flex; flex-wrap: wrap; gap: 6px; margin: 6px 0; } .dm-rp-quiz { font-weight: 600; }
-.dm-rp-done { font-size: 0.8em; color: #2e7d32; } .dark .dm-rp-done { color: #a5d6a7; }
-.dm-tok.dm-pending { background: #fff; color: #1a1a1a; outline: 1px dashed #607d8b; }
-.dark .dm-tok.dm-pending { background: #212121; color: #f5f5f5; outline-color: #b0bec5; }
-.dm-tok.dm-now { box-shadow: 0 0 0 3px #ff6f00; }
-.dm-path { padding: 0 3px; border: 1px solid #b0bec5; border-radius: 3px; }
-.dm-path-agrees { font-weight: bold; border-color: #1565c0; }
-.dm-pin { margin-top: 8px; font-size: 0.95rem; white-space: pre-wrap; border-top: 1px solid #cfd8dc; padding-top: 4px; }
-.dm-rp.dm-presenting { position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px 24px;
-  background: #ffffff; color: #1a1a1a; }
-.dark .dm-rp.dm-presenting { background: #121212; color: #f5f5f5; }
-.dm-rp.dm-presenting .dm-rp-text { max-height: 62vh; overflow: auto; }
-.dm-rp.dm-high-contrast { background: #ffffff; color: #000000; }
-.dark .dm-rp.dm-high-contrast { background: #000000; color: #ffffff; }
-.dm-rp.dm-high-contrast .dm-tok { font-weight: 600; }
-"""
-
-
-TOY_CSS = """
-.dm-toy { max-width: 100%; }
-.dm-toy-row { display: flex; flex-wrap: wrap; gap: 6px 12px; align-items: center; margin: 4px 0; }
-.dm-toy button { padding: 4px 10px; border-radius: 6px; border: 1px solid #90a4ae; background: #fafafa; color: #1a1a1a; cursor: pointer; }
-.dark .dm-toy button { background: #263238; color: #f5f5f5; border-color: #78909c; }
-.dm-toy button:focus-visible, .dm-toy input:focus-visible, .dm-toy select:focus-visible { outline: 3px solid #ff6f00; outline-offset: 2px; }
-.dm-toy-sliders { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 2px 12px; margin: 4px 0; }
-.dm-toy-slider { display: flex; align-items: center; gap: 4px; font-size: 0.9rem; }
-.dm-toy-slider input { flex: 1; min-width: 60px; } .dm-toy-slider output { font-family: monospace; min-width: 3.2em; }
-.dm-toy-scroll { max-width: 100%; overflow-x: auto; }
-.dm-toy-table, .dm-toy-verdicts { border-collapse: collapse; font-size: 0.85rem; margin: 6px 0; }
-.dm-toy-table td, .dm-toy-table th, .dm-toy-verdicts td, .dm-toy-verdicts th { border: 1px solid #cfd8dc; padding: 2px 5px; text-align: right; }
-.dark .dm-toy-table td, .dark .dm-toy-table th, .dark .dm-toy-verdicts td, .dark .dm-toy-verdicts th { border-color: #546e7a; }
-.dm-toy-table td:first-child, .dm-toy-verdicts td { text-align: left; }
-.dm-toy-mask { font-family: monospace; letter-spacing: -1px; } .dm-toy-top { font-weight: bold; text-decoration: underline; }
-.dm-toy-centroid td { border-top: 2px solid #607d8b; }
-.dm-toy-bar { display: inline-block; width: min(220px, 40vw); height: 0.8em; border: 1px solid #607d8b; vertical-align: middle; }
-.dm-toy-bar span { display: block; height: 100%; background: #1565c0; } .dm-toy-threshold span { background: #6a1b9a; }
-.dark .dm-toy-bar span { background: #90caf9; } .dark .dm-toy-threshold span { background: #ce93d8; }
-.dm-ls { padding: 6px; } .dm-ls-pick, .dm-ls-choices { display: flex; flex-wrap: wrap; gap: 8px; margin: 8px 0; }
-.dm-ls button { padding: 6px 12px; border-radius: 6px; border: 1px solid #90a4ae; background: #fafafa; color: #1a1a1a; cursor: pointer; font-size: 1rem; }
-.dm-ls button[aria-pressed=true] { border-width: 2px; border-color: #1565c0; }
-.dark .dm-ls button { background: #263238; color: #f5f5f5; border-color: #78909c; }
-.dm-ls button:focus-visible, .dm-ls:focus-visible { outline: 3px solid #ff6f00; outline-offset: 2px; }
-.dm-ls-context { font-size: 1.15rem; line-height: 1.9; white-space: pre-wrap; margin: 6px 0; }
-.dm-ls-verdict { font-size: 1.1rem; } .dm-ls-keys { font-size: 0.85rem; }
-.dm-ls-pick > span { align-self: center; font-weight: 600; } .dm-ls-intro { max-width: 60rem; margin: 6px 0; }
-.dm-ls-tag { display: inline-block; padding: 2px 8px; border-radius: 10px; border: 1px dashed #8a3c00; background: #fff3e0; color: #5d2a00; }
-.dark .dm-ls-tag { background: #3e2723; color: #ffe0b2; border-color: #ffb74d; }
-.dm-ls-context, .dm-ls p { overflow-wrap: anywhere; }
-"""
+    return page_file("render.css") + "\n".join(rules) + "\n"
 
 
 def _q(text: str) -> str:
@@ -244,7 +140,7 @@ POPOVER = '<div class="dm-pop" role="tooltip" hidden></div>'
 
 def text_html(spans: list[tuple[str, str, str]], cursor: bool = False) -> str:
     """The emitted text, one focusable span per token; its numbers (data-tip, one line per fact) open in a
-    popover on hover, tap or keyboard focus (layout.POPOVER_JS), large enough for a projector."""
+    popover on hover, tap or keyboard focus (assets/popover.js), large enough for a projector."""
     parts = [f'<span class="dm-tok dm-{kind}" tabindex="0" data-tip="{html.escape(tip)}" '
              f'aria-label="{html.escape(text + ": " + tip.splitlines()[0])}">{_visible(text)}</span>'
              for text, kind, tip in spans]
@@ -266,7 +162,7 @@ def key_html(kinds: list[str]) -> str:
 
 
 def rejected_toggle(count: int) -> str:
-    """The switch that hides or shows this column's struck-through rejected drafts (layout's REJECTED_TOGGLE_JS
+    """The switch that hides or shows this column's struck-through rejected drafts (assets/popover.js
     toggles the column's dm-hide-rejected class), with how many it has."""
     if not count:
         return ""
@@ -294,16 +190,12 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
             speed_interval: tuple[float, float] | None = None, machine: str = "this machine",
             ar: RunMetrics | None = None) -> str:
     """The comparison in plain sentences: a headline of at most 30 words (target calls per token against
-    lossless SD, and whether the text changed), then, in a paragraph of its own, the details,
-    machine-independent facts first: the counts and tau, the tokens only the rule accepted, the text's
-    change as the target sees it; then this run's wall clock, labelled as one run on `machine` (this one,
-    or where a recorded run was made), and
-    called faster or slower only beyond the spread the run itself shows (speed_interval:
-    metrics.speed_ratio_interval: blocks of each column's rounds resampled, prefill and calibration kept); the
-    target alone (transformers' generate(), speedup_vs_ar) against both columns and the engine's own
-    autoregressive run (`ar`, the third column), where it ran; and, when both SD columns ran slower than
-    the target alone, that they did. A run whose answer ended before lossless SD's (ended_early) says so as
-    its first words, with both lengths, and is never called a win."""
+    lossless SD, and whether the text changed), then a paragraph of details, machine-independent facts first
+    (counts and tau, the tokens only the rule accepted, the text's change as the target sees it); then the
+    wall clock, as one run on `machine`, called faster or slower only beyond the run's own spread
+    (speed_interval: metrics.speed_ratio_interval); then the target alone (transformers' generate()) against
+    both columns and the engine's own autoregressive run `ar`, where it ran. A run whose answer ended before
+    lossless SD's (ended_early) says so first, with both lengths, and is never called a win."""
     early = ended_early(lossless, lossy)
     headline = _early_headline(lossless, lossy, rule_label) if early else \
         f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
@@ -408,10 +300,9 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
     low, high = interval
     spread = (f"{low:.2f}x-{high:.2f}x, the 95% interval of the ratio, end to end, from resampling blocks of each "
               "column's rounds")
-    if low > 1.0:
-        return f"{measured}: faster, beyond the spread of its rounds' timings ({spread})."
-    if high < 1.0:
-        return f"{measured}: slower, beyond the spread of its rounds' timings ({spread})."
+    if low > 1.0 or high < 1.0:
+        word = "faster" if low > 1.0 else "slower"
+        return f"{measured}: {word}, beyond the spread of its rounds' timings ({spread})."
     return f"{measured}: within the spread of its rounds' timings ({spread}), so not called a win or a loss."
 
 

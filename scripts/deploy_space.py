@@ -5,8 +5,8 @@
 
 Only an allow-list goes up (what the app reads at run time, and the README's images): the app, the
 package, requirements, the front-matter README, .gitattributes (binaries go to Xet/LFS), the draft,
-the prompts, the recorded runs, the frontier the Trade-offs tab draws, How it works, the replay
-player and the screenshots. Benchmark reports, tests and scripts stay here. Files are taken from
+the prompts, the recorded runs, the frontier the Trade-offs tab draws, How it works, the page's
+scripts and styles and the screenshots. Benchmark reports, tests and scripts stay here. Files are taken from
 `git ls-files`, so nothing untracked or ignored (a venv, a cache) can slip in.
 """
 
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOW = (
     "app.py", "README.md", "requirements.txt", ".gitattributes", "pyproject.toml",
     "dropmatch/*.py", "dropmatch/*/*.py",
-    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json", "assets/replay.js", "assets/theme.js", "assets/toy_head.js", "assets/lessons.js",
+    "assets/draft/*", "assets/judge/judge.json", "assets/prompts/*", "assets/recorded/*.json",
+    "assets/*.js", "assets/*.css", "assets/tab_notes.md",  # the page's scripts, styles and tab notes
     "assets/lessons/*.json",  # the built-in lessons (DENY: not their runs)
     "assets/results/frontier.json", "assets/results/robustness.json", "assets/results/robustness_gamma15.json",
     "assets/results/same_drafts.json",

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dropmatch.bench.prompts import DEFAULT_GSM8K_TRAIN, DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: F401
 from dropmatch.models import EMBEDDED_DRAFT_DIR, load_embedded_target
 from dropmatch.decoding.causal_lm import encode_prompt, stop_token_ids
+from tools.dev_set import DEFAULT_GSM8K_TRAIN, DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: F401
 from tools.generation import batched_generate, load_generated, save_generated
 
 ROOT = Path(__file__).resolve().parent.parent

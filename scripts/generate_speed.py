@@ -5,7 +5,7 @@ own assisted generation: one pair, one draft.
     .venv/bin/python scripts/generate_speed.py --prompts 6 --threads 2
 
 The embedded pair as plain transformers models (dropmatch.models.load_embedded_models, CPU), greedy, on the
-dev set's written prompts (dropmatch.bench.prompts.DEV_PROMPTS, through the chat template). Per prompt: one
+dev set's written prompts (scripts/tools/dev_set.py's DEV_PROMPTS, through the chat template). Per prompt: one
 untimed call of each method, then `--runs` rounds of the four calls in a rotating order; each method's
 median seconds, and the ratio of medians to plain generate()'s within the prompt (so a slower or busier
 stretch of the machine weighs on all four alike). The methods:
@@ -94,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT))
-    from dropmatch.bench.prompts import DEV_PROMPTS
     from dropmatch.models import load_embedded_models
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from deploy_generate import staged
+    from tools.dev_set import DEV_PROMPTS
 
     target, draft, tokenizer = load_embedded_models(torch.device("cpu"))
     rows = []

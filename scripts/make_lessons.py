@@ -29,7 +29,7 @@ from dropmatch.models import load_embedded_pair
 from dropmatch.runfile import mentioned_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dropmatch.bench.prompts import DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: E402  (the dev set)
+from tools.dev_set import DEV_GSM8K, DEV_PROMPTS, gsm8k_questions  # noqa: E402  (the dev set)
 
 
 ENOUGH_RUNS = 8  # past this many runs, one slot of a rare reason is enough (two are looked for first)

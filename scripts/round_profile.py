@@ -21,11 +21,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dropmatch.decoding import drafting, engine as engine_module
-from dropmatch.bench.prompts import DEV_PROMPTS
 from dropmatch.decoding.config import DEFAULTS
 from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_embedded_pair
 from dropmatch.decoding.causal_lm import CausalLM
+from tools.dev_set import DEV_PROMPTS
 
 PHASES = {  # phase -> (owner, attribute) of the calls it times
     "draft": [(drafting.HybridDrafter, "propose"), (drafting.ModelDrafter, "propose"), (drafting.LookupDrafter, "propose")],

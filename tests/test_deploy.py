@@ -61,7 +61,7 @@ def dry_run_listing() -> list[str]:
 def test_dry_run_lists_every_file_the_app_reads_and_no_benchmark_report():
     listed = set(dry_run_listing())
     read_by_the_app = {path for name, path in vars(assets).items() if name.endswith("_FILE")}  # every named file
-    needed = {*read_by_the_app,
+    needed = {*read_by_the_app, *assets.PAGE_FILES.values(),
               *assets.RECORDED_DIR.glob("*.json"), *assets.LESSONS_DIR.glob("*.json"), *EMBEDDED_DRAFT_DIR.iterdir(),
               SHIPPED_JUDGE, ROOT / "app.py",
               ROOT / "requirements.txt", ROOT / "README.md", ROOT / ".gitattributes",

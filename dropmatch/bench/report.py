@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from string import Template
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
+from ..assets import REPORT_TEMPLATE
 from ..decoding.acceptance import BASELINE, METHOD
 from ..plots import frontier_figure
 from .tables import (CATEGORY_HEADER, HEADER, SAME_DRAFTS_HEADER, band_text, category_rows,
@@ -251,7 +253,12 @@ def write_plotlyjs(folder: Path) -> str:
     return name
 
 
+def _bullets(lines: list[str]) -> str:
+    return "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+
+
 def write_report(document: dict, path: Path) -> None:
+    """The report page (assets/report.html filled in), with the shared plotly.js beside it."""
     figures = [
         _bars(document, "tau", "Mean acceptance length tau (tokens per target call)", "tau"),
         _bars(document, "acceptance_rate", "Acceptance rate of drafted tokens", "%", percent=True),
@@ -266,36 +273,15 @@ def write_report(document: dict, path: Path) -> None:
     frontier_figures, frontier_table = frontier_section(document)
     figures = frontier_figures + figures
     parts = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in figures if fig is not None]
-    script = write_plotlyjs(path.parent)
     settings = document["settings"]
-    command = html.escape(" ".join(str(settings.get(k)) for k in ("command",) if settings.get("command")))
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>DropMatch benchmark report</title>
-<script src="{script}"></script>
-<style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1400px}} table{{border-collapse:collapse;font-size:14px}}
-td,th{{border:1px solid #cfd8dc;padding:4px 8px;text-align:right}} td:nth-child(-n+2){{text-align:left}}</style></head><body>
-<h1>DropMatch benchmark report</h1>
-<p>{html.escape(settings.get('date', ''))} · {html.escape(settings.get('machine', ''))} · pair: target
-{html.escape(str(settings.get('target')))}, draft {html.escape(str(settings.get('draft')))} · gamma {settings.get('gamma')},
-K {settings.get('k')}, p {settings.get('p')}, temperature {settings.get('temperature')}, max new tokens
-{settings.get('max_new_tokens')}{' · <b>interrupted: partial results</b>' if document.get('interrupted') else ''}</p>
-<p><code>{command}</code></p>
-<p>{html.escape(PAPER)}</p>
-<h2>Verdict</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in same_drafts_verdicts(document) + verdicts(document))}</ul>
-<h2>Step costs on this machine</h2><ul>{''.join(f"<li>{html.escape(v)}</li>" for v in step_costs(document))}</ul>
-<p>tau = tokens emitted / verification rounds (bonus and correction included). MC share = MC work (masks, the
-path logits, path softmaxes, JS, votes, p = auto's calibration) / round time. Target NLL = mean negative
-log-likelihood (nats/token) of the answer under the clean target (temperature 1); off-nucleus = share of emitted
-tokens outside the target's top-p 0.95 nucleus. The reference row: the target's own samples (temperature 0.7,
-top-p 0.95) on the same prompts; a lossy run stays within the target's own variation when its NLL is at or
-below theirs, at most 1% of its tokens leave the nucleus, and its distinct-2 is at least 90% of the yardstick's
-(greedy runs: the target's own greedy text, lossless SD's; sampled runs: the samples'). Task scores are shown
-only where lossless SD scores above zero. MT-Bench has no judge offline: its quality
-columns are the NLL, distinct-2 and token overlap with the lossless answer, not a judged score.</p>
-{same_drafts_section(document)}
-{_table(document)}
-{frontier_table}
-{''.join(parts)}
-</body></html>"""
+    fields = {key: html.escape(str(settings.get(key, "" if key in ("date", "machine") else None)))
+              for key in ("date", "machine", "target", "draft", "gamma", "k", "p", "temperature", "max_new_tokens")}
+    page = Template(REPORT_TEMPLATE.read_text(encoding="utf-8")).substitute(
+        fields, script=write_plotlyjs(path.parent), command=html.escape(str(settings.get("command") or "")),
+        interrupted=" · <b>interrupted: partial results</b>" if document.get("interrupted") else "",
+        paper=html.escape(PAPER), verdicts=_bullets(same_drafts_verdicts(document) + verdicts(document)),
+        step_costs=_bullets(step_costs(document)), same_drafts=same_drafts_section(document), table=_table(document),
+        frontier_table=frontier_table, figures="".join(parts))
     path.write_text(page, encoding="utf-8")
 
 

@@ -8,9 +8,7 @@ Per rule and prompt set: the tau it would reach on those drafts (its accepted pr
 share of drafted tokens it accepts beyond the exact test (accepted where the lossless test rejected), and
 what it accepted as the target sees it (the clean target's probability and rank of each such token).
 
-Pooling: ratios of sums over the prompts of a set, as the benchmark's other figures are pooled, each with
-a 95% percentile bootstrap interval over prompts (RESAMPLES resamples, seeded with the run's seed). A gain
-against another rule (tau_rule / tau_other - 1) is computed within each resample: the same prompts.
+Pooled as the benchmark's other figures, with paired bootstrap intervals over prompts (intervals.py).
 Two draft policies run in one command: the Studio's (the command's --gamma and --draft-source) and a long
 fixed draft from the draft model (--same-drafts-gamma, default 15 as FLy's authors draft), so that a rule
 with a window has room.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import tables
 from ..decoding.acceptance import BASELINE
-from ..metrics import (MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, ended_by_rule, ended_early, mc_overhead,
+from ..metrics import (MAX_OFF_NUCLEUS, MIN_DISTINCT2_SHARE, difference, ended_by_rule, ended_early, mc_overhead,
                        per_position_acceptance, pooled)
 from ..quality import outside_on_length
 from .prompts import category_of
@@ -84,7 +84,7 @@ def _rule_stats(result: BenchmarkResult, label: str, pairs: list[tuple[int, obje
     stats["distinct2"] = _mean([g.distinct2 for _, g in pairs])
     stats["overlap_with_lossless"] = _mean([g.overlap_with_lossless for _, g in pairs])
     if lossless_runs:  # the change against lossless SD on the same prompts
-        stats.update({f"delta_{key}": _minus(stats[key], lossless_subset[key])
+        stats.update({f"delta_{key}": difference(stats[key], lossless_subset[key])
                       for key in ("target_nll", "off_nucleus_rate", "distinct2")})
     stats["per_position_acceptance"] = list(per_position_acceptance(*traces))
     stats.update(ending_counts(result, pairs))
@@ -182,10 +182,6 @@ def within_reference(stats: dict, reference: dict, distinct2_floor_from: float |
     """Does a run stay within the target's own variation: every axis of band_checks holds."""
     checks = band_checks(stats, reference, distinct2_floor_from)
     return None if checks is None else all(checks.values())
-
-
-def _minus(a, b):
-    return None if a is None or b is None else a - b
 
 
 def frontier_points(summary: dict, runs: list[Variant]) -> list[dict]:

@@ -415,7 +415,7 @@ def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
     """DIVERSED's static ensemble (arXiv 2604.07622; transformers 5.23's assistant_ensemble_weight, in
     _speculative_sampling), verifying against v = w p + (1 - w) q. Sampling: the same coin u as the lossless
     test, accept iff u q(x) < (1 - w) q(x) + w p(x), i.e. u < min(1, 1 - w + w p(x) / q(x)). Greedy: the draft
-    is accepted iff it is argmax v (which replaces the exact test, ensemble_replaces), and argmax v is the
+    is accepted iff it is argmax v (which replaces the exact test, _ensemble_replaces), and argmax v is the
     correction (ensemble_rows). w = 1 is lossless SD."""
     if s.coin is None:
         return [("ensemble", s.draft_tokens == s.rule_top)]
@@ -438,9 +438,9 @@ def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     processed logits (temperature, then top-p, their processors' order) are close, r = z2 / (z1 + 1e-10) >
     threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
     tied logits the other tied token) is accepted without a coin. Under sampling that test replaces the lossless
-    one there (mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
-    token drawn from p); elsewhere the lossless test and its residual (MARS_RESIDUAL: ours, not the authors').
-    Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
+    one there (_mars_replaces: a top-1 draft passes without its coin, any other draft is rejected and the next
+    token drawn from p); elsewhere the lossless test and its residual (rule_words.MARS_RESIDUAL: ours, not the
+    authors'). Greedy: the authors' code is exact match; our port (YichiCS/Secure-Speculative-Decoding's
     securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
     r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
     close = s.target_logit_ratio > cfg.mars_threshold
@@ -538,34 +538,22 @@ def lossless_test(
     return LosslessTest(uniform * q_x < p_x, uniform, p_x, q_x)  # u < p/q without dividing by a zero q
 
 
-def correction_token(
-    q_sample: torch.Tensor, p_sample: torch.Tensor, greedy: bool, generator: torch.Generator
-) -> int:
-    """q_sample, p_sample [V] at the rejected position -> the emitted token.
-
-    Sampling draws from norm(max(0, p - q)): the clean target's residual, so that whatever a
-    lossy rule adds, the lossless part keeps the target's distribution.
-    """
-    if greedy:
-        return int(p_sample.argmax())  # the emitted id: the one host copy this needs
-    residual = (p_sample - q_sample).clamp_min(0.0)
-    if float(residual.sum()) <= 0.0:
-        residual = p_sample
-    return int(draw(residual / residual.sum(), generator))
-
-
 def extra_token(num_accepted: int, num_drafted: int, q_sample: torch.Tensor | None, p_sample: torch.Tensor | None,
-                generator: torch.Generator | None, greedy: bool = False) -> tuple[int, str]:
-    """(the token emitted after num_accepted of g drafts, its kind): a correction at the rejected
-    position (correction_token) or a bonus after the last draft, drawn from p_sample [g + 1, V] with
-    q_sample [g, V]; token -1 where no distributions were given (a caller that reads reasons only)."""
+                generator: torch.Generator | None) -> tuple[int, str]:
+    """(the token a sampled round emits after num_accepted of g drafts, its kind): a bonus after the last
+    draft, drawn from p_sample [g + 1, V]; else a correction at the rejected position, drawn from the
+    residual norm(max(0, p - q)) (q_sample [g, V]), so that whatever a lossy rule adds, the lossless part
+    keeps the target's distribution. Token -1 where no distributions were given (a caller that reads
+    reasons only)."""
     kind = BONUS if num_accepted == num_drafted else CORRECTION
     if p_sample is None:
         return -1, kind
-    if kind == CORRECTION:
-        return correction_token(q_sample[num_accepted], p_sample[num_accepted], greedy, generator), kind
-    bonus = p_sample[num_drafted]
-    return (int(bonus.argmax()) if greedy else int(draw(bonus, generator))), kind
+    if kind == BONUS:
+        return int(draw(p_sample[num_drafted], generator)), kind
+    residual = (p_sample[num_accepted] - q_sample[num_accepted]).clamp_min(0.0)
+    if float(residual.sum()) <= 0.0:
+        residual = p_sample[num_accepted]
+    return int(draw(residual / residual.sum(), generator)), kind
 
 
 def scan(tests: torch.Tensor, lengths: list[int]) -> torch.Tensor:

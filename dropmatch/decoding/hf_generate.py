@@ -172,9 +172,7 @@ def _generation_config(model, generation_config, kwargs: dict):
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     for name in PASSED_THROUGH:
         value = kwargs.pop(name, None)
-        if name in ("logits_processor", "stopping_criteria") and not value:
-            continue
-        if name in ("synced_gpus", "use_model_defaults") and not value:
+        if name in ("logits_processor", "stopping_criteria", "synced_gpus", "use_model_defaults") and not value:
             continue
         if value is not None:
             raise ConfigError(f"{name} is not supported by DropMatch's generate (it would be ignored)")

@@ -19,12 +19,8 @@ TopTokens = tuple[tuple[int, float], ...]  # (token id, probability), most likel
 
 @dataclass(frozen=True)
 class DraftedToken:
-    """One drafted position of a round and why it was accepted or rejected.
-
-    reason: exact | js | majority | naive | typical | fixed_js | judge | rejected | unchecked
-    (unchecked: after the first rejection nothing more is looked at).
-    Path fields are empty / None for rules that use no Monte-Carlo paths.
-    """
+    """One drafted position of a round and why it was accepted or rejected (reason: a name of
+    acceptance.REASONS). Path fields are empty / None for rules that use no Monte-Carlo paths."""
 
     token: int
     draft_prob: float

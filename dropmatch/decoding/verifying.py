@@ -6,8 +6,8 @@ Monte-Carlo dropout paths where a rule reads them, the scan and the emitted toke
     verified.verdict.reasons, verified.emitted
 
 `verify` is the one verification function: the engine calls it with a batch of one each round, the
-rule lab (lab.py) with each stored round, the vLLM plugin (serving/) with a server step's requests; so
-none can decide differently. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
+rule lab with each stored round, the vLLM plugin with a server step's requests; so none can decide
+differently. `target` is anything with `path_logits(hidden, keep, p, clean_logits)`
 (models.CausalLM, the plugin's VllmHead): the head is the only part of the model a path runs through.
 """
 
@@ -237,22 +237,12 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
            judge: TrainedJudge | None = None, generator: torch.Generator | None = None,
            timer: PhaseTimer | None = None, memo: dict | None = None) -> list[Verified]:
     """The one verification step: a batch of requests' drafted positions in, per request one reason
-    per drafted slot and the emitted tokens out. The engine calls it with a batch of one, the rule lab
-    with each stored round, the vLLM plugin with a server step's requests. A slot's reason: "exact" (the
-    lossless test accepted it), the name of the rule's check that accepted it (acceptance.REASONS), "rejected"
-    (the first slot none accepts) or "unchecked" (after it); then the correction at the rejection (greedy: the
-    target's argmax; sampling: a draw from norm(max(0, p - q))) or the bonus after an all-accepted round.
-
-    Glossary of a slot's reason and the emitted token:
-      exact        the lossless test accepted the draft (greedy: it is the target's argmax; sampling:
-                   the coin u < p(x) / q(x));
-      lossy-accepted  a rule's check accepted a draft the lossless test rejected; the reason is the
-                   check's name ("js", "majority", "fly", "mars", ...: acceptance.REASONS);
-      rejected     the first slot neither accepts; the scan stops there;
-      unchecked    every slot after the rejection: never read;
-      correction   the token emitted at the rejected slot (greedy: the target's argmax; sampling: a draw
-                   from the residual norm(max(0, p - q)), so the lossless part keeps the target's law);
-      bonus        the token emitted after the last slot when every slot was accepted.
+    per drafted slot and the emitted tokens out. A slot's reason: "exact" (the lossless test accepted it:
+    greedy, it is the target's argmax; sampling, the coin u < p(x) / q(x)), the name of the rule's check
+    that accepted a draft the lossless test rejected (acceptance.REASONS), "rejected" (the first slot none
+    accepts; the scan stops there) or "unchecked" (after it, never read); then the correction at the
+    rejection (greedy: the target's argmax; sampling: a draw from the residual norm(max(0, p - q)), so the
+    lossless part keeps the target's law) or the bonus after an all-accepted round.
 
     rule: a config.RuleConfig, every auto knob resolved (its p a number where it reads paths). staged: the
     Monte-Carlo paths only where the rule reads them, in two stacked head passes (the first judged
@@ -589,13 +579,11 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, temperature: float,
-                  keys: list[tuple[int, int]], clean_probs: torch.Tensor | None = None) -> mc_head.PathStats:
+                  keys: list[tuple[int, int]]) -> mc_head.PathStats:
     """PathStats over [K, n, V] of n positions (hidden [n, H], clean_logits [n, V]; keys [n] of
-    (mask_seed, sequence position) key their dropout masks). clean_probs [n, V]: signal_probs of
-    clean_logits when the caller has it (p = 0 reads it as every path's distribution)."""
+    (mask_seed, sequence position) key their dropout masks)."""
     p = rule.p
     if p == 0.0:  # every path is the clean row
-        clean_probs = signal_probs(clean_logits, temperature) if clean_probs is None else clean_probs
-        return mc_head.PathStats.of_clean_row(clean_logits, clean_probs, rule.num_paths)
+        return mc_head.PathStats.of_clean_row(clean_logits, signal_probs(clean_logits, temperature), rule.num_paths)
     keep = mc_head.keyed_masks(keys, rule.num_paths, p, hidden.shape[-1], hidden.device, hidden.dtype, rule.mask_draw)
     return mc_head.path_stats(target.path_logits(hidden, keep, p, clean_logits), temperature, rule.centroid)

@@ -1,2 +1,2 @@
-"""Serving DropMatch outside the Studio: the verification step of a batch of greedy requests
-(verify.py, over the project's own verify step and rules) and its vLLM integration (vllm/)."""
+"""Serving DropMatch outside the Studio: its vLLM integration (vllm/), over the method's verify step for a
+server's batch (decoding/server_rounds.py)."""

@@ -6,13 +6,14 @@
     listeners.py  every event in one place; create_demo(studio) -> gr.Blocks
 """
 
+from ..assets import page_file
 from ..render import css as _render_css
-from .layout import LAYOUT_CSS
 from .listeners import create_demo
 
 
 def css() -> str:
-    """The app's stylesheet: the texts' and charts' (render.css), then the page layout's."""
-    return _render_css() + LAYOUT_CSS
+    """The app's stylesheet: the texts' and charts' (render.css), then the page layout's (assets/layout.css)."""
+    return _render_css() + page_file("layout.css")
+
 
 __all__ = ["create_demo", "css"]

@@ -9,8 +9,8 @@ import gradio as gr
 
 from .. import plots
 from ..decoding.acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, lessons_js, replay_js,
-                      theme_js, toy_head_js)
+from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, page_file,
+                      tab_note)
 from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
 from ..runfile import recorded_runs
 from ..render import legend_html
@@ -22,101 +22,6 @@ SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", 
                     "max_new_tokens", "seed", "run_autoregressive", "draft_source", "gamma_tuned_for_rule")
 LAB_PREFIX = "lab_"  # a rule-lab control's name in a view: lab_<knob name>
 SESSION_TTL_S = 3600
-# A token's numbers in a popover: hover or keyboard focus shows it, a click or tap pins it (touch has no hover),
-# Escape or a click elsewhere closes it. One fact per line, in the page's font size (a projector can read it);
-# it opens below the token, or above it near the window's bottom, and never leaves the window.
-# The switch under a column that hides or shows its struck-through rejected drafts: a class on the column itself
-# (Gradio scopes the page's styles under its container, so a class on <body> would match no scoped rule), which
-# stays through the column's later runs.
-REJECTED_TOGGLE_JS = """
-element.addEventListener('click', (e) => {
-  const toggle = e.target.closest('.dm-rejected-toggle');
-  if (toggle) toggle.setAttribute('aria-pressed', String(element.classList.toggle('dm-hide-rejected')));
-});
-"""
-POPOVER_JS = """
-const pop = () => element.querySelector('.dm-pop');
-let pinned = null;
-const show = (token) => {
-  const box = pop();
-  if (!box || !token.dataset.tip) return;
-  box.replaceChildren();
-  const head = document.createElement('div');
-  head.className = 'dm-pop-token';
-  head.textContent = token.textContent.replace('\\n', '↵');
-  box.append(head);
-  for (const line of token.dataset.tip.split('\\n')) {
-    const row = document.createElement('div');
-    if (line.startsWith('why: ')) { row.className = 'dm-pop-why'; row.textContent = line.slice(5); }
-    else row.textContent = line;
-    box.append(row);
-  }
-  box.hidden = false;
-  place(box, token);
-};
-// Under the token, or above it where the window has no room below; inside the column and the window.
-const place = (box, token) => {
-  const margin = 6, edge = 4, host = box.offsetParent || element;
-  box.style.maxHeight = (window.innerHeight - 2 * edge) + 'px';
-  const t = token.getBoundingClientRect(), h = host.getBoundingClientRect();
-  const width = box.offsetWidth, height = box.offsetHeight;
-  const leftMost = Math.max(0, edge - h.left), rightMost = Math.min(h.width, window.innerWidth - edge - h.left) - width;
-  box.style.left = Math.max(leftMost, Math.min(t.left - h.left, rightMost)) + 'px';
-  const below = window.innerHeight - edge - (t.bottom + margin), above = t.top - margin - edge;
-  let top = height <= below || below >= above ? t.bottom + margin : t.top - margin - height;
-  top = Math.max(edge, Math.min(top, window.innerHeight - edge - height));  // a very tall box: inside all the same
-  box.style.top = (top - h.top) + 'px';
-};
-const hide = () => { const box = pop(); if (box) box.hidden = true; };
-element.addEventListener('mouseover', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
-element.addEventListener('mouseout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
-element.addEventListener('focusin', (e) => { const t = e.target.closest('.dm-tok'); if (t && !pinned) show(t); });
-element.addEventListener('focusout', (e) => { if (!pinned && e.target.closest('.dm-tok')) hide(); });
-element.addEventListener('click', (e) => {
-  const t = e.target.closest('.dm-tok');
-  if (!t) return;
-  if (pinned === t) { pinned = null; t.classList.remove('dm-pinned'); hide(); return; }
-  if (pinned) pinned.classList.remove('dm-pinned');
-  pinned = t; t.classList.add('dm-pinned'); show(t);
-});
-element.addEventListener('keydown', (e) => {
-  const t = e.target.closest('.dm-tok');
-  if (t && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); t.click(); }
-  if (e.key === 'Escape') { if (pinned) pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
-});
-document.addEventListener('click', (e) => {
-  if (pinned && !element.contains(e.target)) { pinned.classList.remove('dm-pinned'); pinned = null; hide(); }
-});
-"""
-# A number typed outside a slider's range, or no number at all (letters, an empty box), is set by Gradio without a
-# word: say so, in one line under the control, until the next change (the capture phase sees the typed value
-# before Gradio clamps it; what a non-number became is read after Gradio's own handler).
-CLAMP_JS = """
-if (!window.dmClampNotes) {
-  window.dmClampNotes = true;
-  const say = (block, text) => {
-    let note = block.querySelector('.dm-clamp');
-    if (!text) { if (note) note.remove(); return; }
-    if (!note) { note = document.createElement('div'); note.className = 'dm-clamp'; note.setAttribute('role', 'status'); block.append(note); }
-    note.textContent = text;
-  };
-  document.addEventListener('change', (e) => {
-    const input = e.target;
-    if (!(input instanceof HTMLInputElement) || input.type !== 'number' || !input.closest('#settings')) return;
-    const block = input.closest('.block') || input.parentElement;
-    const typed = input.value, value = Number(typed);
-    const min = input.min === '' ? null : Number(input.min), max = input.max === '' ? null : Number(input.max);
-    if (typed === '' && min !== null) {
-      setTimeout(() => say(block, 'That is not a number (letters or an empty box): it is set to ' + input.value + '.'), 50);
-      return;
-    }
-    let text = '';
-    if (min !== null && value < min) text = typed + ' is below the smallest value this setting takes: it is set to ' + min + '.';
-    else if (max !== null && value > max) text = typed + ' is above the largest value this setting takes: it is set to ' + max + '.';
-    say(block, text);
-  }, true);
-}
-"""
 # The tabs by what a visitor came for: (group, its id, its tabs' labels). The groups' row sits right under the
 # status line, so it is on the first screen of a projector and of a phone; tab rows wrap instead of hiding tabs.
 TAB_GROUPS = (("Watch", "watch", ("Replay", "Step through", "Charts")),
@@ -129,27 +34,6 @@ TERMS_HTML = ('<div class="dm-terms"><span><b>tau</b>: tokens per target call (r
               'apart two next-token distributions are (0 = the same, at most ln 2 ≈ 0.69).</span><span><b>centroid'
               '</b>: the mean of the K dropout paths\' distributions, the point the draft is measured against.</span>'
               '</div>')
-# The group row reads as the page's navigation; Stop looks inactive until a run goes on. Gradio's default theme
-# draws hint text (1.9:1), Run's white on orange (2.8:1) and the selected tab's orange (2.8:1) under WCAG's 4.5:1:
-# darker shades, in both themes.
-LAYOUT_CSS = """
-:root, .gradio-container { --body-text-color-subdued: #5f6368; --color-accent: #c2410c;
-  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
-.dark, .dark .gradio-container { --body-text-color-subdued: #b0b7c3; --color-accent: #fb923c;
-  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412; }
-#tabs > .tab-wrapper button[role=tab] { font-size: 1.1rem; font-weight: 600; }
-@media (max-width: 480px) { #tabs > .tab-wrapper button[role=tab] { font-size: 1rem; padding: 0 10px; } }
-#stop-button:disabled { opacity: 0.55; cursor: not-allowed; }
-#theme-js, #clamp-notes { display: none !important; }  /* scripts only: no gap in the page */
-/* At a desktop's width the wide tables wrap their cells instead of scrolling in a box of their own (a phone's
-   keeps each row on one line and scrolls it). */
-@media (min-width: 1000px) { .dm-nowrap-table th, .dm-nowrap-table td { white-space: normal; } }
-#lab-knobs > .form, #lab-knobs { flex-wrap: wrap; }
-.dm-skip { position: absolute; left: -10000px; }  /* shown only while it has the keyboard's focus */
-.dm-skip:focus { position: static; display: inline-block; padding: 4px 10px; border: 2px solid currentColor; }
-#verdict p:first-child { font-weight: 600; }  /* the headline; the details follow in a paragraph of their own */
-.dm-terms { display: flex; flex-wrap: wrap; gap: 2px 18px; font-size: 0.9rem; margin-top: 4px; }
-"""
 
 
 @dataclass
@@ -253,7 +137,8 @@ def build_layout() -> Ui:
     # The status sits right under Run, above Settings: open settings must not push it off the first screen.
     parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
-    gr.HTML("", js_on_load=theme_js(), elem_id="theme-js", padding=False)  # charts follow the theme and the width
+    # Charts follow the theme and the width.
+    gr.HTML("", js_on_load=page_file("theme.js"), elem_id="theme-js", padding=False)
     with gr.Tabs(elem_id="tabs", overflow_behavior="wrap") as parts["tabs"]:
         for group, group_id, names in TAB_GROUPS:
             with gr.Tab(group, id=group_id, elem_id=f"{group_id}-group"):
@@ -311,7 +196,7 @@ def _examples(parts: dict) -> None:
 
 def _settings(parts: dict) -> None:
     # Outside the closed accordion: its listener is installed at page load, not when Settings first opens.
-    gr.HTML("", js_on_load=CLAMP_JS, elem_id="clamp-notes", padding=False)
+    gr.HTML("", js_on_load=page_file("clamp.js"), elem_id="clamp-notes", padding=False)
     with gr.Accordion("Settings", open=False, elem_id="settings"):  # closed: the columns fit a projector's first screen
         with gr.Row():
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, MAX_GAMMA + 1))], value=DEFAULTS.gamma, label="draft length γ",
@@ -375,32 +260,24 @@ def _columns(parts: dict) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(elem_id="lossless-column"):
             gr.Markdown("### Lossless SD")
-            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
+            parts["lossless_out"] = gr.HTML(elem_id="lossless-text", js_on_load=page_file("popover.js"))
             parts["lossless_stats"] = gr.HTML(elem_id="lossless-stats")
         with gr.Column(elem_id="lossy-column"):
             parts["lossy_header"] = gr.Markdown(views.lossy_title(DEFAULTS.rule))
-            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=POPOVER_JS + REJECTED_TOGGLE_JS)
+            parts["lossy_out"] = gr.HTML(elem_id="lossy-text", js_on_load=page_file("popover.js"))
             parts["lossy_stats"] = gr.HTML(elem_id="lossy-stats")
 
 
 def _replay_tab(parts: dict) -> None:
     with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
-        gr.Markdown("Play the run round by round: the drafts appear, the verifier marks each slot (with the "
-                    "paths' votes and JS against its threshold), then the correction or bonus lands. Both columns "
-                    "run on one clock paced by each round's measured time; or tick *one stage per key* and drive "
-                    "it with the arrow keys or a clicker. Link to a shipped run with `?run=<name>` "
-                    "(`&presenter=1` opens the presenter layout).")
-        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=replay_js(), elem_id="replay")
+        gr.Markdown(tab_note("Replay"))
+        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=page_file("replay.js"), elem_id="replay")
 
 
 def _lessons_tab(parts: dict) -> None:
     with gr.Tab("Lessons", id="lessons", elem_id="lessons-tab"):
-        gr.Markdown("Predict before you see: for each slot the rule judged, choose its verdict, then the reveal (the "
-                    "exact test first, then the K paths, their votes and JS against its threshold). A built-in lesson "
-                    "per rule (link one with `?lesson=js`), or a lesson made from the run shown. Score, streak, and at "
-                    "the end what you confused. Keys 1-5 answer, Enter or → next, ← back; your progress stays in this "
-                    "browser.")
-        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=lessons_js(), elem_id="lessons")
+        gr.Markdown(tab_note("Lessons"))
+        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=page_file("lessons.js"), elem_id="lessons")
 
 
 def _charts_tab(parts: dict) -> None:
@@ -423,10 +300,7 @@ def _step_tab(parts: dict) -> None:
 
 def _lab_tab(parts: dict) -> None:
     with gr.Tab("Rule lab", elem_id="lab-tab"):
-        gr.Markdown("The lossless column's drafted tokens (the same drafts, the same clean target) judged by every "
-                    "rule at once, re-judged through the models' heads when you move a control. The totals under "
-                    "the matrix are counterfactuals on these fixed drafts; the columns above are real runs. "
-                    "✓ accepted (colour: why), ✗ rejected, · not reached; hover a cell for the numbers the rule read.")
+        gr.Markdown(tab_note("Rule lab"))
         with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
             parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
                                   for knob in KNOBS.values() if knob.lab}
@@ -440,50 +314,28 @@ def _lab_tab(parts: dict) -> None:
 
 def _tradeoff_tab(parts: dict) -> None:
     with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
-        gr.Markdown("Each lossy rule swept over its knob on the same prompts (the shipped benchmark of the "
-                    "embedded pair), the training-free rivals MARS, FLy and the static ensemble among them: how "
-                    "many more tokens a round keeps (tau gain over lossless SD) against the quality the target "
-                    "itself sees. Shaded: where the target's own samples (temperature 0.7, top-p 0.95) lie. The "
-                    "star is your last run. A point's hover names the run it comes from (docs/results.md has each "
-                    "run's command); FLy's window never fits the Studio's short rounds, so its points sit at 0.")
+        gr.Markdown(tab_note("Trade-offs"))
         parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
 def _robustness_tab(parts: dict) -> None:
     with gr.Tab("Robustness", elem_id="robustness-tab"):
         document = load_robustness()
-        gr.Markdown("### On lossless SD's drafts\nEvery rule re-judges the drafts lossless SD made on each prompt "
-                    "(the rule lab's code): the tau it would reach on them, the share of drafted tokens it accepts "
-                    "beyond the exact test, and how the target sees what it accepted (its probability and rank). "
-                    "The same drafts for every rule, so the figures measure the rule alone; at the Studio's draft "
-                    "policy and at a long fixed draft (15, FLy's authors'), where a windowed rule has room. GSM8K "
-                    "test is the trained judge's distribution (it learned on GSM8K *train*); chat, code, "
-                    "instructions and other languages are out of it.")
+        gr.Markdown(tab_note("Robustness"))
         gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
-        gr.Markdown("### Each rule's own text\nEach rule decodes the prompt itself: after its first lossy token "
-                    "it writes another text, with other drafts, so its tau and speed measure the rule and the text "
-                    "it led to; gains carry 95% intervals over prompts, and a lead or a trail is said only beyond "
-                    "them. Each line is one rule across the benchmarks; a filled marker stays inside the band of the "
-                    "target's own text (NLL and off-nucleus rate against its samples, repetition against its greedy "
-                    "text) on every axis, an open one leaves it. At the Studio's draft policy:")
+        gr.Markdown(tab_note("Robustness: each rule's own text"))
         parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
                                            elem_id="plot-robustness")
         gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
-        gr.Markdown("At a long fixed draft (15 tokens from the draft model, FLy's authors' length), where FLy's "
-                    "window has room; both columns drafted alike:")
+        gr.Markdown(tab_note("Robustness: a long fixed draft"))
         gr.Markdown(views.robustness_markdown(load_robustness(ROBUSTNESS_LONG_DRAFT_FILE)),
                     elem_id="robustness-long-table")
 
 
 def _toy_tab(parts: dict) -> None:
     with gr.Tab("Toy head", elem_id="toy-tab"):
-        gr.Markdown("DropMatch's idea small enough to hold in one view: 6 tokens, a hidden state h of 8 numbers, a "
-                    "head W (6 x 8). Each path keeps some of h's coordinates (its mask m) and rescales them, "
-                    "h * m / (1 - p), so its distribution softmax(W h') moves a little: K paths, K opinions. The "
-                    "centroid is their mean; the threshold is how far the farthest path lies from it; the draft's q "
-                    "is accepted by JS when it lies no farther. Drag h, q, K and p, or press *new masks*; the page "
-                    "computes every number with the project's formulas (greedy: distributions at T = 1).")
-        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=toy_head_js(), elem_id="toy-head")
+        gr.Markdown(tab_note("Toy head"))
+        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=page_file("toy_head.js"), elem_id="toy-head")
 
 
 def _how_tab(parts: dict) -> None:
@@ -499,8 +351,7 @@ def _downloads_tab(parts: dict) -> None:
 
 def _recorded_tab(parts: dict) -> None:
     with gr.Tab("Recorded runs", elem_id="recorded-tab"):
-        gr.Markdown("Open a run recorded earlier (a trace JSON from *Downloads*, or one shipped with the app): "
-                    "both columns, the stats, every chart and the step view, without loading a model.")
+        gr.Markdown(tab_note("Recorded runs"))
         with gr.Row():
             parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
                                                    elem_id="recorded-choice")

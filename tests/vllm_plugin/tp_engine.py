@@ -23,7 +23,8 @@ def run_tp(model: str, size: int) -> dict:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from dropmatch.bench.prompts import DEV_PROMPTS
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from tools.dev_set import DEV_PROMPTS  # the written dev prompts (scripts/tools/dev_set.py)
     from dropmatch.serving.vllm.stats import read_counts
     from driver import close
 

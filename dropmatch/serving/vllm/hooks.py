@@ -1,4 +1,4 @@
-"""Where the plugin meets vLLM (0.32): two hooks that register() installs, each harmless to an engine
+"""Where the plugin meets vLLM (0.32): three hooks that register() installs, each harmless to an engine
 that does not ask for DropMatch, so that no vLLM engine ever depends on the plugin working.
 
 - check_engines: `EngineArgs.create_engine_config` (the front end, before any worker starts) refuses,

@@ -2,10 +2,10 @@
 
 `DropMatchRunner` goes before vLLM's runner class in the MRO (register() builds the subclasses) and
 changes one thing: after vLLM's rejection sampler has verified a step's drafts, the greedy requests
-that asked for a lossy rule are re-verified by the project's one verify step (verifying.verify, as the
-engine and the rule lab call it; serving/verify.py builds its inputs), from the very rows vLLM computed: the target's final hidden states at the
-verified positions (kept from the forward pass), its logits there, and the LM head for the K
-Monte-Carlo paths (`model.compute_logits` on the judged rows only). Everything else is vLLM's own:
+that asked for a lossy rule are re-verified by the one verify step (server_rounds.verify_rounds), from
+the very rows vLLM computed: the target's final hidden states at the verified positions (kept from the
+forward pass), its logits there, and the LM head for the K Monte-Carlo paths (`model.compute_logits` on
+the judged rows only). Everything else is vLLM's own:
 sampled requests, requests asking for logprobs, rule "lossless", and every engine without
 `additional_config={"dropmatch": ...}`.
 
@@ -249,7 +249,7 @@ class _Verifier:
                 return True, tuple(step[row] for step in self.drafted[:drafted])
             self._warn(req_id, f"request {req_id}: no draft distribution kept for this step; verified losslessly")
             return False, None
-        if self.method != "ngram" and RULES[settings.rule.rule].reads_draft:
+        if self.method != "ngram":
             self._warn(req_id, f"request {req_id}: rule {settings.rule.rule!r} reads the draft's distribution, which "
                                f"method {self.method!r} does not give; verified losslessly")
             return False, None
@@ -295,7 +295,6 @@ class _Verifier:
         if key not in self.warned:
             self.warned.add(key)
             LOG.warning(message)
-
 
 
 def memory_line(vocab_size: int, gamma: int, max_requests: int) -> str:
