@@ -19,6 +19,7 @@ if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` comes be
 from dropmatch.assets import EXAMPLES_FILE
 from dropmatch.runfile import MAX_RUN_FILE_BYTES, Downloads
 from dropmatch.ui import create_demo, css
+from dropmatch.ui.sessions import cap_malloc_arenas
 
 __all__ = ["EXAMPLES_FILE", "create_demo", "css", "main"]
 
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT, else 7860")
     parser.add_argument("--share", action="store_true")
     args = parser.parse_args()
+    cap_malloc_arenas()  # before the model thread and Gradio's workers start: a flat server's memory
     from dropmatch.decoding.config import DEFAULTS, PRESETS
     from dropmatch.decoding.engine import Engine
     from dropmatch.models import load_pair

@@ -3,6 +3,7 @@ tab's stays (sessions.SessionJanitor), through the real Gradio server."""
 
 from __future__ import annotations
 
+import platform
 import time
 
 import gradio as gr
@@ -139,3 +140,53 @@ def test_a_first_visit_computed_after_run_or_typing_lands_nothing_over_them():
     listener["on_press"](page("ran"))
     ran = listener["on_first_visit"](page("ran"))
     assert set(ran) == set(untouched) and all(update == {"__type__": "update"} for update in ran.values())
+
+
+ARENAS_AFTER_THREADS = """
+import ctypes, re, sys, tempfile, threading
+from dropmatch.ui.sessions import cap_malloc_arenas
+
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+
+
+def arenas():
+    with tempfile.NamedTemporaryFile(suffix=".xml") as report:
+        stream = ctypes.c_void_p(libc.fopen(report.name.encode(), b"w"))
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        return len(re.findall("<heap nr=", open(report.name).read()))
+
+
+capped = cap_malloc_arenas()
+before = arenas()
+together = threading.Barrier(9)
+kept = []
+
+
+def allocate():
+    kept.append(bytearray(100_000))  # malloc'd in this thread's arena
+    together.wait()
+    together.wait()
+
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+together.wait()
+print(capped, before, arenas())
+together.wait()
+"""
+
+
+@pytest.mark.slow  # a server or subprocess: the full suite's, not the fast tier's
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc arenas")
+def test_new_threads_add_no_malloc_arenas_once_capped():
+    """Eight threads allocating at once in a process that called cap_malloc_arenas() use at most two
+    arenas, as the server's worker threads do (glibc alone gives each its own: the server's RSS climbed)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", ARENAS_AFTER_THREADS], capture_output=True, text=True, check=True)
+    capped, before, after = out.stdout.split()
+    assert capped == "True" and int(after) <= max(int(before), 2), out.stdout

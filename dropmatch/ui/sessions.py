@@ -21,12 +21,14 @@ already typed.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import threading
 
 CLOSED_GRACE_S = 60.0
 API_IDLE_S = 10.0
+M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class SessionJanitor:
@@ -81,6 +83,8 @@ class SessionJanitor:
         for session in due:
             _drop(holder, session)
             _drop_queue_entries(getattr(self.demo, "_queue", None), session)
+        if due and (libc := _glibc()):
+            libc.malloc_trim(0)  # what the sessions held goes back to the system, not to glibc's free lists
         return len(due)
 
     def _due(self, session: str, holder, now: datetime.datetime) -> bool:
@@ -109,3 +113,19 @@ def _drop_queue_entries(queue, session: str) -> None:
         return
     queue.pending_messages_per_session.pop(session, None)
     queue.pending_event_ids_session.pop(session, None)
+
+
+def cap_malloc_arenas(arenas: int = 2) -> bool:
+    """Caps glibc's malloc arenas; True where it applied (glibc), False elsewhere (macOS, Windows, musl).
+    Glibc gives each new thread its own arena (up to 8 a core) and what a thread frees stays in its arena,
+    so without the cap a server's memory climbs with each of Gradio's worker threads."""
+    libc = _glibc()
+    return bool(libc and libc.mallopt(M_ARENA_MAX, arenas) == 1)
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if libc.gnu_get_libc_version else None
+    except (OSError, AttributeError):  # not glibc
+        return None
