@@ -168,10 +168,6 @@ class DecodeConfig:
     temperature: float = DEFAULTS.temperature
     top_p: float = DEFAULTS.top_p
     seed: int = DEFAULTS.seed
-    # Stop drafting a round early before a slot where the draft's top probability is below this
-    # (0: always draft gamma). The target still verifies every drafted token and each one is a
-    # plain draw from the draft, so lossless output keeps the target's distribution (greedy: the
-    # same text); what changes is how many unlikely drafts are paid for.
     gamma_auto: bool = False
     draft_source: str = "model"
     gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's verify step too (Settings says why)
