@@ -89,18 +89,13 @@ class Settings:
     def replace(self, **changes) -> "Settings":
         return Settings(**{**self.as_arguments(), **changes})
 
-    def with_preset(self) -> "Settings":
-        """These settings with the preset's values in place; ConfigError for an unknown preset."""
-        if not self.preset:
-            return self
-        if self.preset not in PRESET_SETTINGS:
-            raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESET_SETTINGS)} (or none)")
-        return self.replace(preset="", **PRESET_SETTINGS[self.preset])
-
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
-        """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
+        """(DecodeConfig, RuleConfig), a preset's values in place; ConfigError (one message) if any value is off."""
         if self.preset:
-            return self.with_preset().parse()
+            if self.preset not in PRESET_SETTINGS:
+                raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESET_SETTINGS)} "
+                                  "(or none)")
+            return self.replace(preset="", **PRESET_SETTINGS[self.preset]).parse()
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ConfigError("the prompt is empty; type a question or pick an example")
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
