@@ -13,8 +13,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, METHOD, RULES, ConfigError, Knob, finite_number, is_auto,
-                         knob_by_key)
+from .acceptance import KNOBS, MAX_GAMMA, METHOD, RULES, ConfigError, Knob, finite_number, is_auto, knob_by_key
 
 EMBEDDED = "embedded"
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
