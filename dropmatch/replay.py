@@ -40,7 +40,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
     """One column: its first token, its rounds, and the run's own metrics the counters must end at."""
     stop_ids, lossy = _stop_ids(trace), set(lossy_reasons())
     metrics = summarize(trace, record.alone_tokens_per_s, lossless=lossless)
-    first = None if trace.first_token in stop_ids else _text(record, trace.first_token)
+    first = None if trace.first_token in stop_ids else record.token_text(trace.first_token)
     return {
         "label": label,
         "rule": trace.rule,
@@ -49,7 +49,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
         "prefill_s": trace.t_prefill,
         "first": first,
         "rounds": [round_payload(r, record, stop_ids, trace.rule_config) for r in trace.rounds],
-        "text": "".join(_text(record, t) for t in trace.output_ids if t not in stop_ids),
+        "text": "".join(record.token_text(t) for t in trace.output_ids if t not in stop_ids),
         "final": {"tokens": metrics.new_tokens, "calls": metrics.target_calls, "tau": metrics.tau,
                   "lossy_only": sum(d.reason in lossy for r in trace.rounds for d in r.drafted),
                   "seconds": trace.t_prefill + sum(r.t_round for r in trace.rounds)},
@@ -58,7 +58,7 @@ def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
 
 def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], knobs: RuleConfig) -> dict:
     """One round: its drafts (each with the verdict and why), the emitted tokens, its times."""
-    emitted = [{"x": "" if token in stop_ids else _text(record, token),
+    emitted = [{"x": "" if token in stop_ids else record.token_text(token),
                 "kind": r.drafted[j].reason if j < r.num_accepted else r.extra_kind,
                 "tip": _emitted_tip(r, j, record)} for j, token in enumerate(r.emitted)]
     return {
@@ -75,10 +75,10 @@ def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], kn
 
 def slot_payload(d: DraftedToken, record: RunRecord, knobs: RuleConfig) -> dict:
     """A drafted token: its text, q, the clean target's view, the paths' view, and the verdict."""
-    found = {"x": _text(record, d.token), "q": d.draft_prob, "reason": d.reason, "verdict": kind_label(d.reason),
-             "target": _text(record, d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
+    found = {"x": record.token_text(d.token), "q": d.draft_prob, "reason": d.reason, "verdict": kind_label(d.reason),
+             "target": record.token_text(d.target_token), "p_target_top": d.target_token_prob, "p": d.target_prob}
     if d.path_tokens:
-        found.update(paths=[_text(record, t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
+        found.update(paths=[record.token_text(t) for t in d.path_tokens], js=d.js, threshold=d.threshold,
                      votes=d.draft_votes, needed=votes_needed(len(d.path_tokens), knobs.majority_fraction))
     return found
 
@@ -89,10 +89,6 @@ def replay_html(record: RunRecord | None, title: str = "") -> str:
         return '<div class="dm-replay-empty">Run a comparison or open a recorded run: its replay appears here.</div>'
     payload = json.dumps(replay_payload(record, title), separators=(",", ":"))
     return f'<div class="dm-replay" data-run="{html.escape(payload, quote=True)}"></div>'
-
-
-def _text(record: RunRecord, token: int) -> str:
-    return record.token_text(token)
 
 
 def _stop_ids(trace: GenerationTrace) -> frozenset[int]:

@@ -358,7 +358,7 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
     engine = SimpleNamespace(services=embedded_services, stop_ids=frozenset())
     running = views.column_html(Column("lossless", rounds), engine, DecodeConfig(), RuleConfig("lossless"))
     trace = GenerationTrace("ar", "autoregressive", None, DecodeConfig(), RuleConfig("lossless"), (1,), ids[0],
-                            tuple(rounds), tuple(ids), embedded_services.decode_tokens(ids), text, "max_new_tokens", 0.1, 0.2)
+                            tuple(rounds), tuple(ids), embedded_services.stream_texts(ids), text, "max_new_tokens", 0.1, 0.2)
     record = RunRecord(text, "dropmatch", False, trace, trace, None, {t: embedded_services.token_text(t) for t in ids})
     for column in (running, views.trace_html(trace, record)):
         shown = html_lib.unescape("".join(re.findall(r'<span class="dm-tok[^"]*"[^>]*>([^<]*)</span>', column)))

@@ -48,7 +48,7 @@ from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
 from .prompts import BenchError, _count, _positive, load_set, parse_file
 from .same_drafts import LONG_GAMMA, policies, run_same_drafts
-from .running import peer_runs, run_benchmark, variants, warm_up, with_judge_knob
+from .running import run_benchmark, variants, warm_up, with_judge_knob
 from .summary import format_same_drafts, format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
 
 
@@ -158,10 +158,10 @@ def apply_preset(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.engine == "vllm":
-        return _through_vllm(args)
-    apply_preset(args)
     try:
+        if args.engine == "vllm":
+            return _through_vllm(args)
+        apply_preset(args)
         decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               draft_source=args.draft_source)
@@ -214,12 +214,7 @@ def _through_vllm(args) -> int:
     if not python.exists():
         print("error: --engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm", file=sys.stderr)
         return 2
-    try:
-        command = [str(python), "-m", "dropmatch.serving.vllm.bench", *vllm_bench_args(args)]
-    except (ConfigError, BenchError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return subprocess.call(command)
+    return subprocess.call([str(python), "-m", "dropmatch.serving.vllm.bench", *vllm_bench_args(args)])
 
 
 def vllm_bench_args(args) -> list[str]:
@@ -248,7 +243,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     started = time.time()
     results, interrupted = [], False
     if not args.same_drafts_only:
-        warm_up(engine, decode, runs, peer_runs(args.peer, decode))
+        warm_up(engine, decode, runs, args.peer)
         results, interrupted = _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit)
         results = [r for r in results if r.items]
     same = None
@@ -292,13 +287,12 @@ def runnable(engine, runs: list) -> list:
 
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):
     """(results, interrupted): every benchmark in turn, under one progress bar; Ctrl-C keeps what finished."""
-    peer = peer_runs(args.peer, decode)
     bar = tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="prompts", unit="prompt")
     results, interrupted = [], False
     for prompt_set in benchmarks:
         result = run_benchmark(engine, prompt_set.name, prompt_set.kind, prompt_set.items, runs, decode,
                                check_identity=decode.greedy and not args.no_identity_check,
-                               peer=peer, sweep_limit=sweep_limit,
+                               peer=args.peer, sweep_limit=sweep_limit,
                                progress=lambda: bar.update(1), reference_samples=args.reference_samples)
         results.append(result)
         if result.interrupted:

@@ -127,7 +127,7 @@ def generation(kind, item, trace, lossless=None) -> Generation:
 
 
 def run_benchmark(engine, name, kind, items, runs, decode, check_identity, peer, sweep_limit, progress,
-                  reference_samples: int = 0) -> BenchmarkResult:
+                  reference_samples: int) -> BenchmarkResult:
     """AR, then every variant, then the peer, prompt by prompt, so machine noise hits all alike.
     Ctrl-C ends it early; the prompts that finished are kept (result.interrupted is set)."""
     result = BenchmarkResult(name, kind, runs={run.label: [] for run in runs})
@@ -146,8 +146,7 @@ def reference_decodes(decode: DecodeConfig, samples: int) -> list[DecodeConfig]:
 
 
 def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_limit, progress, result,
-               reference_samples=0) -> None:
-
+               reference_samples) -> None:
     for index, item in enumerate(items):
         ids = engine.encode(item.prompt)
         try:
@@ -244,11 +243,6 @@ def active_peers(decode: DecodeConfig, runs) -> dict:
         return alone
     return {**alone, ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(peer_weight(ensemble.rule)),
                                      ensemble.label)}
-
-
-def peer_runs(requested: bool, decode: DecodeConfig) -> bool:
-    """Whether to time the peers (active_peers says which)."""
-    return requested
 
 
 def warm_up(engine, decode: DecodeConfig, runs, peer: bool = False) -> None:

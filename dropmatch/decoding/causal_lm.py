@@ -251,10 +251,6 @@ class LoadedPair:
     source: str = ""  # where the weights came from, for the status line (empty: the spec says it)
     head: object = None  # an EAGLE-3 head over the target (eagle3.Eagle3Head): draft_source "eagle3" drafts with it
 
-    @property
-    def device(self) -> torch.device:
-        return self.target.device
-
 
 # ---------------------------------------------------------------- prompts and stop tokens
 
@@ -286,8 +282,4 @@ def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
         if token in vocab and token in template:
             ids.add(vocab[token])
     return tuple(sorted(ids))
-
-
-# ---------------------------------------------------------------- loading
-
 

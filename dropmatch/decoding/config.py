@@ -13,8 +13,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .acceptance import (AUTO_AGREEMENT, KNOBS, MAX_GAMMA, METHOD, RULES, ConfigError, Knob, finite_number, is_auto,
-                         knob_by_key)
+from .acceptance import KNOBS, MAX_GAMMA, METHOD, RULES, ConfigError, Knob, finite_number, is_auto, knob_by_key
 
 EMBEDDED = "embedded"
 AUTO_GAMMA_CAP = 8  # gamma = auto drafts at most this many tokens a round
@@ -89,18 +88,13 @@ class Settings:
     def replace(self, **changes) -> "Settings":
         return Settings(**{**self.as_arguments(), **changes})
 
-    def with_preset(self) -> "Settings":
-        """These settings with the preset's values in place; ConfigError for an unknown preset."""
-        if not self.preset:
-            return self
-        if self.preset not in PRESET_SETTINGS:
-            raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESET_SETTINGS)} (or none)")
-        return self.replace(preset="", **PRESET_SETTINGS[self.preset])
-
     def parse(self) -> tuple["DecodeConfig", "RuleConfig"]:
-        """(DecodeConfig, RuleConfig); ConfigError with one message if any value is off."""
+        """(DecodeConfig, RuleConfig), a preset's values in place; ConfigError (one message) if any value is off."""
         if self.preset:
-            return self.with_preset().parse()
+            if self.preset not in PRESET_SETTINGS:
+                raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESET_SETTINGS)} "
+                                  "(or none)")
+            return self.replace(preset="", **PRESET_SETTINGS[self.preset]).parse()
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ConfigError("the prompt is empty; type a question or pick an example")
         decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
@@ -168,10 +162,6 @@ class DecodeConfig:
     temperature: float = DEFAULTS.temperature
     top_p: float = DEFAULTS.top_p
     seed: int = DEFAULTS.seed
-    # Stop drafting a round early before a slot where the draft's top probability is below this
-    # (0: always draft gamma). The target still verifies every drafted token and each one is a
-    # plain draw from the draft, so lossless output keeps the target's distribution (greedy: the
-    # same text); what changes is how many unlikely drafts are paid for.
     gamma_auto: bool = False
     draft_source: str = "model"
     gamma_tuned_for_rule: bool = False  # gamma = auto prices the rule's verify step too (Settings says why)

@@ -36,12 +36,12 @@ HYBRID_MIN_N = 2  # hybrid trusts a lookup of at least this many tokens (a 1-gra
 PRIOR_ACCEPTS, PRIOR_TRIES = 1.0, 2.0  # acceptance 0.5 worth two observations, per slot
 
 
-def lookup(tokens: list[int], max_tokens: int, min_n: int = 1, max_n: int = NGRAM_MAX) -> list[int]:
+def lookup(tokens: list[int], max_tokens: int, min_n: int = 1) -> list[int]:
     """Up to max_tokens tokens that followed the latest earlier occurrence of the longest suffix of
-    `tokens` (n from max_n down to min_n); [] when no suffix recurs."""
+    `tokens` (n from NGRAM_MAX down to min_n); [] when no suffix recurs."""
     if max_tokens <= 0:
         return []
-    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+    for n in range(min(NGRAM_MAX, len(tokens) - 1), min_n - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start : start + n] == suffix:
@@ -230,6 +230,10 @@ class _Learning:
         draft length is tuned for the rule's cost (DecodeConfig.gamma_tuned_for_rule)."""
         return self.space.verify_cost.per_reached_slot() if self.space.decode.gamma_tuned_for_rule else 0.0
 
+    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
+        if draft.source == self.source:
+            self.acceptance.record(draft.num_drafted, num_accepted)
+
 
 class ModelDrafter(_Learning):
     """The draft model, one token per call, with its own cache."""
@@ -266,8 +270,7 @@ class ModelDrafter(_Learning):
                      self.source, gamma)
 
     def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
-        if draft.source == self.source:
-            self.acceptance.record(draft.num_drafted, num_accepted)
+        super().learn(draft, num_accepted, kept_length)
         self.model.crop(self.cache, min(kept_length, self.model.cached_length(self.cache)))
 
 
@@ -285,11 +288,8 @@ class LookupDrafter(_Learning):
     def start(self, prompt_ids: list[int]) -> None:
         pass
 
-    def proposal(self, tokens: list[int], limit: int) -> list[int]:
-        return lookup(tokens, limit, min_n=self.min_n)
-
     def propose(self, tokens: list[int], limit: int) -> Draft:
-        return self.of(self.proposal(tokens, limit))
+        return self.of(lookup(tokens, limit, self.min_n))
 
     def of(self, proposal: list[int]) -> Draft:
         """The draft of a proposal, cut to gamma = auto's length."""
@@ -300,10 +300,6 @@ class LookupDrafter(_Learning):
         one_hot = torch.nn.functional.one_hot(ids, self.space.vocab_size).float()
         hidden = torch.empty(0, self.space.hidden_size, device=self.space.device)
         return Draft(ids, one_hot, one_hot, hidden, self.source, gamma)
-
-    def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
-        if draft.source == self.source:
-            self.acceptance.record(draft.num_drafted, num_accepted)
 
 
 class HybridDrafter:
@@ -320,7 +316,7 @@ class HybridDrafter:
         self.model.start(prompt_ids)
 
     def propose(self, tokens: list[int], limit: int) -> Draft:
-        proposal = self.lookup.proposal(tokens, limit) if limit > 0 else []
+        proposal = lookup(tokens, limit, HYBRID_MIN_N)
         if proposal and self.lookup_pays(len(proposal), limit):
             return self.lookup.of(proposal)
         return self.model.propose(tokens, limit)

@@ -399,7 +399,7 @@ class Engine:
         return GenerationTrace(
             mode=mode, rule=rule.rule if mode == "sd" else "autoregressive", p=p, decode_config=decode,
             rule_config=rule, prompt_ids=tuple(seq.prompt), first_token=output[0], rounds=tuple(rounds),
-            output_ids=tuple(output), token_texts=self.services.decode_tokens(output),
+            output_ids=tuple(output), token_texts=self.services.stream_texts(output),
             text=self.tokenizer.decode(shown, skip_special_tokens=True) if self.tokenizer else "", stop_reason=stop_reason,
             t_prefill=t_prefill, t_total=t_total, target_name=self.target.name,
             draft_name=self.draft.name if mode == "sd" else "", t_calibration=t_calibration,

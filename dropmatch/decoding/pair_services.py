@@ -77,12 +77,9 @@ class PairServices:
             text = self._token_texts[token] = self.tokenizer.decode([token]) if self.tokenizer else f"<{token}>"
         return text
 
-    def decode_tokens(self, ids: list[int]) -> tuple[str, ...]:
-        """Each token's text in this run of tokens (stream_texts): what a trace keeps per output token."""
-        return self.stream_texts(ids)
-
     def stream_texts(self, ids) -> tuple[str, ...]:
-        """Each token's text as it reads in the run `ids` (stream_texts), decodes cached."""
+        """Each token's text as it reads in the run `ids` (stream_texts), decodes cached: what a trace keeps
+        per output token."""
         return stream_texts(ids, self._joined_text)
 
     def _joined_text(self, ids: tuple[int, ...]) -> str:

@@ -143,14 +143,16 @@ def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedP
     )
     if vocab_size < len(tokenizer):
         raise ModelLoadError(f"the heads score {vocab_size} tokens but the tokenizer has {len(tokenizer)}")
-    prepare_for_cpu(target_model, available_memory(device))
-    prepare_for_cpu(draft_model, available_memory(device))
-    return LoadedPair(
-        target=CausalLM(frozen(target_model), spec.target, vocab_size),
-        draft=CausalLM(frozen(draft_model), spec.draft, vocab_size),
-        tokenizer=tokenizer,
-        spec=spec,
-    )
+    return _pair(target_model, draft_model, tokenizer, spec, (spec.target, spec.draft), vocab_size)
+
+
+def _pair(target_model, draft_model, tokenizer, spec: PairSpec, names: tuple[str, str], vocab_size: int,
+          source: str = "") -> LoadedPair:
+    """Both loaded models, each through prepare_for_cpu and frozen, as the engine's pair."""
+    for model in (target_model, draft_model):
+        prepare_for_cpu(model, available_memory(model.device))
+    return LoadedPair(CausalLM(frozen(target_model), names[0], vocab_size),
+                      CausalLM(frozen(draft_model), names[1], vocab_size), tokenizer, spec, source)
 
 
 def embedded_gguf_path() -> tuple[Path, str]:
@@ -174,15 +176,15 @@ def embedded_gguf_path() -> tuple[Path, str]:
     return path, f"from the hub GGUF ({GGUF_REPO} at {GGUF_REVISION[:7]})"
 
 
-def check_sha256(path: Path, expected: str = GGUF_SHA256) -> None:
+def check_sha256(path: Path) -> None:
     """One clear line when a file is not the one the project was measured with."""
     digest = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
-    if digest.hexdigest() != expected:
+    if digest.hexdigest() != GGUF_SHA256:
         raise ModelLoadError(f"{path} has sha256 {digest.hexdigest()[:12]}…, not the embedded target's "
-                             f"{expected[:12]}… (a damaged or different file: delete it and load again)")
+                             f"{GGUF_SHA256[:12]}… (a damaged or different file: delete it and load again)")
 
 
 def embedded_target_dir(gguf: Path | None = None) -> Path:
@@ -319,18 +321,10 @@ def _embedded_models(device: torch.device, draft_dir: Path):
 def load_embedded_pair(device: torch.device | None = None, draft_dir: Path = EMBEDDED_DRAFT_DIR) -> LoadedPair:
     """The shipped CPU pair: SmolLM2-135M-Instruct (in fp32 on a CPU) and the distilled draft in
     assets/draft, which computes in bf16 where the hardware multiplies it natively (fast_dtype)."""
-    device = device or pick_device()
-    target_model, draft_model, tokenizer, source = _embedded_models(device, draft_dir)
-    vocab_size = target_model.get_output_embeddings().weight.shape[0]
-    prepare_for_cpu(target_model, available_memory(device))
-    prepare_for_cpu(draft_model, available_memory(device))
-    return LoadedPair(
-        target=CausalLM(frozen(target_model), "SmolLM2-135M-Instruct", vocab_size),
-        draft=CausalLM(frozen(draft_model), "dropmatch-draft", vocab_size),
-        tokenizer=tokenizer,
-        spec=PairSpec(),
-        source=f"embedded: SmolLM2-135M-Instruct ({source}) + shipped draft",
-    )
+    target_model, draft_model, tokenizer, source = _embedded_models(device or pick_device(), draft_dir)
+    return _pair(target_model, draft_model, tokenizer, PairSpec(), ("SmolLM2-135M-Instruct", "dropmatch-draft"),
+                 target_model.get_output_embeddings().weight.shape[0],
+                 f"embedded: SmolLM2-135M-Instruct ({source}) + shipped draft")
 
 
 def load_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:

@@ -4,6 +4,7 @@ and its prompt-lookup decoding."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -70,18 +71,8 @@ def assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], 
     """transformers' own assisted generation on the same pair (greedy), timed: a constant gamma, or
     with gamma None the library's own default schedule (its answer to gamma = auto).
     Returns (new tokens, seconds)."""
-    config = draft.model.generation_config
-    saved = {name: getattr(config, name, None) for name in
-             ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-    if gamma is not None:
-        config.num_assistant_tokens = gamma
-        config.num_assistant_tokens_schedule = "constant"
-        config.assistant_confidence_threshold = 0.0
-    try:
+    with _draft_length(draft, gamma, assistant_confidence_threshold=0.0):
         return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model)
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
 
 
 def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: list[int], max_new_tokens: int,
@@ -92,20 +83,27 @@ def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: li
     torch.manual_seed(seed) (its draws are not ours, so its tokens are a sample of the same rule, not a copy).
     Temperature 0 is greedy (transformers then keeps a draft where it is the mixture's argmax; sampling
     refuses a temperature of 0). Returns (new tokens, seconds)."""
-    config = draft.model.generation_config
-    saved = {name: getattr(config, name, None) for name in ("num_assistant_tokens", "num_assistant_tokens_schedule")}
-    if gamma is not None:
-        config.num_assistant_tokens = gamma
-        config.num_assistant_tokens_schedule = "constant"
     torch.manual_seed(seed)
-    try:
+    with _draft_length(draft, gamma):
         return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model,
                                sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
                                if temperature > 0 else None,
                                assistant_ensemble_weight=weight)
+
+
+@contextlib.contextmanager
+def _draft_length(draft: CausalLM, gamma: int | None, **settings):
+    """Within the block, the draft's generation config drafts a constant gamma with `settings` (gamma
+    None: the library's own schedule, nothing changed); restored after."""
+    config = draft.model.generation_config
+    changes = {} if gamma is None else {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+                                        **settings}
+    saved = {name: getattr(config, name, None) for name in changes}
+    config.update(**changes)
+    try:
+        yield
     finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+        config.update(**saved)
 
 
 def sequence_nll(target: CausalLM, prompt_ids: list[int], tokens: list[int]) -> float:
