@@ -39,7 +39,7 @@ import torch
 from .acceptance import ConfigError
 from .drafting import Draft, DraftSpace, _Learning
 from .sampling import draw, sampling_probs, signal_probs
-from .timing import PhaseTimer
+from .timing import best_seconds
 
 if TYPE_CHECKING:  # annotations only
     from .causal_lm import CausalLM
@@ -360,15 +360,9 @@ class Eagle3Head:
             wide = torch.zeros(COST_CONTEXT, self.module.fc.in_features, device=self.device, dtype=dtype)
             ids = torch.zeros(COST_CONTEXT, dtype=torch.long, device=self.device)
             out = self.step(wide, ids, cache, fuse=True)[-1:]
-            times = []
-            for _ in range(COST_REPEATS):
-                timer = PhaseTimer(self.device)
-                timer.mark("start")
-                self.logits(self.step(out, ids[:1], cache, fuse=False))
-                timer.mark("end")
-                times.append(timer.between("start", "end"))
-                cache.crop(COST_CONTEXT)
-            self._step_seconds = min(times)
+            self._step_seconds = best_seconds(self.device, COST_REPEATS,
+                                              lambda: self.logits(self.step(out, ids[:1], cache, fuse=False)),
+                                              lambda: cache.crop(COST_CONTEXT))
         return self._step_seconds
 
 

@@ -16,7 +16,7 @@ import torch
 from . import drafting
 from .config import AUTO_GAMMA_CAP, ConfigError, RuleConfig
 from .causal_lm import CausalLM, LoadedPair
-from .timing import PhaseTimer
+from .timing import best_seconds
 from .trained_judge import TrainedJudge, judge_for
 
 
@@ -158,15 +158,9 @@ def measure_step_costs(target: CausalLM, draft: CausalLM, context: int = 32, rep
     def best(model: CausalLM, positions: int) -> float:
         cache = model.new_cache()
         model.hidden(ids[:context], cache)
-        times = []
-        for _ in range(repeats):
-            timer = PhaseTimer(model.device)
-            timer.mark("start")
-            model.logits(model.hidden(ids[context : context + positions], cache))
-            timer.mark("end")
-            times.append(timer.between("start", "end"))
-            model.crop(cache, context)
-        return min(times)
+        return best_seconds(model.device, repeats,
+                            lambda: model.logits(model.hidden(ids[context : context + positions], cache)),
+                            lambda: model.crop(cache, context))
 
     one, many = best(target, 1), best(target, wide)
     return drafting.StepCosts(draft_step=best(draft, 1), verify_base=one,

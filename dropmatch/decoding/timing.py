@@ -12,6 +12,7 @@ last one: a round's timings cost one synchronize, not one per phase. Elsewhere (
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -46,3 +47,18 @@ class PhaseTimer:
         """Seconds from mark `start` to mark `end` (0.0 where either was not marked)."""
         seconds = self.read() if seconds is None else seconds
         return seconds[end] - seconds[start] if start in seconds and end in seconds else 0.0
+
+
+def best_seconds(device: torch.device | str, repeats: int, work: Callable[[], object],
+                 reset: Callable[[], object] = lambda: None) -> float:
+    """The fastest of `repeats` timed calls of work() (reset() after each, untimed): a step's cost as gamma =
+    auto prices it, the least disturbed by whatever else the machine runs."""
+    times = []
+    for _ in range(repeats):
+        timer = PhaseTimer(device)
+        timer.mark("start")
+        work()
+        timer.mark("end")
+        times.append(timer.between("start", "end"))
+        reset()
+    return min(times)
