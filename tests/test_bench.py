@@ -426,7 +426,7 @@ def test_the_vllm_engine_gets_every_setting_of_the_command_it_was_started_with()
     """`dropmatch-bench --engine vllm` forwards prompts, limit, tokens, concurrency, rates, rule,
     repeats, rounds and the JSON path to the vLLM benchmark, whose parser takes them back."""
     from dropmatch.bench.cli import build_parser, vllm_bench_args
-    from dropmatch.serving.vllm.bench import parse_args as vllm_parse_args
+    from vllm_bench import parse_args as vllm_parse_args
 
     args = build_parser().parse_args([
         "--engine", "vllm", "--prompts", "a.jsonl,b.jsonl", "--limit", "8", "--max-new-tokens", "64",
@@ -447,7 +447,7 @@ def test_the_vllm_benchmark_refuses_a_missing_prompt_file_in_one_line_before_any
     """A prompt file that is not there (the default dev set on a fresh checkout) stops the vLLM benchmark
     with one line naming it, exit 2, no traceback, and no model loaded or exported."""
     from dropmatch.models import loading
-    from dropmatch.serving.vllm import bench
+    import vllm_bench as bench
 
     monkeypatch.setattr(loading, "embedded_target_source", lambda: pytest.fail("a model was loaded"))
     monkeypatch.chdir(tmp_path)

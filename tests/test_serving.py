@@ -393,7 +393,7 @@ def test_a_step_without_kept_hidden_states_is_left_to_vllms_sampler(caplog):
 
 
 def test_the_vllm_benchmark_runs_every_rate_on_the_plugins_engine_and_refuses_bad_rates():
-    from dropmatch.serving.vllm import bench
+    import vllm_bench as bench
 
     args = bench.parse_args(["--p", "0,0.1,0.25", "--concurrency", "4", "--repeats", "3"])
     jobs = bench.jobs_for(4, args, {"concurrency": 4, "repeats": args.repeats})
@@ -407,7 +407,7 @@ def test_the_vllm_benchmark_runs_every_rate_on_the_plugins_engine_and_refuses_ba
 
 
 def test_the_vllm_table_gives_the_median_speed_with_its_range_and_flags_unequal_repeats():
-    from dropmatch.serving.vllm import bench
+    import vllm_bench as bench
 
     run = {"concurrency": 4, "name": "vllm", "tokens_per_s": 20.0, "tokens_per_s_runs": [19.0, 20.0, 23.5],
            "tokens_per_s_vs_vllm": 1.0, "acceptance": 0.2, "tau": 1.8, "identical_to_no_speculation": 2,
@@ -436,7 +436,7 @@ def test_the_counters_reach_the_file_soon_without_the_step_writing_it(tmp_path):
 def test_rounds_of_engine_processes_merge_into_one_run_and_pair_their_ratios():
     """--rounds: a variant's processes give one run (median speed, every run kept, outputs checked
     across processes), and its ratio to vLLM's SD is the median of the per-round ratios."""
-    from dropmatch.serving.vllm import bench
+    import vllm_bench as bench
 
     def process(speed, outputs=((1, 2),)):
         return {"tokens_per_s": speed, "tokens_per_s_runs": [speed - 1, speed], "wall_s": [1.0, 1.0],

@@ -209,16 +209,17 @@ def check_head(args) -> None:
 
 
 def _through_vllm(args) -> int:
-    """The vLLM benchmark (dropmatch.serving.vllm.bench) in its own venv, with this command's settings."""
-    python = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    """The vLLM benchmark (scripts/vllm_bench.py, a checkout's tool) in its own venv, with this command's settings."""
+    root = Path(__file__).resolve().parents[2]
+    python = root / ".venv-vllm" / "bin" / "python"
     if not python.exists():
         print("error: --engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm", file=sys.stderr)
         return 2
-    return subprocess.call([str(python), "-m", "dropmatch.serving.vllm.bench", *vllm_bench_args(args)])
+    return subprocess.call([str(python), str(root / "scripts" / "vllm_bench.py"), *vllm_bench_args(args)])
 
 
 def vllm_bench_args(args) -> list[str]:
-    """This command's settings as dropmatch.serving.vllm.bench arguments (raises BenchError or
+    """This command's settings as scripts/vllm_bench.py arguments (raises BenchError or
     ConfigError on a bad --p-sweep)."""
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != BASELINE]
     p = f"{KNOBS['p'].default:g}" if str(args.p) == "auto" else str(args.p)  # vLLM runs no per-prompt calibration

@@ -2,7 +2,7 @@
 plugin's cost) and DropMatch at each p asked, greedy, at each concurrency, on the embedded target with
 the exported draft (or prompt lookup). Runs under .venv-vllm:
 
-    .venv-vllm/bin/python -m dropmatch.serving.vllm.bench --prompts runs/distill/dev.jsonl --limit 16 \\
+    .venv-vllm/bin/python scripts/vllm_bench.py --prompts runs/distill/dev.jsonl --limit 16 \\
         --max-new-tokens 96 --concurrency 1,4,16 --p 0.1,0.2 --repeats 3 --json runs/vllm/bench.json
     dropmatch-bench --engine vllm ...        # the same, started from .venv (--p-sweep gives the rates)
 
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
 
@@ -41,7 +41,7 @@ def engine_runs(job: dict) -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    from ...decoding.acceptance import BASELINE
+    from dropmatch.decoding.acceptance import BASELINE
 
     extra = {"additional_config": {"dropmatch": {"rule": BASELINE}}} if job["plugin"] else {}
     llm = LLM(job["target"], dtype="float32", enforce_eager=True, max_model_len=4096, seed=0,
@@ -98,7 +98,7 @@ def timed(llm, prompts: list, variant: dict, max_new_tokens: int, repeats: int) 
 
 
 def run_job(job: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "dropmatch.serving.vllm.bench", "--job", json.dumps(job)],
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--job", json.dumps(job)],
                           capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("JOB ")]
     if done.returncode != 0 or not lines:
@@ -121,7 +121,7 @@ def jobs_for(concurrency: int, args, base: dict) -> list[dict]:
 
 def read_questions(files: str, limit: int | None) -> list[str]:
     """The prompts of the files (comma-separated), `limit` per file; BenchError (one line) on a bad file."""
-    from ...bench.prompts import read_prompts
+    from dropmatch.bench.prompts import read_prompts
 
     return [item.prompt for path in files.split(",") for item in read_prompts(path, limit)[1]]
 
@@ -140,8 +140,8 @@ def score(target: str, prompts: list, outputs: list) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ...quality import distinct2
-    from ...decoding.sampling import target_view
+    from dropmatch.quality import distinct2
+    from dropmatch.decoding.sampling import target_view
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     log_probs, off = [], 0
@@ -162,7 +162,7 @@ DEFAULT_PROMPTS = "runs/distill/dev.jsonl"  # the written dev prompts + GSM8K tr
 
 
 def benchmark(args) -> dict:
-    from ...models.loading import embedded_target_source
+    from dropmatch.models.loading import embedded_target_source
 
     questions = read_questions(args.prompts, args.limit)  # a bad prompt file stops it before any model work
     target = embedded_target_source()[0]
@@ -204,7 +204,7 @@ def ratio_to(run: dict, baseline: dict) -> tuple[float, list[float]]:
 
 
 def reference_band(base: dict, prompts: list, concurrency: int) -> dict:
-    from ...bench.running import REFERENCE_TEMPERATURE, REFERENCE_TOP_P
+    from dropmatch.bench.running import REFERENCE_TEMPERATURE, REFERENCE_TOP_P
 
     job = {**base, "label": "reference samples", "concurrency": concurrency, "speculative": False, "plugin": False,
            "repeats": 1,
@@ -217,7 +217,7 @@ def reference_band(base: dict, prompts: list, concurrency: int) -> dict:
 
 
 def summarize(runs: list[dict], reference: dict, target: str, prompts: list, args) -> dict:
-    from ...bench.summary import band_checks
+    from dropmatch.bench.summary import band_checks
 
     by_key = {(run["name"], run["concurrency"]): run for run in runs}
     for run in runs:
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         print("JOB " + json.dumps(engine_runs(json.loads(args.job))), flush=True)
         return 0
-    from ...bench.prompts import BenchError
+    from dropmatch.bench.prompts import BenchError
 
     try:
         document = benchmark(args)
