@@ -1,4 +1,4 @@
-"""Make the built-in lessons (assets/lessons): one per rule of builtin_lessons.SPECS.
+"""Make the built-in lessons (assets/lessons): one per rule of tools/lesson_runs.SPECS.
 
     python scripts/make_lessons.py [--only js,majority] [--tokens 64]
     python scripts/make_lessons.py --from-runs   # re-pick and re-write the lessons from the shipped runs
@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 
 from dropmatch.assets import LESSONS_DIR, load_examples
-from dropmatch.builtin_lessons import LESSON_FORMAT, LESSON_VERSION, SPECS, lesson_path
-from tools.lesson_runs import RUNS_FORMAT, candidate_slots, lesson_of_runs, missing, read_runs, runs_path
+from dropmatch.builtin_lessons import LESSON_FORMAT, LESSON_VERSION, lesson_path
+from tools.lesson_runs import RUNS_FORMAT, SPECS, candidate_slots, lesson_of_runs, missing, read_runs, runs_path
 from dropmatch.decoding.config import Settings
 from dropmatch.decoding.engine import Engine, run_to_end
 from dropmatch.models import load_embedded_pair

@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-from dropmatch.builtin_lessons import (LESSON_SIZE, SPECS, LessonSpec, builtin_lessons, lesson_path, lessons_html,
-                                       read_lesson)
+from dropmatch.builtin_lessons import LESSON_NAMES, builtin_lessons, lesson_path, lessons_html, read_lesson
 from dropmatch.decoding.config import ConfigError, RuleConfig, Settings
 from dropmatch.lessons import CLOSE_CALLS, rule_reasons
 from dropmatch.render import explain
+from tools.lesson_runs import LESSON_SIZE, SPECS, LessonSpec
 from tools.lesson_runs import lesson_of_runs, pick_slots, read_runs, runs_path
 from dropmatch.decoding.trace import DraftedToken
 
@@ -35,6 +35,7 @@ def test_every_shipped_lesson_file_is_a_builtin_lesson_of_a_rule_the_table_has()
     """No orphan ships (a lesson of a removed rule would be uploaded to the Space and never played)."""
     from dropmatch.assets import LESSONS_DIR
 
+    assert tuple(SPECS) == LESSON_NAMES  # the app lists what the specs made, in their order
     assert {path.stem for path in LESSONS_DIR.glob("*.json")} == set(SPECS)
     assert {path.stem for path in (LESSONS_DIR / "runs").glob("*.json")} == set(SPECS)
 

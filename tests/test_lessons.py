@@ -8,8 +8,8 @@ import json
 import pytest
 
 from dropmatch.decoding.acceptance import RULES
-from dropmatch.builtin_lessons import SPECS, lesson_path, read_lesson
-from tools.lesson_runs import lesson_of_runs, read_runs, runs_path
+from dropmatch.builtin_lessons import lesson_path, read_lesson
+from tools.lesson_runs import SPECS, lesson_of_runs, read_runs, runs_path
 from dropmatch.lessons import CONTEXT_TOKENS, lesson_from_trace, rule_reasons, score
 from dropmatch.runfile import read_recorded_run, recorded_runs
 

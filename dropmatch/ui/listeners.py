@@ -7,7 +7,7 @@ import threading
 import gradio as gr
 
 from ..decoding.acceptance import knob_by_key, votes_needed
-from ..builtin_lessons import SPECS
+from ..builtin_lessons import LESSON_NAMES
 from ..decoding.config import METHOD_SETTINGS, PRESETS, Settings
 from ..runfile import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
@@ -205,10 +205,10 @@ def _linked(view: dict, shipped: dict, asked: str, title: str | None, lesson: st
     elif asked:
         view["status"] = (f"No shipped run is called “{asked}”; the shipped runs are: "
                           + ", ".join(path.stem for path in shipped.values()) + ". " + view.get("status", ""))
-    if lesson in SPECS:
+    if lesson in LESSON_NAMES:
         view["tabs"], view["learn_tabs"] = gr.Tabs(selected="learn"), gr.Tabs(selected="lessons")
     elif lesson:
-        view["status"] = f"No built-in lesson is called “{lesson}”; they are: {', '.join(SPECS)}. " + view.get("status", "")
+        view["status"] = f"No built-in lesson is called “{lesson}”; they are: {', '.join(LESSON_NAMES)}. " + view.get("status", "")
     return view
 
 
