@@ -1,20 +1,16 @@
-"""Predict-the-verdict lessons (pure): a run's judged slots as questions, and a learner's answers
-scored against them with their confusions by reason.
+"""Predict-the-verdict lessons (pure): a run's judged slots as questions.
 
 A lesson teaches one rule. Each slot is a drafted token the rule judged: the learner sees the text
 before it, the token with its draft probability and the clean target's top tokens, and chooses one
 of the rule's reasons (accepted exactly, by one of the rule's checks, or rejected); the reveal is the
 trace's own record (paths, votes, JS against its threshold) and the step view's sentence
-(render.explain). `score` is the reference the page's player is checked against.
+(render.explain). The page's player (assets/lessons.js) scores the answers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .decoding.acceptance import REASONS, RULES, votes_needed
+from .decoding.acceptance import RULES, votes_needed
 from .render import explain, kind_label
-from .rule_words import REASON_WORDS
 from .decoding.trace import DraftedToken, GenerationTrace
 
 LESSON_VERSION = 1
@@ -33,16 +29,6 @@ def rule_reasons(rule: str) -> tuple[str, ...]:
     """The reasons a rule can give a drafted token, in the order a learner chooses from:
     exact, each of the rule's own checks, rejected."""
     return ("exact", *RULES[rule].checks, "rejected")
-
-
-@dataclass(frozen=True)
-class Confusion:
-    """Slots where the learner chose `answered` and the rule gave `truth`, and what they had in common."""
-
-    answered: str
-    truth: str
-    count: int
-    sentence: str
 
 
 def lesson_from_trace(trace: GenerationTrace, token_text, title: str = "", run: int = 0) -> dict:
@@ -93,41 +79,6 @@ def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: li
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found
-
-
-def score(lesson: dict, answers: list[str]) -> dict:
-    """answers[i] for lesson slot i -> {"right", "asked", "best_streak", "confusions": [Confusion...]}."""
-    slots = lesson["slots"][: len(answers)]
-    right = streak = best = 0
-    wrong: dict[tuple[str, str], list[dict]] = {}
-    for slot, answer in zip(slots, answers):
-        if answer == slot["answer"]:
-            right, streak = right + 1, streak + 1
-            best = max(best, streak)
-        else:
-            streak = 0
-            wrong.setdefault((answer, slot["answer"]), []).append(slot)
-    confusions = [Confusion(a, t, len(s), _sentence(a, t, s, lesson)) for (a, t), s in wrong.items()]
-    confusions.sort(key=lambda c: (-c.count, c.answered, c.truth))
-    return {"right": right, "asked": len(slots), "best_streak": best, "confusions": confusions}
-
-
-def _sentence(answered: str, truth: str, slots: list[dict], lesson: dict) -> str:
-    labels, n = lesson["labels"], len(slots)
-    head = f"you chose “{labels.get(answered, answered)}” for {n} slot{'s' if n > 1 else ''} that the rule marked “{labels.get(truth, truth)}”"
-    for reason in [name for name in REASONS if name in (answered, truth)]:  # a reason's own sentence (its numbers)
-        confusion = REASON_WORDS[reason].confusion
-        said = confusion(slots) if confusion else None
-        if said:
-            return f"{head}: {said}"
-    if "exact" in (answered, truth) and not lesson.get("greedy", True):
-        odds = [min(1.0, s["p"] / s["q"]) if s["q"] > 0 else 1.0 for s in slots]
-        low, high = min(odds), max(odds)
-        span = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
-        return f"{head}: the coin accepted them with probability min(1, p / q) = {span}"
-    if "exact" in (answered, truth):
-        return f"{head}: the exact test accepts only the clean target's own top token"
-    return head
 
 
 def short_lesson(lesson: dict, size: int = 20) -> dict:

@@ -16,8 +16,7 @@ class ReasonWords:
     tokens' highlight (light, dark theme) and a second cue (CSS text-decoration). Its sentences, which
     render.explain fills from a token's numbers, every knob's value by name and RuleWords.numbers: says (a token
     it accepted; {earlier}: the checks before it that failed), fails (a rejected token's clause), before (the
-    clause {earlier} gets). confusion: a lesson's sentence on a confusion with it; reads: the DraftedToken field
-    its sentences need."""
+    clause {earlier} gets). reads: the DraftedToken field its sentences need."""
 
     legend: str
     meaning: str
@@ -28,7 +27,6 @@ class ReasonWords:
     says: str = ""
     fails: str = ""
     before: str = ""
-    confusion: Callable[[list[dict]], str | None] | None = None
     reads: str = ""
 
 
@@ -51,22 +49,6 @@ class RuleWords:
 def column_title(rule: str) -> str:
     """A rule's column title: its words' title, else its label."""
     return RULE_WORDS[rule].title or RULES[rule].label
-
-
-def _js_confusion(slots: list[dict]) -> str | None:
-    ratios = [s["js"] / s["threshold"] for s in slots if s.get("js") is not None and s.get("threshold")]
-    if not ratios:
-        return None
-    low, high = min(ratios), max(ratios)
-    span = f"{low:.2g}x" if abs(high - low) < 0.05 else f"{low:.2g}-{high:.2g}x"
-    return f"their JS was {span} the threshold (JS accepts at 1x or less)"
-
-
-def _majority_confusion(slots: list[dict]) -> str | None:
-    if not all("votes" in s for s in slots):
-        return None
-    votes = sorted({s["votes"] for s in slots})
-    return f"the draft had {'/'.join(map(str, votes))} of {len(slots[0]['paths'])} path votes"
 
 
 def _mars_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
@@ -169,13 +151,11 @@ REASON_WORDS: dict[str, ReasonWords] = {
         says="{tok} is not the target's choice {target}, but the draft's distribution is as close to the paths' "
              "centroid as the paths themselves: JS {js:.4f} ≤ threshold {threshold:.4f}.{js_note}",
         fails="JS {js:.4f} {js_cmp} threshold {threshold:.4f}",
-        before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="path_tokens",
-        confusion=_js_confusion),
+        before="failed the JS test ({js:.4f} > {threshold:.4f}), but ", reads="path_tokens"),
     "majority": ReasonWords("majority", "accepted by majority", "#6a1b9a", "#e1bee7", "#4a148c", "underline double",
         says="{tok} {earlier}{votes} of {k} dropout paths chose it: at least the {needed} the majority "
                          "rule asks, and no other token has as many.",
-        fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="path_tokens",
-        confusion=_majority_confusion),
+        fails="{votes} of {k} paths chose it (the majority rule asks {needed})", reads="path_tokens"),
     "naive": ReasonWords("naive", "accepted by naive (a path chose it)", "#ef6c00", "#ffe0b2", "#8a3c00",
         "underline dashed", says="{tok} is one of the K path tokens ({votes} of {k} paths chose it).",
         fails="none of the {k} paths chose it", reads="path_tokens"),

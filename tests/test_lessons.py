@@ -1,4 +1,4 @@
-"""Lessons (dropmatch/lessons.py): a run's judged slots as questions, and the reference score a
+"""Lessons (dropmatch/lessons.py): a run's judged slots as questions, and the reference score (lesson_score.py) a
 learner's answers get, on the shipped runs (no model)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from dropmatch.decoding.acceptance import RULES
 from dropmatch.builtin_lessons import lesson_path, read_lesson
 from tools.lesson_runs import SPECS, lesson_of_runs, read_runs, runs_path
-from dropmatch.lessons import CONTEXT_TOKENS, lesson_from_trace, rule_reasons, score
+from dropmatch.lessons import CONTEXT_TOKENS, lesson_from_trace, rule_reasons
+from lesson_score import score
 from dropmatch.runfile import read_recorded_run, recorded_runs
 
 SHIPPED = recorded_runs()
