@@ -353,7 +353,7 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
     from dropmatch.ui import views
 
     ids = embedded_services.tokenizer(text)["input_ids"]
-    assert any("\ufffd" in embedded_services.token_text(t) for t in ids)  # the tokenizer does split characters
+    assert any("\ufffd" in embedded_services.tokenizer.decode([t]) for t in ids)  # the tokenizer does split characters
     rounds = [RoundTrace(i, ids[i], (), (t,), "target", 0, 0.0, 0.01, 0.002, 0.0, 0.012, 1) for i, t in enumerate(ids[1:])]
     engine = SimpleNamespace(services=embedded_services, stop_ids=frozenset())
     running = views.column_html(Column("lossless", rounds), engine, DecodeConfig(), RuleConfig("lossless"))
@@ -363,6 +363,31 @@ def test_columns_show_characters_split_across_tokens_whole(embedded_services, te
     for column in (running, views.trace_html(trace, record)):
         shown = html_lib.unescape("".join(re.findall(r'<span class="dm-tok[^"]*"[^>]*>([^<]*)</span>', column)))
         assert "\ufffd" not in column and shown == text
+
+
+def _shown_bytes(shown: str) -> bytes:
+    """A token's shown text read back as bytes: each "<0xD8>" one byte, the rest UTF-8."""
+    import re
+
+    parts = re.split(r"(<0x[0-9A-F]{2}>)", shown)
+    return b"".join(bytes.fromhex(part[3:5]) if re.fullmatch(r"<0x[0-9A-F]{2}>", part) else part.encode() for part in parts)
+
+
+@pytest.mark.slow
+def test_a_token_that_is_part_of_a_character_shows_its_bytes_not_u_fffd(embedded_services):
+    """Popovers, the step view and the rule lab show one token at a time: a token holding part of an Arabic, CJK or
+    emoji character shows its bytes ("<0xD8>"), never U+FFFD, and the tokens' bytes join to the text's own."""
+    tokenizer = embedded_services.tokenizer
+    for text in SPLIT_TEXTS:
+        shown = [embedded_services.token_text(t) for t in tokenizer(text)["input_ids"]]
+        assert not any("\ufffd" in piece for piece in shown), shown
+        assert b"".join(map(_shown_bytes, shown)) == text.encode("utf-8"), shown
+    broken = [t for t in range(tokenizer.vocab_size) if "\ufffd" in tokenizer.decode([t])]
+    assert len(broken) > 100  # byte tokens of the embedded tokenizer
+    for token in broken:  # the same bytes as the tokenizer's own reading; U+FFFD only where the token is that character
+        raw = _shown_bytes(embedded_services.token_text(token))
+        assert raw.decode("utf-8", errors="replace") == tokenizer.decode([token])
+        assert ("\ufffd" in embedded_services.token_text(token)) == ("\ufffd".encode() in raw)
 
 
 def test_a_long_prompts_reading_time_comes_from_a_prompt_this_engine_read(tiny_engine):

@@ -11,6 +11,8 @@ lab reads a pair through it: lab.rule_lab).
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from . import drafting
@@ -71,10 +73,16 @@ class PairServices:
     # ------------------------------------------------------------ token text
 
     def token_text(self, token: int) -> str:
-        """The text of one token id, as the UI shows it (a pair without a tokenizer: "<id>")."""
+        """The text of one token id, as the UI shows it (a pair without a tokenizer: "<id>"); a token that is
+        part of a character (byte-level tokenizers split Arabic, CJK and emoji) shows its bytes, "<0xD8>"."""
         text = self._token_texts.get(token)
+        if text is None and not self.tokenizer:
+            return f"<{token}>"
         if text is None:
-            text = self._token_texts[token] = self.tokenizer.decode([token]) if self.tokenizer else f"<{token}>"
+            text = self._joined_text((token,))
+            if BROKEN in text:
+                text = bytes_shown(self.tokenizer.convert_ids_to_tokens(token)) or text
+            self._token_texts[token] = text
         return text
 
     def stream_texts(self, ids) -> tuple[str, ...]:
@@ -83,12 +91,10 @@ class PairServices:
         return stream_texts(ids, self._joined_text)
 
     def _joined_text(self, ids: tuple[int, ...]) -> str:
-        if len(ids) == 1:
-            return self.token_text(ids[0])
         text = self._joined_texts.get(ids)
         if text is None:
             text = self._joined_texts[ids] = (self.tokenizer.decode(list(ids)) if self.tokenizer
-                                                 else "".join(map(self.token_text, ids)))
+                                              else "".join(map(self.token_text, ids)))
         return text
 
     # ------------------------------------------------------------ the trained judge
@@ -129,6 +135,28 @@ class PairServices:
 
 BROKEN = "\ufffd"  # what a tokenizer decodes a character's partial bytes to
 MAX_CHARACTER_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so at most 4 byte-level tokens
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted (a vocabulary entry's character -> the byte it stands for): printable
+    bytes stand for themselves, the others for chr(256 + n) in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{chr(byte): byte for byte in printable}, **{chr(256 + n): byte for n, byte in enumerate(others)}}
+
+
+def bytes_shown(piece: str) -> str | None:
+    """A vocabulary entry (byte-level "Ø§", or SentencePiece's byte fallback "<0xD8>") as text, every byte that is
+    not part of a whole character shown as "<0xD8>"; None for an entry of neither kind."""
+    alphabet = _byte_level_alphabet()
+    if re.fullmatch(r"(<0x[0-9A-Fa-f]{2}>)+", piece):
+        raw = bytes.fromhex(piece.replace("<0x", "").replace(">", ""))
+    elif piece and all(char in alphabet for char in piece):
+        raw = bytes(alphabet[char] for char in piece)
+    else:
+        return None
+    text = raw.decode("utf-8", errors="surrogateescape")  # a stray byte b becomes U+DC00 + b
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
 
 
 def stream_texts(ids, decode) -> tuple[str, ...]:
