@@ -283,7 +283,7 @@ def _refused_all(trace) -> str:
         return ""
     knob = KNOBS.get(rule.knob) if rule.knob else None
     value = None if knob is None else trace.rule_config.knobs.get(knob.name)
-    at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} ({KNOB_HELP[knob.name]})"
+    at = "" if knob is None else f", at {knob.label} {'auto' if value is None else format(value, 'g')} — {KNOB_HELP[knob.name]}"
     rounds = f"all {len(able)} rounds" if len(able) > 1 else "the one round"
     mismatches = f"all {refused} mismatches" if refused > 1 else "the one mismatch"
     return (f"{column_title(rule.name)} acted in none of its {len(trace.rounds)} rounds: in {rounds} it could act in, it "
