@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,30 @@ def test_the_app_starts_as_a_space_does_and_answers_on_the_address_it_is_given(h
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_two_processes_converting_the_embedded_target_at_once_take_turns(tmp_path):
+    """Two servers (or two test workers) starting on an empty cache at once: the conversion's lock lets one
+    convert while the other waits, then the other finds the converted folder: started together, the critical
+    sections (each holding the lock 1 s) never overlap."""
+    script = tmp_path / "turn.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from dropmatch.models.loading import _one_process_at_a_time\n"
+        "log = Path(sys.argv[1])\n"
+        "(log.parent / f'ready-{sys.argv[2]}').touch()\n"
+        "while not (log.parent / 'go').exists(): time.sleep(0.01)\n"
+        "with _one_process_at_a_time(log.parent / '.convert.lock'):\n"
+        "    with log.open('a') as f: f.write(f'in {time.time()}\\n')\n"
+        "    time.sleep(1.0)\n"
+        "    with log.open('a') as f: f.write(f'out {time.time()}\\n')\n")
+    log = tmp_path / "turns.log"
+    both = [subprocess.Popen([sys.executable, str(script), str(log), str(n)]) for n in range(2)]
+    deadline = time.monotonic() + 300  # a hang guard: both imported, then both go at once
+    while not all((tmp_path / f"ready-{n}").exists() for n in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    assert [p.wait(timeout=300) for p in both] == [0, 0]
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["in", "out", "in", "out"], events

@@ -5,6 +5,7 @@ shipped in assets/draft). On a CPU each model then goes through cpu_kernels.prep
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -191,11 +192,38 @@ def embedded_target_dir(gguf: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct converted from its GGUF (`gguf`, else embedded_gguf_path's) to
     safetensors, once (~20 s)."""
     out = cache_root() / "smollm2-135m-instruct"
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
-        return out
+    if not _converted(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _one_process_at_a_time(out.parent / ".convert.lock"):  # two servers or test workers starting at once
+            if not _converted(out):
+                _convert_embedded(gguf or embedded_gguf_path()[0], out)
+    return out
+
+
+def _converted(out: Path) -> bool:
+    return (out / "config.json").exists() and (out / "model.safetensors").exists()
+
+
+@contextlib.contextmanager
+def _one_process_at_a_time(lock_path: Path):
+    """An exclusive lock on `lock_path` (POSIX flock; where there is none, no lock): a second process waits for the
+    first one's conversion and then reads it, instead of converting again beside it."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _convert_embedded(gguf: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = gguf or embedded_gguf_path()[0]
     check_sha256(gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -207,14 +235,12 @@ def embedded_target_dir(gguf: Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
     model.generation_config.eos_token_id = quantized.generation_config.eos_token_id
-    out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
-    return out
 
 
 def embedded_target_source() -> tuple[str, str]:
