@@ -56,11 +56,6 @@ def start(host, spec: PairSpec) -> None:
     _STATE["host"] = host
 
 
-def installed(host) -> None:
-    """Keep a host for the GPU functions without loading anything (tests, and off ZeroGPU)."""
-    _STATE["host"] = host
-
-
 def compare_duration(settings: Settings) -> int:
     """The GPU seconds to ask for one comparison: fixed cost plus tokens x runs x per-token cost."""
     spec = settings.pair_spec()
@@ -88,7 +83,7 @@ def _gpu(duration):
 def _engine(spec: PairSpec):
     host = _STATE.get("host")
     if host is None:
-        raise RuntimeError("the GPU functions need zerogpu.start() (or installed()) first")
+        raise RuntimeError("the GPU functions need zerogpu.start() first")
     return host.engine(spec)  # the loaded one; loads here only if this worker holds another pair
 
 
