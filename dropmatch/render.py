@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from .assets import page_file
 from .decoding.acceptance import KNOBS, REASONS, RULES, judges_drafts
 from .decoding.config import DecodeConfig, RuleConfig
+from .decoding.pair_services import BYTE_SHOWN
 from .metrics import RunMetrics
 from .rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, column_title
 from .decoding.trace import DraftedToken, RoundTrace
@@ -93,7 +94,7 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
             if refused:
                 d = r.drafted[j]
                 tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((token_text(d.token).replace("\ufffd", "") or "◌", "rejected",
+                spans.append((_struck(token_text(d.token)), "rejected",
                               tip + (f"\nwhy: {why(d, r.draft_source)}" if why else "")))
             if j < r.num_accepted:
                 d = r.drafted[j]
@@ -102,6 +103,14 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
             else:
                 spans.append((shown(token), r.extra_kind, _extra_tooltip(r, token_text) + ending(token)))
     return spans
+
+
+def _struck(text: str) -> str:
+    """A rejected draft's text in a column, without the part of a character it holds (U+FFFD, or its bytes shown
+    "<0xD8>": laid out among Arabic letters, bidi would split such a label); "◌" where no character is left. Its popover
+    shows the bytes."""
+    kept = BYTE_SHOWN.sub("", text.replace("\ufffd", ""))
+    return kept or "◌" if kept == text or kept.strip() else kept + "◌"
 
 
 def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) -> Callable[[DraftedToken, str], str]:

@@ -31,6 +31,22 @@ def test_every_emitted_token_gets_a_colour_and_the_text_reads_back():
     assert html.count('class="dm-tok') == len(spans) and "data-tip=" in html and "title=" not in html
 
 
+def test_a_rejected_draft_holding_part_of_a_character_shows_a_circle_in_the_column_and_its_bytes_in_the_popover():
+    """Struck through among Arabic letters, a byte label such as "<0xF0><0x9F>" would be split by bidi: the column
+    shows the draft's whole characters only ("◌" where there are none); its popover keeps the bytes."""
+    engine, lossless, _ = traces()
+    rounds = [r for r in lossless.rounds if r.extra_kind == "correction" and r.num_accepted < len(r.drafted)]
+    assert rounds
+    refused = {r.drafted[r.num_accepted].token for r in rounds}
+    def shown(token: int) -> str:  # the refused drafts as byte tokens of an emoji
+        return " <0xF0><0x9F>" if token in refused else engine.services.token_text(token)
+
+    spans = token_spans(lossless.first_token, rounds, shown, engine.stop_ids, rejected=True)
+    struck = [(text, tip) for text, kind, tip in spans if kind == "rejected"]
+    assert struck and all(text == " ◌" for text, _ in struck), struck
+    assert all("<0xF0><0x9F>" in tip for _, tip in struck)
+
+
 def test_every_accepted_drafted_tokens_popover_ends_with_the_rules_sentence():
     from dropmatch.render import explainer
 

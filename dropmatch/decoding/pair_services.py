@@ -134,6 +134,7 @@ class PairServices:
 
 
 BROKEN = "\ufffd"  # what a tokenizer decodes a character's partial bytes to
+BYTE_SHOWN = re.compile(r"<0x[0-9A-F]{2}>")  # a byte of a token that holds part of a character (bytes_shown)
 MAX_CHARACTER_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so at most 4 byte-level tokens
 
 
