@@ -60,7 +60,8 @@ def distinct2(tokens: list[int] | tuple[int, ...]) -> float:
 
 def outside_on_length(new_tokens: int, sample_tokens: list[int], ended_by_rule: bool) -> bool:
     """The reference band's length axis for one answer: outside when it is shorter than the shortest of the
-    target's own samples on its prompt, or when its text ends with a token only the rule accepted."""
+    target's own answers on its prompt (its samples, and lossless SD's: bench.summary.ending_counts), or when its
+    text ends with a token only the rule accepted."""
     return ended_by_rule or (bool(sample_tokens) and new_tokens < min(sample_tokens))
 
 

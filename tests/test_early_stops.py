@@ -182,6 +182,27 @@ def test_the_bench_reports_per_rule_the_share_of_prompts_ended_early_and_the_ban
     assert "50.0%" in markdown_table(document) and "outside: length" in markdown_table(document)
 
 
+def test_a_sample_longer_than_the_greedy_answer_leaves_lossless_sd_inside_the_length_axis():
+    """The target's own answers on a prompt are its samples and lossless SD's: a greedy answer of 20 tokens against
+    one sample of 40 keeps lossless SD inside, and a rule's answer of the same 20 tokens too; shorter than both is
+    outside."""
+    from dropmatch.bench.prompts import Item
+    from dropmatch.bench.running import BenchmarkResult, Generation
+    from dropmatch.bench.summary import summarize_benchmark
+
+    def made(trace):
+        return Generation(trace, 0.5, 0.0, 1.0)
+
+    greedy, sample, shorter = lossless_run(20), lossless_run(40), lossless_run(12)
+    result = BenchmarkResult("set", "plain", items=[Item("a", {}), Item("b", {})], ar=[made(greedy)] * 2,
+                             runs={"lossless": [made(greedy)] * 2, "dropmatch": [made(greedy)] * 2,
+                                   "mars": [made(greedy), made(shorter)]},
+                             reference=[[made(sample)], [made(sample)]])
+    rules = summarize_benchmark(result)["rules"]
+    assert rules["lossless"]["band"]["length"] is True and rules["dropmatch"]["band"]["length"] is True
+    assert rules["mars"]["band"]["length"] is False and rules["mars"]["length_outside"] == 1
+
+
 @pytest.mark.slow
 def test_the_sky_prompt_under_mars_on_the_embedded_pair_says_it_ended_the_answer_early():
     """The issue's reproduction: "Explain why the sky is blue in three sentences.", 40 tokens, MARS (hybrid drafts,

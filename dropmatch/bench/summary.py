@@ -115,11 +115,16 @@ def peers_summary(result: BenchmarkResult, rules: dict) -> dict:
 def ending_counts(result: BenchmarkResult, pairs: list[tuple[int, object]]) -> dict:
     """A rule's answers (prompt index, Generation) by how they end: ended_early, the share of prompts whose answer
     ended (an end of text) before lossless SD's (None without lossless SD's runs); length_outside, the prompts
-    outside the band's length axis (quality.outside_on_length; None without the target's own samples)."""
+    outside the band's length axis (quality.outside_on_length against the target's samples and lossless SD's answer;
+    None without the target's own samples)."""
     lossless = result.runs.get(BASELINE)
     early = [ended_early(g.trace, lossless[i].trace) for i, g in pairs if lossless and lossless[i] is not None]
     aligned = len(result.reference) == len(result.items)  # per prompt (a merge of sets may lack some)
-    samples = [[len(s.trace.output_ids) for s in result.reference[i]] if aligned else [] for i, _ in pairs]
+    # the target's own answers on the prompt: its samples and lossless SD's (the target's output exactly), so that
+    # one sample longer than the greedy answer does not put the target itself outside
+    samples = [[len(s.trace.output_ids) for s in result.reference[i]]
+               + ([len(lossless[i].trace.output_ids)] if lossless and lossless[i] is not None else [])
+               if aligned else [] for i, _ in pairs]
     outside = [outside_on_length(len(g.trace.output_ids), lengths, ended_by_rule(g.trace))
                for (_, g), lengths in zip(pairs, samples) if lengths]
     return {"ended_early": sum(early) / len(early) if early else None, "ended_early_prompts": sum(early),
