@@ -11,6 +11,7 @@ lab reads a pair through it: lab.rule_lab).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -75,9 +76,9 @@ class PairServices:
     def token_text(self, token: int) -> str:
         """The text of one token id, as the UI shows it (a pair without a tokenizer: "<id>"); a token that is
         part of a character (byte-level tokenizers split Arabic, CJK and emoji) shows its bytes, "<0xD8>"."""
-        text = self._token_texts.get(token)
-        if text is None and not self.tokenizer:
+        if not self.tokenizer:
             return f"<{token}>"
+        text = self._token_texts.get(token)
         if text is None:
             text = self._joined_text((token,))
             if BROKEN in text:
@@ -138,6 +139,7 @@ BYTE_SHOWN = re.compile(r"<0x[0-9A-F]{2}>")  # a byte of a token that holds part
 MAX_CHARACTER_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so at most 4 byte-level tokens
 
 
+@functools.cache
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet inverted (a vocabulary entry's character -> the byte it stands for): printable
     bytes stand for themselves, the others for chr(256 + n) in byte order."""

@@ -213,12 +213,9 @@ def _one_process_at_a_time(lock_path: Path):
     except ImportError:
         yield
         return
-    with open(lock_path, "w") as lock:
+    with open(lock_path, "w") as lock:  # closing the file releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def _convert_embedded(gguf: Path, out: Path) -> None:
