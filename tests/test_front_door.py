@@ -281,3 +281,20 @@ def test_the_rule_dropdowns_arrow_covers_no_part_of_the_rules_name(fake_app_page
     arrow = page.locator("#rule-choice .icon-wrap, #rule-choice svg").first.bounding_box()
     assert text_right <= arrow["x"] + 1, (text_right, arrow)
     page.close()
+
+
+def test_the_load_outcome_never_hides_a_line_the_visitors_action_wrote():
+    """The timer's last tick can be answered after a Run was refused: the refusal stays, and the timer stops;
+    the first line, a loading line and the recorded run's note do give way to the outcome."""
+    from dropmatch.pair_host import LoadStatus
+    from dropmatch.ui import views
+
+    ready = LoadStatus("ready", label="SmolLM2 pair")
+    refusal = "⚠️ the prompt is empty: type one or pick an example"
+    kept, timer = views.load_status_view(ready, refusal)
+    assert kept == {"__type__": "update"} and timer.active is False
+    for shown in (views.FIRST_STATUS, "Loading **SmolLM2 pair** … 3 s", views.RECORDED_NOTE + ", *GSM8K math* (x)."):
+        line, _ = views.load_status_view(ready, shown)
+        assert line.startswith("**SmolLM2 pair** is loaded.")
+    _, timer = views.load_status_view(LoadStatus("loading", label="SmolLM2 pair", started=0.0), refusal)
+    assert timer.active is True

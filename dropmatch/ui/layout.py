@@ -135,7 +135,7 @@ def build_layout() -> Ui:
                 "prompt, seed and model pair — and, token by token, why each draft token was accepted.")
     _prompt_and_pair(parts)
     # The status sits right under Run, above Settings: open settings must not push it off the first screen.
-    parts["status"] = gr.Markdown("Pick an example or type a prompt, then **Run**.", elem_id="status")
+    parts["status"] = gr.Markdown(views.FIRST_STATUS, elem_id="status")
     parts["load_timer"] = gr.Timer(1.0)
     # Charts follow the theme and the width.
     gr.HTML("", js_on_load=page_file("theme.js"), elem_id="theme-js", padding=False)

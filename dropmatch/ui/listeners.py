@@ -64,7 +64,7 @@ def register_listeners(demo: gr.Blocks, ui: Ui, host: PairHost, downloads: Downl
     for trigger in (ui.step_round, ui.step_column):
         trigger.change(views.step_view, [ui.last_run, ui.step_column, ui.step_round], ui.step_out,
                        api_visibility="private")
-    ui.load_timer.tick(lambda: views.load_status_view(host.status), None, [ui.status, ui.load_timer],
+    ui.load_timer.tick(lambda shown: views.load_status_view(host.status, shown), ui.status, [ui.status, ui.load_timer],
                        api_visibility="private")
     _lab_listeners(ui, host)
     _recorded_listeners(ui, downloads, shipped_view)
@@ -147,9 +147,11 @@ def _control_listeners(ui: Ui) -> None:
     controls = [ui.component(name) for name in names]
     ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), method_note()], None,
                            [*controls, ui.status], api_visibility="private")
-    for control in controls:  # the button says when the controls hold the paper's settings
-        control.change(lambda *values: callbacks.method_button_state(dict(zip(names, values))), controls,
-                       ui.method_button, api_visibility="private", show_progress="hidden", queue=False)
+    # The button says when the controls hold the paper's settings. One listener for all five, its calls one after
+    # another and the last one's answer kept: five listeners' answers could arrive out of order.
+    gr.on([control.change for control in controls],
+          lambda *values: callbacks.method_button_state(dict(zip(names, values))), controls, ui.method_button,
+          api_visibility="private", show_progress="hidden", queue=False, trigger_mode="always_last")
     # The fix a rule that could not act names (views.fix_view): its settings into the controls, and a line saying so.
     ui.fix_button.click(lambda fix: [fix.get("gamma", gr.skip()), gr.update(visible=False),
                                      f"Set: draft length γ {fix.get('gamma')}. Press **Run**." if fix else gr.skip()],

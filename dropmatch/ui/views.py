@@ -267,13 +267,17 @@ def early_stats(state, shown: set) -> dict:
     return update
 
 
+FIRST_STATUS = "Pick an example or type a prompt, then **Run**."  # the status line until the pair is loaded
+RECORDED_NOTE = "Showing a **recorded run**"  # how the status line names a recorded run on screen
+
+
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
     """The status after a run, short enough to stay on a phone's first screen under Run."""
     if recorded_from is None:
         done = "Done." if record.ar is not None else "Done (autoregressive baseline off: no speedup shown)."
         return (f"{done} Same prompt, seed and pair for both columns. Hover, tap or focus a token for its numbers; "
                 "open *Step through* to see one round in detail.")
-    return (f"Showing a **recorded run**, *{recorded_from}* ({record.lossless.target_name}); no model ran. "
+    return (f"{RECORDED_NOTE}, *{recorded_from}* ({record.lossless.target_name}); no model ran. "
             "**Run** runs the prompt in the box live.")
 
 
@@ -368,9 +372,12 @@ def _reading_time(tokens: int, prefill: tuple[int, float] | None) -> str:
             f"{read / seconds:,.0f} tokens/s a run here read a {read:,}-token prompt).")
 
 
-def load_status_view(status) -> tuple:
-    """(status line, timer) while the pair loads in the background (studio.LoadStatus): the seconds
-    so far, then the outcome once, and the timer stops."""
+def load_status_view(status, shown: str) -> tuple:
+    """(status line, timer) while the pair loads in the background (pair_host.LoadStatus): the seconds
+    so far, then the outcome once, and the timer stops. shown: the status line on the page; a line that
+    the visitor's own action wrote there (a refusal, "Running …", the paper's settings) is kept: a tick answered late must not hide it."""
+    if not (shown or "").startswith((FIRST_STATUS, "Loading **", RECORDED_NOTE)):
+        return gr.update(), gr.Timer(active=status.state == "loading")
     if status.state == "loading":
         return status.line(), gr.Timer(active=True)
     if status.state == "ready":
