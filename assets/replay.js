@@ -86,8 +86,7 @@
       const tip = `slot ${j + 1}: draft q = ${fmt(d.q)}${j <= checked ? "; " + d.verdict : ""}`;
       pending += tokenSpan(d.x, kind, tip, j === checked ? " dm-now" : " dm-draft");
     });
-    const source = r.source === "ngram" ? "prompt lookup" : "the draft model";
-    let note = `round ${r.index}: ${r.drafted.length} drafted by ${source}`;
+    let note = `round ${r.index}: ${r.drafted.length} drafted by ${esc(r.drafted_by)}`;
     if (stage.step === "check") {
       const d = r.drafted[checked];
       note = `round ${r.index}, slot ${checked + 1} “${esc(show(d.x))}”: <b>${esc(d.verdict)}</b><br>${slotWhy(d)}`;

@@ -10,7 +10,7 @@ from .decoding.acceptance import KNOBS, REASONS, RULES, judges_drafts
 from .decoding.config import DecodeConfig, RuleConfig
 from .decoding.pair_services import BYTE_SHOWN
 from .metrics import RunMetrics
-from .rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, column_title
+from .rule_words import KNOB_HELP, REASON_WORDS, RULE_WORDS, column_title, drafted_by
 from .decoding.trace import DraftedToken, RoundTrace
 
 TokenText = Callable[[int], str]
@@ -120,9 +120,8 @@ def explainer(token_text: TokenText, decode: DecodeConfig, knobs: RuleConfig) ->
 
 
 def tooltip(d: DraftedToken, token_text: TokenText, round_index: int, source: str = "model") -> str:
-    drafted_by = "prompt lookup (one-hot q)" if source == "ngram" else "the draft model"
     lines = [f"round {round_index}: {kind_label(d.reason)}",
-             f"drafted by {drafted_by}; draft prob q = {d.draft_prob:.3f}",
+             f"drafted by {drafted_by(source)}; draft prob q = {d.draft_prob:.3f}",
              f"clean target: {_q(token_text(d.target_token))} p = {d.target_token_prob:.3f}"
              f" (this token: p = {d.target_prob:.3f})"]
     if d.path_tokens:
@@ -508,11 +507,11 @@ def step_html(r: RoundTrace, token_text: TokenText, knobs: RuleConfig, greedy: b
                     f'<div class="why">{html.escape(explain(d, token_text, knobs, greedy, r.draft_source))}</div>')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f'<td class="why-cell">{decision}</td></tr>')
     emitted = " ".join(html.escape(_q(token_text(t))) for t in r.emitted)
-    drafted_by = "prompt lookup (n-grams of the text so far)" if r.draft_source == "ngram" else "the draft model"
+    source = drafted_by(r.draft_source)
     if knobs.rule in RULES and not judges_drafts(knobs.rule, r.draft_source):
-        drafted_by += f" ({RULE_WORDS[knobs.rule].lookup_note})"
+        source += f" ({RULE_WORDS[knobs.rule].lookup_note})"
     asked = f" (γ asked: {r.gamma})" if r.gamma is not None and r.gamma != len(r.drafted) else ""
-    summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {drafted_by}{asked}; {r.num_accepted} "
+    summary = (f"<p>Round {r.index}: {len(r.drafted)} tokens drafted by {source}{asked}; {r.num_accepted} "
                f"accepted, then a {r.extra_kind} token. Emitted: {emitted}</p>")
     return (f'<div class="dm-step">{summary}<div class="dm-scroll"><table>{head}{"".join(rows)}</table></div>'
             '</div>')

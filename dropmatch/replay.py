@@ -16,7 +16,7 @@ from .lessons import rule_reasons
 from .metrics import summarize
 from .runfile import RunRecord
 from .render import kind_label, palette, tooltip
-from .rule_words import column_title
+from .rule_words import column_title, drafted_by
 from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 PAYLOAD_VERSION = 1
@@ -64,6 +64,7 @@ def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], kn
     return {
         "index": r.index,
         "source": r.draft_source,
+        "drafted_by": drafted_by(r.draft_source),
         "t_round": r.t_round,
         "t_draft": r.t_draft,
         "accepted": r.num_accepted,

@@ -239,3 +239,15 @@ KNOB_HELP: dict[str, str] = {
     "ensemble_weight": "the static ensemble's weight on the target: v = w p + (1 - w) q; 1 is lossless SD",
     "mars_threshold": "MARS relaxes where the target's top two logits have z2 / z1 above it (its relaxation_threshold)",
 }
+
+# Who drafted a round, by draft source (RoundTrace.draft_source): popovers, Step through and Replay say it.
+DRAFTED_BY: dict[str, str] = {
+    "model": "the draft model",
+    "ngram": "prompt lookup (n-grams of the text so far; one-hot q)",
+    "eagle3": "the EAGLE-3 head (the target's own features)",
+}
+
+
+def drafted_by(source: str) -> str:
+    """The words for a round's draft source ("model", "ngram", "eagle3")."""
+    return DRAFTED_BY.get(source, DRAFTED_BY["model"])

@@ -290,3 +290,50 @@ def test_a_head_loaded_in_bfloat16_keeps_its_rotary_frequencies_in_float32():
     loaded = eagle3.build_module(spec, dict(module.state_dict()), 1, torch.bfloat16, torch.device("cpu"))
     assert loaded.fc.weight.dtype == torch.bfloat16
     assert loaded.rotary.inv_freq.dtype == torch.float32 and torch.equal(loaded.rotary.inv_freq, made)
+
+
+def test_the_app_names_eagle3_drafts_in_the_verdict_popovers_step_view_and_replay(engine, tmp_path):
+    """A comparison on EAGLE-3 drafts, shown as the app shows it: the verdict says so first, every drafted token's
+    popover and the Step-through view say the head drafted it, Replay's rounds carry the same words; lossless SD's
+    column is the target's greedy text."""
+    from dropmatch.render import step_html, tooltip
+    from dropmatch.replay import replay_payload
+    from dropmatch.runfile import Downloads
+    from dropmatch.rule_words import drafted_by
+    from dropmatch.ui import views
+    from dropmatch.ui.streaming import stream_comparison
+
+    decode = DecodeConfig(gamma=3, max_new_tokens=16, draft_source="eagle3")
+    *_, record = stream_comparison(engine, PROMPTS[0], decode, RuleConfig("dropmatch", p=0.3), run_ar=False)
+    greedy = run_to_end(engine.autoregressive(engine.encode(PROMPTS[0]), DecodeConfig(max_new_tokens=16)))
+    assert record.lossless.output_ids == greedy.output_ids
+    words = drafted_by("eagle3")
+    assert "EAGLE-3 head" in words and words != drafted_by("model")
+    view = views.finished_view(record, Downloads(tmp_path))
+    assert view["verdict"].startswith("**On EAGLE-3 drafts**")
+    rounds = [r for r in record.lossy.rounds if r.drafted]
+    assert rounds and all(r.draft_source == "eagle3" for r in rounds)
+    assert all(words in tooltip(d, record.token_text, r.index, r.draft_source) for r in rounds for d in r.drafted)
+    assert f"drafted by {words}" in step_html(rounds[0], record.token_text, record.lossy.rule_config)
+    payload = replay_payload(record, "eagle")
+    assert {r["drafted_by"] for column in payload["columns"] for r in column["rounds"] if r["drafted"]} == {words}
+
+
+def test_a_pair_offers_eagle3_drafts_only_where_it_has_a_head():
+    """The presets with a head (and custom hub ids) offer eagle3; a pair without one hides it, and eagle3 asked of
+    such a pair is refused in one line before anything loads; the custom head id reaches the pair's spec."""
+    from dropmatch.decoding.config import PRESETS, Settings
+    from dropmatch.ui import views
+
+    with_head = [name for name, spec in PRESETS.items() if spec is not None and spec.head]
+    assert len(with_head) == 2 and all("EAGLE-3" in name for name in with_head)
+    assert all("eagle3" in views.draft_source_choices(name) for name in with_head + ["Custom hub ids"])
+    assert "eagle3" not in views.draft_source_choices(Settings().pair)
+    *_, radio = views.pair_view(Settings().pair, "eagle3")
+    assert radio["value"] == Settings().draft_source and "eagle3" not in radio["choices"]
+    with pytest.raises(ConfigError, match="need a pair with an EAGLE-3 head") as refused:
+        Settings("hi", draft_source="eagle3").pair_spec()
+    assert "\n" not in str(refused.value)
+    spec = Settings("hi", pair="Custom hub ids", target_id="t", draft_id="d", head_id=" h ",
+                    draft_source="eagle3").pair_spec()
+    assert spec.head == "h" and "EAGLE-3 h" in spec.label

@@ -48,6 +48,7 @@ class Settings:
     run_autoregressive: bool = True
     target_id: str = ""  # the custom pair's hub ids
     draft_id: str = ""
+    head_id: str = ""  # the custom pair's EAGLE-3 head (a hub id or folder; draft source eagle3); "": none
     draft_source: str = "hybrid"
     # gamma = auto: False (the default) drafts both columns by one policy, lossless SD's costs, so that tau and
     # acceptance differ only by the rule; True prices the lossy rule's verify step too (draft length tuned for
@@ -105,7 +106,11 @@ class Settings:
         return decode, RuleConfig.from_mapping({"rule": self.rule, **values})
 
     def pair_spec(self) -> "PairSpec":
-        return pair_from_choice(self.pair, self.target_id, self.draft_id)
+        spec = pair_from_choice(self.pair, self.target_id, self.draft_id, self.head_id)
+        if self.draft_source in HEAD_DRAFT_SOURCES and not spec.head:
+            raise ConfigError(f"drafts from {self.draft_source} need a pair with an EAGLE-3 head: pick a "
+                              "“+ EAGLE-3” pair, or Custom hub ids with the head's id")
+        return spec
 
     @staticmethod
     def types() -> dict[str, type]:
@@ -285,7 +290,7 @@ class PairSpec:
     def label(self) -> str:
         if self.target == EMBEDDED:
             return "embedded: SmolLM2-135M-Instruct + shipped draft (CPU)"
-        return f"{self.target} + {self.draft}"
+        return f"{self.target} + {self.draft}" + (f" + EAGLE-3 {self.head}" if self.head else "")
 
 
 PRESETS: dict[str, PairSpec | None] = {
@@ -293,16 +298,20 @@ PRESETS: dict[str, PairSpec | None] = {
     "SmolLM2-1.7B-Instruct / SmolLM2-135M-Instruct (GPU)": PairSpec(
         "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
     "Qwen3-8B / Qwen3-0.6B (GPU)": PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    # The paper's headline setting: its authors' heads (the draft model stays for the other draft sources).
+    "Llama-3.1-8B-Instruct + EAGLE-3 (GPU)": PairSpec(
+        "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", head="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"),
+    "Qwen3-8B + EAGLE-3 (GPU)": PairSpec("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", head="AngelSlim/Qwen3-8B_eagle3"),
     "Custom hub ids": None,
 }
 DEFAULT_PRESET = DEFAULTS.pair
 
 
-def pair_from_choice(preset: str, target: str = "", draft: str = "") -> PairSpec:
-    """The PairSpec for a preset name, or for the custom hub ids typed by the user."""
+def pair_from_choice(preset: str, target: str = "", draft: str = "", head: str = "") -> PairSpec:
+    """The PairSpec for a preset name, or for the custom hub ids typed by the user (head: an EAGLE-3 head's)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown model pair {preset!r}")
     spec = PRESETS[preset]
     if spec is not None:
         return spec
-    return PairSpec(target=(target or "").strip(), draft=(draft or "").strip())
+    return PairSpec(target=(target or "").strip(), draft=(draft or "").strip(), head=(head or "").strip())

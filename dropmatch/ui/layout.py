@@ -18,7 +18,7 @@ from ..rule_words import KNOB_HELP
 from . import views
 
 # The Run button's inputs: Settings fields that have a control, then every rule knob's (Ui.setting_names).
-SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "gamma", "rule", "temperature", "top_p",
+SETTING_CONTROLS = ("prompt", "pair", "target_id", "draft_id", "head_id", "gamma", "rule", "temperature", "top_p",
                     "max_new_tokens", "seed", "run_autoregressive", "draft_source", "gamma_tuned_for_rule")
 LAB_PREFIX = "lab_"  # a rule-lab control's name in a view: lab_<knob name>
 SESSION_TTL_S = 3600
@@ -45,6 +45,7 @@ class Ui:
     pair: gr.Dropdown
     target_id: gr.Textbox
     draft_id: gr.Textbox
+    head_id: gr.Textbox
     gamma: gr.Dropdown
     draft_source: gr.Radio
     rule: gr.Dropdown
@@ -173,6 +174,8 @@ def _prompt_and_pair(parts: dict) -> None:
             parts["pair"] = gr.Dropdown(list(PRESETS), value=DEFAULTS.pair, label="Model pair", elem_id="pair-choice")
             parts["target_id"] = gr.Textbox(DEFAULTS.target_id, label="Target hub id", visible=False, placeholder="e.g. Qwen/Qwen3-8B")
             parts["draft_id"] = gr.Textbox(DEFAULTS.draft_id, label="Draft hub id", visible=False, placeholder="e.g. Qwen/Qwen3-0.6B")
+            parts["head_id"] = gr.Textbox(DEFAULTS.head_id, label="EAGLE-3 head hub id (optional)", visible=False,
+                                          placeholder="e.g. AngelSlim/Qwen3-8B_eagle3")
             with gr.Row():
                 parts["run_button"] = gr.Button("Run", variant="primary", elem_id="run-button", min_width=100)
                 # Inactive until a run goes on (listeners.py switches it on and off).
@@ -202,9 +205,10 @@ def _settings(parts: dict) -> None:
             parts["gamma"] = gr.Dropdown(["auto", *map(str, range(1, MAX_GAMMA + 1))], value=DEFAULTS.gamma, label="draft length γ",
                                          info="auto: each round drafts the length with the most expected tokens "
                                               "per second (costs measured here)")
-            parts["draft_source"] = gr.Radio(list(DRAFT_SOURCES), value=DEFAULTS.draft_source, label="drafts from",
-                                             info="model: the draft model; ngram: prompt lookup (free); hybrid: "
-                                                  "lookup where the text repeats, the model elsewhere")
+            parts["draft_source"] = gr.Radio(views.draft_source_choices(DEFAULTS.pair), value=DEFAULTS.draft_source,
+                                             label="drafts from", info="model: the draft model; ngram: prompt lookup "
+                                             "(free); hybrid: lookup where the text repeats, the model elsewhere; "
+                                             "eagle3: a pair's EAGLE-3 head")
             parts["rule"] = gr.Dropdown(views.lossy_rule_choices(), value=DEFAULTS.rule, label="rule (right column)",
                                         elem_id="rule-choice", min_width=320)
         with gr.Row():

@@ -8,7 +8,7 @@ import gradio as gr
 
 from ..decoding.acceptance import knob_by_key, votes_needed
 from ..builtin_lessons import LESSON_NAMES
-from ..decoding.config import METHOD_SETTINGS, PRESETS, Settings
+from ..decoding.config import METHOD_SETTINGS, Settings
 from ..runfile import Downloads, RunRecord, recorded_runs
 from ..render import lab_html
 from ..assets import load_frontier
@@ -141,8 +141,8 @@ def _stop_button(active: bool = False) -> gr.Button:
 def _control_listeners(ui: Ui) -> None:
     """The custom pair's hub ids shown when asked for; the method's settings button: its values into the
     controls, and a line saying so."""
-    ui.pair.change(lambda choice: [gr.update(visible=PRESETS[choice] is None)] * 2, ui.pair,
-                   [ui.target_id, ui.draft_id], api_visibility="private")
+    ui.pair.change(views.pair_view, [ui.pair, ui.draft_source], [ui.target_id, ui.draft_id, ui.head_id, ui.draft_source],
+                   api_visibility="private")
     names = tuple(METHOD_SETTINGS)
     controls = [ui.component(name) for name in names]
     ui.method_button.click(lambda: [*(METHOD_SETTINGS[name] for name in names), method_note()], None,
@@ -181,7 +181,7 @@ def _lab_listeners(ui: Ui, host: PairHost) -> None:
 
 def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
     """A recorded run, shipped or uploaded, shown with its prompt, rule and settings put back in the controls."""
-    restored = [name for name in ui.setting_names() if name not in ("pair", "target_id", "draft_id")]
+    restored = [name for name in ui.setting_names() if name not in ("pair", "target_id", "draft_id", "head_id")]
 
     def with_settings(view: dict) -> dict:
         record = view.get("last_run")

@@ -15,12 +15,12 @@ from .. import plots
 from ..plots import all_figures, frontier_figure
 from ..metrics import speed_ratio_interval, summarize
 from ..runfile import Downloads, RunRecord
-from ..decoding.config import DecodeConfig, RuleConfig
+from ..decoding.config import DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, PRESETS, DecodeConfig, RuleConfig
 from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_summary_html, stats_html, step_html,
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
 from ..replay import replay_html
-from ..rule_words import RULE_WORDS, column_title
+from ..rule_words import RULE_WORDS, column_title, drafted_by
 from ..decoding.trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
@@ -207,6 +207,8 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     """The verdict line above the columns (render.verdict), marked as a recorded run's where it is one."""
     label = plots.run_label(record.rule)
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
+    if record.lossy.decode_config.draft_source == "eagle3":  # the paper's headline setting, named at once
+        where += f"**On EAGLE-3 drafts** (both columns drafted by {drafted_by('eagle3')}). "
     spread = speed_ratio_interval(record.lossless, record.lossy)
     machine = f"recorded on {record.made}" if recorded_from and record.made else \
         "a recorded run's machine" if recorded_from else "this machine"
@@ -370,6 +372,21 @@ def _reading_time(tokens: int, prefill: tuple[int, float] | None) -> str:
     bound = "at least " if tokens > read else ""
     return (f" Reading it takes {bound}≈ {estimate:.{0 if estimate >= 10 else 1}f} s per run on this machine (at the "
             f"{read / seconds:,.0f} tokens/s a run here read a {read:,}-token prompt).")
+
+
+def draft_source_choices(pair: str) -> list[str]:
+    """The draft sources a pair offers: eagle3 where it has an EAGLE-3 head, or may have one (custom hub ids)."""
+    spec = PRESETS.get(pair)
+    return list(DRAFT_SOURCES) + (list(HEAD_DRAFT_SOURCES) if spec is None or spec.head else [])
+
+
+def pair_view(pair: str, draft_source: str) -> list:
+    """A pair's choice -> the custom hub ids shown or hidden, and its draft sources (one it lacks goes back to the
+    default)."""
+    custom = gr.update(visible=PRESETS.get(pair, "custom") is None)
+    choices = draft_source_choices(pair)
+    source = draft_source if draft_source in choices else DEFAULTS.draft_source
+    return [custom, custom, custom, gr.update(choices=choices, value=source)]
 
 
 def load_status_view(status, shown: str) -> tuple:
