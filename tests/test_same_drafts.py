@@ -168,3 +168,31 @@ def test_on_prompt_lookup_drafts_the_static_ensemble_reaches_exactly_lossless_sd
                          lab.lab_settings(trace), tiny_engine.services.token_text, rules=("ensemble",))
     assert all("never judges prompt-lookup drafts" in row["cells"][0]["info"] for row in matrix["rows"]
                if row["cells"][0]["reason"] != "unchecked")
+
+
+def test_a_pair_with_an_eagle3_head_adds_its_drafts_as_a_third_policy(tiny_dirs, tmp_path):
+    """With --eagle3-head the comparison re-judges EAGLE-3's drafts too: a third policy where every rule reads the
+    head's chain, lossless SD re-judged there reaches the tau of the run that drafted it, and at p = 0 no path
+    rule gains on those drafts either."""
+    from transformers import AutoModelForCausalLM
+
+    from dropmatch.bench import main
+    from tiny_models import save_eagle3_head
+
+    target, draft = tiny_dirs
+    model = AutoModelForCausalLM.from_pretrained(str(target))
+    head = save_eagle3_head(tmp_path / "head", model, list(range(model.config.vocab_size)), (0, 1, 1), sharpness=2.0)
+    status = main(["--prompts", f"{PROMPTS / 'mt_bench.jsonl'}:2", "--max-new-tokens", "12", "--gamma", "3",
+                   "--draft-source", "model", "--p", "0", "--reference-samples", "0", "--same-drafts-only",
+                   "--target", str(target), "--draft", str(draft), "--eagle3-head", str(head),
+                   "--json", str(tmp_path / "out.json")])
+    assert status == 0
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert set(document["same_drafts"]) == {*POLICIES, "eagle3"}
+    assert "EAGLE-3" in document["same_drafts_info"]["policies"]["eagle3"]
+    rows = document["same_drafts"]["eagle3"]["mt_bench"]
+    assert set(rows) == set(document["same_drafts"]["studio"]["mt_bench"])
+    assert rows[BASELINE]["tau"]["value"] == pytest.approx(rows[BASELINE]["run_tau"], abs=1e-12)
+    for rule, figures in rows.items():
+        if RULES[rule].uses_paths:
+            assert figures["beyond_exact_tokens"] == 0, rule

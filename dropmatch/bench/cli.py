@@ -201,11 +201,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_head(args) -> None:
-    """--draft-source eagle3 needs its head; the same-drafts comparison re-judges draft-model and lookup drafts only."""
+    """--draft-source eagle3 needs its head (with --eagle3-head, the same-drafts comparison adds EAGLE-3's drafts
+    as a third policy)."""
     if args.draft_source in HEAD_DRAFT_SOURCES and not args.eagle3_head:
         raise BenchError(f"--draft-source {args.draft_source} needs --eagle3-head (a folder or hub id of the head)")
-    if args.draft_source in HEAD_DRAFT_SOURCES and args.same_drafts:
-        raise BenchError("--same-drafts does not re-judge EAGLE-3 drafts yet; run it with another --draft-source")
 
 
 def _through_vllm(args) -> int:

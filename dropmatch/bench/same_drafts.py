@@ -22,13 +22,14 @@ import numpy as np
 
 from .. import lab
 from ..decoding.acceptance import BASELINE, METHOD, RULES
-from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
+from ..decoding.config import HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, RuleConfig
 from ..decoding.engine import run_to_end
 from ..intervals import LEVEL, RESAMPLES, gain, ratio, resample_picks, standing
 from ..decoding.sampling import signal_probs
 from .prompts import PromptSet
 
 LONG_GAMMA = 15  # FLy's authors' spd_k
+EAGLE3 = HEAD_DRAFT_SOURCES[0]  # the third policy's key and draft source, where the pair has a head
 POOLING = "ratio of sums over the prompts of a set"
 INTERVAL = f"{LEVEL:.0%} percentile bootstrap over prompts, {RESAMPLES} resamples, seeded with --seed"
 
@@ -41,13 +42,17 @@ class Policy:
     shown: str
 
 
-def policies(decode: DecodeConfig, long_gamma: int = LONG_GAMMA) -> list[Policy]:
-    """The Studio's draft policy (the command's own gamma and draft source) and a long fixed draft from the
-    draft model (ConfigError where long_gamma is out of range)."""
+def policies(decode: DecodeConfig, long_gamma: int = LONG_GAMMA, head: bool = False) -> list[Policy]:
+    """The Studio's draft policy (the command's own gamma and draft source), a long fixed draft from the
+    draft model (ConfigError where long_gamma is out of range), and where the pair has an EAGLE-3 head (and
+    the Studio's policy drafts otherwise) the head's chain at the Studio's gamma."""
     gamma = "auto" if decode.gamma_auto else decode.gamma
     long = replace(decode, gamma=long_gamma, gamma_auto=False, draft_source="model")
-    return [Policy("studio", decode, f"the Studio's policy: gamma {gamma}, {decode.draft_source} drafts"),
-            Policy("long", long, f"a long fixed draft: gamma {long_gamma}, draft-model drafts")]
+    chosen = [Policy("studio", decode, f"the Studio's policy: gamma {gamma}, {decode.draft_source} drafts"),
+              Policy("long", long, f"a long fixed draft: gamma {long_gamma}, draft-model drafts")]
+    if head and decode.draft_source != EAGLE3:
+        chosen.append(Policy(EAGLE3, replace(decode, draft_source=EAGLE3), f"EAGLE-3 drafts: gamma {gamma}, the head's chain"))
+    return chosen
 
 
 @dataclass
@@ -167,7 +172,7 @@ def run_same_drafts(engine, sets: list[PromptSet], decode: DecodeConfig, templat
     figures}}}, what ran {policies, sets with their labels, knobs, pooling, interval}, interrupted).
     A prompt runs at both policies or at neither (one that does not fit the long draft is skipped at
     both); Ctrl-C keeps the prompts that finished."""
-    chosen = policies(decode, long_gamma)
+    chosen = policies(decode, long_gamma, head=getattr(engine.pair, "head", None) is not None)
     runs = {policy.key: {prompt_set.name: SetRun() for prompt_set in sets} for policy in chosen}
     skipped: dict[str, list[str]] = {}
     settings, interrupted = None, False

@@ -60,7 +60,7 @@ def figures_of(record: RunRecord) -> dict:
     return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
 
 
-POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15"}
+POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15", "eagle3": "EAGLE-3 drafts"}
 
 
 def same_drafts_markdown(document: dict | None) -> str:
