@@ -163,6 +163,29 @@ def test_a_batch_and_a_missing_draft_are_refused_in_one_line(hf_pair):
         target.generate(**_prompt(tokenizer), custom_generate=REPO, trust_remote_code=True, max_new_tokens=5)
 
 
+def test_an_eagle3_head_drafts_in_place_of_the_assistant_and_greedy_lossless_is_the_targets_output(hf_pair, tmp_path):
+    """dropmatch_eagle3_head (a folder): the head drafts (every drafted slot counted, no assistant_model needed),
+    lossless SD and DropMatch at p = 0 give the target's own greedy tokens; a folder that is not there, or a head
+    that does not fit the model, is one ValueError."""
+    from tiny_models import save_eagle3_head
+
+    target, draft, tokenizer = hf_pair
+    head = save_eagle3_head(tmp_path / "head", target, list(range(target.config.vocab_size)), (0, 1, 1), sharpness=2.0)
+    inputs = _prompt(tokenizer)
+    expected = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+    for knobs in (dict(dropmatch_rule="lossless"), dict(dropmatch_rule="dropmatch", dropmatch_p=0.0)):
+        out = target.generate(**inputs, custom_generate=REPO, trust_remote_code=True, max_new_tokens=24, do_sample=False,
+                              dropmatch_eagle3_head=str(head), dropmatch_gamma=3, return_dict_in_generate=True, **knobs)
+        assert out.sequences.tolist() == expected.tolist()
+        assert out.dropmatch["drafted"] > 0, out.dropmatch
+    with pytest.raises(ValueError, match="no folder"):
+        _dropmatch(target, draft, inputs, max_new_tokens=5, dropmatch_eagle3_head=str(tmp_path / "missing"))
+    misfit = save_eagle3_head(tmp_path / "misfit", target, [1, 2, 3], (0, 1, 5))
+    with pytest.raises(ValueError, match="layers") as refused:
+        _dropmatch(target, draft, inputs, max_new_tokens=5, dropmatch_eagle3_head=str(misfit))
+    assert "\n" not in str(refused.value)
+
+
 RUNS = 2000
 ALPHA = 1e-4
 

@@ -26,8 +26,11 @@ import threading
 import weakref
 from collections import Counter
 
+from pathlib import Path
+
 import torch
 
+from . import eagle3
 from .acceptance import METHOD, RULES
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
@@ -35,9 +38,10 @@ from .causal_lm import CausalLM, LoadedPair
 from .recorder import reason_summary
 
 PREFIX = "dropmatch_"
-# Not the rule's: how many tokens a round drafts ("auto": from this machine's measured costs) and the
-# seed that keys the dropout masks (with the prompt and each position) and the run's sampling stream.
-OWN_KEYS = ("gamma", "seed")
+# Not the rule's: how many tokens a round drafts ("auto": from this machine's measured costs), the
+# seed that keys the dropout masks (with the prompt and each position) and the run's sampling stream, and an
+# EAGLE-3 head over the model (its folder) to draft with instead of assistant_model.
+OWN_KEYS = ("gamma", "seed", "eagle3_head")
 # dropmatch_seed's default under greedy: the masks, hence the output, are then a function of the inputs.
 # Under sampling the default is one draw from torch's global generator (torch.manual_seed makes a call
 # repeatable, as it does transformers' own sampling).
@@ -67,6 +71,7 @@ class Request:
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
     return_dict: bool
+    head: str = ""  # dropmatch_eagle3_head: drafts from this EAGLE-3 head (decode.draft_source "eagle3")
 
 
 def default_rule() -> RuleConfig:
@@ -82,9 +87,9 @@ def generate(model, inputs=None, generation_config=None, assistant_model=None, s
     reason. ValueError (one line) for what it cannot do."""
     try:
         request = parse_request(model, inputs, generation_config, assistant_model, kwargs)
-        engine = engine_for(model, assistant_model, request.stop_ids, kwargs.get("tokenizer"))
+        engine = engine_for(model, assistant_model, request.stop_ids, kwargs.get("tokenizer"), request.head)
         reasons, new_tokens = _run(engine, request, streamer, kwargs.get("tokenizer"))
-        _keep_costs(engine, model, assistant_model)
+        _keep_costs(engine, model, model if assistant_model is None else assistant_model)
     except ConfigError as error:  # a setting, or a run the pair cannot make (a judge rule without a judge)
         raise ValueError(str(error)) from None
     sequences = torch.tensor([request.prompt_ids + new_tokens], dtype=torch.long, device=engine.device)
@@ -105,7 +110,8 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
                           f"{', '.join(PREFIX + k for k in (*rule_keys(), *OWN_KEYS))}")
     rule = RuleConfig.from_mapping(knobs, default_rule())
     prompt_ids = _prompt_ids(inputs, kwargs)
-    _check_pair(model, assistant_model, tokenizer, prompt_ids)
+    head = str(own.get("eagle3_head") or "")
+    _check_pair(model, assistant_model if not head or assistant_model is not None else model, tokenizer, prompt_ids)
     config = _generation_config(model, generation_config, kwargs)
     greedy = not config.do_sample
     if not greedy and config.top_k not in (None, 0):
@@ -119,14 +125,14 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
                           temperature=0.0 if greedy else (config.temperature if config.temperature is not None else 1.0),
                           top_p=config.top_p if config.top_p is not None else 1.0,
                           seed=_seed(own, greedy),
-                          draft_source="model")
+                          draft_source=eagle3.SOURCE if head else "model")
     _check_draft_length(rule, decode)
     stop_strings = config.stop_strings or ()
     stop_strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
     if stop_strings and tokenizer is None:
         raise ConfigError("stop_strings needs the tokenizer: pass tokenizer=... as transformers' generate() asks")
     return Request(prompt_ids, decode, rule, frozenset(_ids(config.eos_token_id)), stop_strings,
-                   bool(config.return_dict_in_generate))
+                   bool(config.return_dict_in_generate), head)
 
 
 def _check_draft_length(rule: RuleConfig, decode: DecodeConfig) -> None:
@@ -194,7 +200,8 @@ def _check_pair(model, assistant_model, tokenizer, prompt_ids: list[int]) -> Non
     models read and score every token of the tokenizer (given one; else every token either head scores, as
     transformers' assisted generation asks one vocabulary size) and of the prompt."""
     if assistant_model is None:
-        raise ConfigError("assistant_model: DropMatch verifies a draft model's tokens; pass assistant_model=draft")
+        raise ConfigError("assistant_model: DropMatch verifies a draft model's tokens; pass assistant_model=draft "
+                          "(or dropmatch_eagle3_head=an EAGLE-3 head's folder)")
     target_device = next(model.parameters()).device
     draft_device = next(assistant_model.parameters()).device
     if target_device != draft_device:
@@ -228,18 +235,41 @@ def _ids(value) -> list[int]:
 _MEASURED_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def engine_for(model, assistant_model, stop_ids: frozenset[int], tokenizer=None) -> Engine:
+def engine_for(model, assistant_model, stop_ids: frozenset[int], tokenizer=None, head: str = "") -> Engine:
     """An engine over the user's two models as they are, for this call only (an engine kept between
-    calls would keep the models alive); gamma = auto's costs measured on an earlier call are reused."""
+    calls would keep the models alive); gamma = auto's costs measured on an earlier call are reused.
+    head: an EAGLE-3 head's folder (read once per model, kept beside it weakly); without
+    assistant_model the head alone drafts (the pair's draft slot then holds the target, never run as one)."""
+    assistant_model = model if assistant_model is None else assistant_model
     vocab_size = min(_head_size(m) for m in (model, assistant_model))
     names = [getattr(m, "name_or_path", "") or type(m).__name__ for m in (model, assistant_model)]
-    pair = LoadedPair(target=CausalLM(model, names[0], vocab_size), draft=CausalLM(assistant_model, names[1], vocab_size),
-                      tokenizer=tokenizer, spec=PairSpec(*names), source="transformers generate()")
+    target = CausalLM(model, names[0], vocab_size)
+    pair = LoadedPair(target=target, draft=CausalLM(assistant_model, names[1], vocab_size),
+                      tokenizer=tokenizer, spec=PairSpec(*names, head=head), source="transformers generate()",
+                      head=_head(model, target, head) if head else None)
     engine = Engine(pair, stop_ids=stop_ids, prepare_paths=False)  # the head's path copies only if the rule reads paths
     kept = _MEASURED_COSTS.get(model, {}).get(assistant_model)
     if kept is not None and kept[0] == _cost_key(engine):
         engine.services.adopt_costs(kept[1])
     return engine
+
+
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {head name: (module, layer ids)}
+
+
+def _head(model, target: CausalLM, name: str) -> eagle3.Eagle3Head:
+    """The EAGLE-3 head in folder `name` bound to this call's adapter of `model`; read and checked once per model
+    (ConfigError, one line, where it does not fit). A folder only: the staged package imports nothing beyond
+    torch and transformers (a hub head: huggingface_hub.snapshot_download first)."""
+    kept = _HEADS.setdefault(model, {})
+    if name not in kept:
+        if not Path(name).is_dir():
+            raise ConfigError(f"dropmatch_eagle3_head={name!r} is no folder: download a hub head first "
+                              "(huggingface_hub.snapshot_download) and pass its folder")
+        loaded = eagle3.load_head(Path(name), target, name)
+        kept[name] = (loaded.module, loaded.layer_ids)
+    module, layer_ids = kept[name]
+    return eagle3.Eagle3Head(module, target, layer_ids, name)
 
 
 def _cost_key(engine: Engine) -> tuple:
