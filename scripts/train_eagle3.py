@@ -204,24 +204,50 @@ def train(args, model=None) -> None:
     """Resumable: WORK/eagle3_state.pt holds the module, optimizer, step and time so far; a run goes on until the
     total training time reaches --train-minutes (or --steps). model: the target (default: the embedded one)."""
     torch.manual_seed(args.seed)
-    work = Path(args.work)
     model = model or load_embedded_target(torch.device("cpu"), torch.float32)[0]
     model.requires_grad_(False)
+    run = prepare(args, model)
+    batches = [run["own"][i : i + args.batch] for i in range(0, len(run["own"]), args.batch)]
+    state, module, optimizer = run["state"], run["module"], run["optimizer"]
+    rng = random.Random(args.seed + state["step"])
+    budget = args.train_minutes * 60 or math.inf  # 0 minutes: --steps alone bounds the run
+    clock = time.time()
+    module.train()
+    while state["step"] < args.steps and state["seconds"] + (time.time() - clock) < budget:
+        progress = max(state["step"] / args.steps, (state["seconds"] + time.time() - clock) / budget)
+        for group in optimizer.param_groups:  # WarmupDecayLR: linear up, linear down
+            group["lr"] = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * max(0.0, 1.0 - progress)
+        losses, _ = ttt_losses(module, run["embedding"], run["head_rows"], run["t2d"], batch_of(rng.choice(batches)))
+        loss = sum(STEP_WEIGHT ** i * step_loss for i, step_loss in enumerate(losses))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
+        optimizer.step()
+        state["step"] += 1
+        done = state["step"] >= args.steps or state["seconds"] + time.time() - clock >= budget
+        if state["step"] % args.eval_every == 0 or done:
+            state["seconds"] += time.time() - clock
+            checkpoint(args, run, loss.item())
+            clock = time.time()
+
+
+def prepare(args, model) -> dict:
+    """The answers (held out first, by the authors' shuffle), the draft vocabulary, the module with the target's
+    rows in lm_head, the optimizer, the state so far (a resumed run's), and the target's features."""
+    work = Path(args.work)
     records, runs = load_generated(work / "generated.npz")
     records = [r for r in records if len(r["ids"]) > r["prompt_len"] + 1]
     random.Random(42).shuffle(records)  # the authors' ds.shuffle(seed=42)
     if len(records) <= args.held_out:
         raise SystemExit(f"error: {len(records)} answers in {work / 'generated.npz'}: none left after --held-out "
                          f"{args.held_out}; generate more first")
-    held_raw, own_raw = records[: args.held_out], records[args.held_out :]
     layer_ids = (tuple(int(i) for i in args.layers.split(",")) if args.layers
                  else eagle3.default_layer_ids(model.config.num_hidden_layers))
-    state_path = work / "eagle3_state.pt"
-    saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    saved = torch.load(work / "eagle3_state.pt", weights_only=False) if (work / "eagle3_state.pt").exists() else None
+    own_raw = records[args.held_out :]
     used, d2t, t2d = saved["vocabulary"] if saved else draft_vocabulary(own_raw, args.draft_vocab, model.config.vocab_size)
     head_rows = model.get_output_embeddings().weight.detach()[used]
-    spec = head_spec(model.config, layer_ids, len(used))
-    module = eagle3.HeadModule(spec, len(layer_ids))
+    module = eagle3.HeadModule(head_spec(model.config, layer_ids, len(used)), len(layer_ids))
     module.d2t.copy_(d2t)
     with torch.no_grad():
         module.lm_head.weight.copy_(head_rows)  # the warm start (a departure: see the docstring)
@@ -234,46 +260,31 @@ def train(args, model=None) -> None:
         torch.set_rng_state(saved["rng"])
         print(f"resuming at step {state['step']} ({state['seconds']:.0f} s trained)", flush=True)
     started = time.time()
-    print(f"target features of {len(records)} answers (layers {list(layer_ids)}) ...", flush=True)
-    own = target_features(model, own_raw, layer_ids, args.max_len)
-    held = target_features(model, held_raw, layer_ids, args.max_len)
+    own = sorted(target_features(model, own_raw, layer_ids, args.max_len), key=lambda r: len(r["ids"]))
+    held = target_features(model, records[: args.held_out], layer_ids, args.max_len)
     answer_tokens = int(sum(r["loss_mask"].sum() for r in own))
     print(f"{len(own)} answers ({answer_tokens} answer tokens) to train on, {len(held)} held out; draft vocabulary "
-          f"{len(used)}; features in {time.time() - started:.0f} s", flush=True)
-    own.sort(key=lambda r: len(r["ids"]))  # batches of similar length, visited in a shuffled order
-    batches = [own[i : i + args.batch] for i in range(0, len(own), args.batch)]
-    rng = random.Random(args.seed + state["step"])
-    embedding = model.get_input_embeddings()
-    budget = args.train_minutes * 60 or math.inf  # 0 minutes: --steps alone bounds the run
-    clock = time.time()
-    module.train()
-    while state["step"] < args.steps and state["seconds"] + (time.time() - clock) < budget:
-        progress = max(state["step"] / args.steps, (state["seconds"] + time.time() - clock) / budget)
-        warm = min(1.0, (state["step"] + 1) / args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr * warm * max(0.0, 1.0 - progress)  # WarmupDecayLR: linear up, linear down
-        losses, accuracies = ttt_losses(module, embedding, head_rows, t2d, batch_of(rng.choice(batches)))
-        loss = sum(STEP_WEIGHT ** i * step_loss for i, step_loss in enumerate(losses))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
-        optimizer.step()
-        state["step"] += 1
-        if state["step"] % args.eval_every == 0 or state["seconds"] + time.time() - clock >= budget:
-            state["seconds"] += time.time() - clock
-            clock = time.time()
-            curve = held_out_curve(module, embedding, head_rows, t2d, held, args.batch)
-            state["history"].append([state["step"], round(state["seconds"]), round(loss.item(), 4), curve])
-            print(f"step {state['step']}: loss {loss.item():.3f}, train acc {accuracies[0]:.3f}, held-out acc by "
-                  f"step {curve}, {state['seconds']:.0f} s", flush=True)
-            if sum(curve) > state["best"]:
-                state["best"] = sum(curve)
-                torch.save({"module": module.state_dict(), "t2d": t2d, "layer_ids": layer_ids, "curve": curve,
-                            "step": state["step"], "seconds": state["seconds"], "answers": len(own),
-                            "answer_tokens": answer_tokens, "generation": runs, "recipe": vars(args)},
-                           work / "eagle3_best.pt")
-            torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                        "rng": torch.get_rng_state(), "vocabulary": (used, d2t, t2d)}, state_path)
+          f"{len(used)}; the target's features (layers {list(layer_ids)}) in {time.time() - started:.0f} s", flush=True)
+    return {"own": own, "held": held, "answer_tokens": answer_tokens, "generation": runs, "layer_ids": layer_ids,
+            "vocabulary": (used, d2t, t2d), "t2d": t2d, "head_rows": head_rows, "module": module,
+            "optimizer": optimizer, "state": state, "embedding": model.get_input_embeddings()}
+
+
+def checkpoint(args, run: dict, loss: float) -> None:
+    """The held-out curve into the history; the best checkpoint kept; the state saved for a resumed run."""
+    state, module, work = run["state"], run["module"], Path(args.work)
+    curve = held_out_curve(module, run["embedding"], run["head_rows"], run["t2d"], run["held"], args.batch)
+    state["history"].append([state["step"], round(state["seconds"]), round(loss, 4), curve])
+    print(f"step {state['step']}: loss {loss:.3f}, held-out accuracy by step {curve}, {state['seconds']:.0f} s",
+          flush=True)
+    if sum(curve) > state["best"]:
+        state["best"] = sum(curve)
+        torch.save({"module": module.state_dict(), "t2d": run["t2d"], "layer_ids": run["layer_ids"], "curve": curve,
+                    "step": state["step"], "seconds": state["seconds"], "answers": len(run["own"]),
+                    "answer_tokens": run["answer_tokens"], "generation": run["generation"], "recipe": vars(args)},
+                   work / "eagle3_best.pt")
+    torch.save({"module": module.state_dict(), "optimizer": run["optimizer"].state_dict(), "state": state,
+                "rng": torch.get_rng_state(), "vocabulary": run["vocabulary"]}, work / "eagle3_state.pt")
 
 
 def export(args, model=None) -> None:

@@ -42,7 +42,7 @@ def test_front_matter_matches_requirements_the_loader_and_the_presets():
     assert (ROOT / meta["app_file"]).is_file()
     assert 0 < len(meta["short_description"]) <= 60  # the Hub's limit
     assert meta["preload_from_hub"] == [f"{GGUF_REPO} {GGUF_FILE} {GGUF_REVISION}"]
-    preset_ids = {name for spec in PRESETS.values() if spec is not None for name in (spec.target, spec.draft)
+    preset_ids = {name for spec in PRESETS.values() if spec is not None for name in (spec.target, spec.draft, spec.head)
                   if "/" in name}
     assert set(meta["models"]) == {GGUF_REPO} | preset_ids
 
