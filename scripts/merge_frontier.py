@@ -31,7 +31,7 @@ def merged(base: dict, newer: dict, take: tuple[str, ...], drop: tuple[str, ...]
     keep = [dict(point, run=point.get("run", base_date)) for point in base["frontier"] if point["rule"] not in gone]
     added = [dict(point, run=newer_date) for point in newer["frontier"] if point["rule"] in take]
     rules = {label: stats for label, stats in base["rules"].items() if label.split("@")[0].split("/")[0] not in gone}
-    rules.update({label: stats for label, stats in newer["rules"].items() if label.split("@")[0] in take})
+    rules.update({label: stats for label, stats in newer["rules"].items() if label.split("@")[0].split("/")[0] in take})
     out = dict(base, frontier=keep + added, rules=rules)
     earlier = base["settings"].get("merged_from") or [
         {"command": base["settings"].get("command"), "date": base_date, "rules": "all"}]
