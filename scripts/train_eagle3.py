@@ -72,19 +72,21 @@ def target_features(model, records: list[dict], layer_ids: tuple[int, ...], max_
     try:
         for record in records:
             ids = record["ids"][:max_len].long()
-            out = model(input_ids=ids[None], output_hidden_states=True, use_cache=False, logits_to_keep=0)
-            fused = torch.cat([out.hidden_states[i][0] for i in layer_ids], -1)  # hidden_states[i]: layer i's input
+            out = model(input_ids=ids[None].to(model.device), output_hidden_states=True, use_cache=False,
+                        logits_to_keep=0)
+            fused = torch.cat([out.hidden_states[i][0] for i in layer_ids], -1).cpu()  # layer i's input
             mask = torch.zeros(len(ids), dtype=torch.bool)
             mask[record["prompt_len"]:] = True
-            out_records.append({"ids": ids, "features": fused.bfloat16(), "head_in": captured["x"][0].bfloat16(),
-                                "top": out.logits[0].argmax(-1), "loss_mask": mask})
+            out_records.append({"ids": ids, "features": fused.bfloat16(), "head_in": captured["x"][0].cpu().bfloat16(),
+                                "top": out.logits[0].argmax(-1).cpu(), "loss_mask": mask})
     finally:
         hook.remove()
     return out_records
 
 
-def batch_of(records: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-padded [B, T] ids and mask, [B, T, 3 H] features, [B, T, H] lm_head inputs (zeros past each end)."""
+def batch_of(records: list[dict], device="cpu") -> dict[str, torch.Tensor]:
+    """Right-padded [B, T] ids and mask, [B, T, 3 H] features, [B, T, H] lm_head inputs (zeros past each end),
+    on `device`."""
     width = max(len(r["ids"]) for r in records)
 
     def padded(key, dtype=None):
@@ -94,9 +96,9 @@ def batch_of(records: list[dict]) -> dict[str, torch.Tensor]:
             out[b, : len(record[key])] = record[key]
         return out
 
-    return {"ids": padded("ids"), "top": padded("top"), "loss_mask": padded("loss_mask"),
-            "features": padded("features", torch.float32),
-            "head_in": padded("head_in", torch.float32)}
+    batch = {"ids": padded("ids"), "top": padded("top"), "loss_mask": padded("loss_mask"),
+             "features": padded("features", torch.float32), "head_in": padded("head_in", torch.float32)}
+    return {key: value.to(device) for key, value in batch.items()}
 
 
 def shift(tensor: torch.Tensor) -> torch.Tensor:
@@ -121,7 +123,7 @@ def ttt_attention(attn: eagle3.Attention, x: torch.Tensor, cos, sin, keys: list,
     keys.append(k.repeat_interleave(group, 1))
     values.append(v.repeat_interleave(group, 1))
     scale = 1 / math.sqrt(attn.head_dim)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
     scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]  # [B, h, T, T]
     scores += [((q * later).sum(-1) * scale)[..., None] for later in keys[1:]]  # [B, h, T, 1] each
     weights = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)
@@ -140,7 +142,7 @@ def ttt_steps(module: eagle3.HeadModule, embedding, ids: torch.Tensor, features:
     width = ids.shape[1]
     for step in range(STEPS):
         ids = shift(ids)
-        cos, sin = module.rotary(hidden, torch.arange(step, step + width)[None])
+        cos, sin = module.rotary(hidden, torch.arange(step, step + width, device=ids.device)[None])
         normed = layer.hidden_norm(hidden)
         residual = normed if layer.norm_before_residual else hidden
         mixed = torch.cat([layer.input_layernorm(embedding(ids).to(hidden.dtype)), normed], -1)
@@ -191,7 +193,7 @@ def held_out_curve(module, embedding, head_rows, t2d, held: list[dict], batch_si
     module.eval()
     with torch.no_grad():
         for i in range(0, len(held), batch_size):
-            batch = batch_of(held[i : i + batch_size])
+            batch = batch_of(held[i : i + batch_size], head_rows.device)
             _, accuracies = ttt_losses(module, embedding, head_rows, t2d, batch)
             tokens = float(batch["loss_mask"].sum())
             totals = [t + a * tokens for t, a in zip(totals, accuracies)]
@@ -204,9 +206,10 @@ def train(args, model=None) -> None:
     """Resumable: WORK/eagle3_state.pt holds the module, optimizer, step and time so far; a run goes on until the
     total training time reaches --train-minutes (or --steps). model: the target (default: the embedded one)."""
     torch.manual_seed(args.seed)
-    model = model or load_embedded_target(torch.device("cpu"), torch.float32)[0]
+    model = model or load_embedded_target(torch.device(args.device), torch.float32)[0]
     model.requires_grad_(False)
     run = prepare(args, model)
+    device = run["head_rows"].device
     batches = [run["own"][i : i + args.batch] for i in range(0, len(run["own"]), args.batch)]
     state, module, optimizer = run["state"], run["module"], run["optimizer"]
     rng = random.Random(args.seed + state["step"])
@@ -217,7 +220,7 @@ def train(args, model=None) -> None:
         progress = max(state["step"] / args.steps, (state["seconds"] + time.time() - clock) / budget)
         for group in optimizer.param_groups:  # WarmupDecayLR: linear up, linear down
             group["lr"] = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * max(0.0, 1.0 - progress)
-        losses, _ = ttt_losses(module, run["embedding"], run["head_rows"], run["t2d"], batch_of(rng.choice(batches)))
+        losses, _ = ttt_losses(module, run["embedding"], run["head_rows"], run["t2d"], batch_of(rng.choice(batches), device))
         loss = sum(STEP_WEIGHT ** i * step_loss for i, step_loss in enumerate(losses))
         optimizer.zero_grad()
         loss.backward()
@@ -243,12 +246,14 @@ def prepare(args, model) -> dict:
                          f"{args.held_out}; generate more first")
     layer_ids = (tuple(int(i) for i in args.layers.split(",")) if args.layers
                  else eagle3.default_layer_ids(model.config.num_hidden_layers))
-    saved = torch.load(work / "eagle3_state.pt", weights_only=False) if (work / "eagle3_state.pt").exists() else None
+    saved = (torch.load(work / "eagle3_state.pt", weights_only=False, map_location=model.device)
+             if (work / "eagle3_state.pt").exists() else None)
     own_raw = records[args.held_out :]
     used, d2t, t2d = saved["vocabulary"] if saved else draft_vocabulary(own_raw, args.draft_vocab, model.config.vocab_size)
     head_rows = model.get_output_embeddings().weight.detach()[used]
-    module = eagle3.HeadModule(head_spec(model.config, layer_ids, len(used)), len(layer_ids))
+    module = eagle3.HeadModule(head_spec(model.config, layer_ids, len(used)), len(layer_ids)).to(model.device)
     module.d2t.copy_(d2t)
+    t2d = t2d.to(model.device)
     with torch.no_grad():
         module.lm_head.weight.copy_(head_rows)  # the warm start (a departure: see the docstring)
     optimizer = torch.optim.AdamW(module.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -257,7 +262,7 @@ def prepare(args, model) -> dict:
         module.load_state_dict(saved["module"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
-        torch.set_rng_state(saved["rng"])
+        torch.set_rng_state(saved["rng"].cpu())
         print(f"resuming at step {state['step']} ({state['seconds']:.0f} s trained)", flush=True)
     started = time.time()
     own = sorted(target_features(model, own_raw, layer_ids, args.max_len), key=lambda r: len(r["ids"]))
@@ -293,7 +298,7 @@ def export(args, model=None) -> None:
     from safetensors.torch import save_file
 
     work, out = Path(args.work), Path(args.out)
-    best = torch.load(work / "eagle3_best.pt", weights_only=False)
+    best = torch.load(work / "eagle3_best.pt", weights_only=False, map_location="cpu")
     model = model or load_embedded_target(torch.device("cpu"), torch.float32)[0]
     spec = head_spec(model.config, best["layer_ids"], best["module"]["lm_head.weight"].shape[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -326,6 +331,7 @@ def main() -> None:
     p_train.add_argument("--eval-every", type=int, default=200)
     p_train.add_argument("--held-out", type=int, default=64, help="answers kept for the acceptance curve")
     p_train.add_argument("--seed", type=int, default=0)
+    p_train.add_argument("--device", default="cpu", help="cpu, or cuda for the same recipe on a GPU")
     p_train.add_argument("--layers", default="", help="the target layers fused (default: the authors' 2, L // 2, L - 3)")
     p_export = commands.add_parser("export", parents=[common])
     p_export.add_argument("--out", default=str(ROOT / "assets" / "eagle3"))

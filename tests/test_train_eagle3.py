@@ -61,7 +61,7 @@ def test_a_short_run_trains_resumes_and_exports_a_head_the_studio_loads(target, 
         records.append({"ids": torch.cat([prompt, answer]).int(), "prompt_len": 5, "source": "test"})
     save_generated(tmp_path / "generated.npz", records, [{"answers": len(records)}])
     args = argparse.Namespace(work=str(tmp_path), train_minutes=0.0, steps=3, draft_vocab=24, batch=4, max_len=64,
-                              lr=1e-3, warmup=2, eval_every=3, held_out=3, seed=0, layers="0,1,1", out=str(tmp_path / "head"))
+                              lr=1e-3, warmup=2, eval_every=3, held_out=3, seed=0, layers="0,1,1", device="cpu", out=str(tmp_path / "head"))
     train_eagle3.train(args, target)
     first = torch.load(tmp_path / "eagle3_state.pt", weights_only=False)["state"]
     args.steps = 6
