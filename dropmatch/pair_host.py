@@ -52,7 +52,7 @@ class Policy:
         on_space = bool(environ.get("SPACE_ID"))
         if names is None and on_space:
             names = frozenset(name for spec in PRESETS.values() if spec is not None and spec.target != EMBEDDED
-                              for name in (spec.target, spec.draft))
+                              for name in (spec.target, spec.draft, spec.head) if name)
         cap = environ.get("DROPMATCH_MAX_NEW_TOKENS") or (str(SPACE_MAX_NEW_TOKENS) if on_space else "")
         return Policy(allowed_models=names, trust_remote_code=_truthy(environ.get("DROPMATCH_TRUST_REMOTE_CODE")),
                       allow_local_models=_truthy(environ.get("DROPMATCH_ALLOW_LOCAL_MODELS")),
@@ -65,7 +65,7 @@ class Policy:
 
     def check(self, spec: PairSpec) -> PairSpec:
         if spec.target != EMBEDDED:
-            for name in (spec.target, spec.draft):
+            for name in filter(None, (spec.target, spec.draft, spec.head)):  # a head is a model it loads too
                 if not self.allow_local_models and not is_hub_id(name):
                     raise ConfigError(f"{name!r} is not a hub id (namespace/name); this server loads models from the "
                                       "hub only (DROPMATCH_ALLOW_LOCAL_MODELS=1 allows local folders)")

@@ -257,7 +257,7 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
         for row, x1 in ((1, reference["target_nll"]), (2, 100 * MAX_OFF_NUCLEUS)):
             fig.add_vrect(x0=0, x1=x1, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below", row=row, col=1)
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="shaded: within the target's own variation",
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=wrapped("shaded: within the target's own variation", 24),
                                  marker=dict(symbol="square", size=14, color="#a5d6a7")), row=1, col=1)  # the band's key
     fig.update_xaxes(title="target NLL (nats/token)", row=1, col=1)
     fig.update_xaxes(title="off the target's top-p 0.95 nucleus (%)", row=2, col=1)

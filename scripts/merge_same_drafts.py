@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SAME = ("max_new_tokens", "gamma", "draft_source", "p", "k", "temperature", "top_p", "seed", "same_drafts_gamma",
-        "target", "draft")
+        "target", "draft", "eagle3_head")
 
 
 def merged(documents: list[dict]) -> dict:

@@ -337,3 +337,20 @@ def test_a_pair_offers_eagle3_drafts_only_where_it_has_a_head():
     spec = Settings("hi", pair="Custom hub ids", target_id="t", draft_id="d", head_id=" h ",
                     draft_source="eagle3").pair_spec()
     assert spec.head == "h" and "EAGLE-3 h" in spec.label
+    assert "eagle3" in views.draft_source_choices(None)  # a restored run's source stays a valid choice
+
+
+def test_a_servers_model_rules_check_the_eagle3_head_as_they_check_the_pair():
+    """A head is a model the server loads: it must be a hub id on the allowed list (or a local folder where
+    allowed), as target and draft must; on a Space the presets' heads are on the list."""
+    from dropmatch.decoding.config import PRESETS, PairSpec
+    from dropmatch.pair_host import Policy
+
+    policy = Policy(allowed_models=frozenset({"a/target", "a/draft", "a/head"}))
+    assert policy.check(PairSpec("a/target", "a/draft", head="a/head")).head == "a/head"
+    with pytest.raises(ConfigError, match="'b/head' is not on this server's list"):
+        policy.check(PairSpec("a/target", "a/draft", head="b/head"))
+    with pytest.raises(ConfigError, match="not a hub id"):
+        Policy().check(PairSpec("a/target", "a/draft", head="/tmp/some/folder"))
+    on_space = Policy.from_env({"SPACE_ID": "x/y"})
+    assert {spec.head for spec in PRESETS.values() if spec is not None and spec.head} <= on_space.allowed_models

@@ -298,3 +298,5 @@ def test_the_load_outcome_never_hides_a_line_the_visitors_action_wrote():
         assert line.startswith("**SmolLM2 pair** is loaded.")
     _, timer = views.load_status_view(LoadStatus("loading", label="SmolLM2 pair", started=0.0), refusal)
     assert timer.active is True
+    waiting = "Waiting for **SmolLM2 pair** to load … (the first load of the embedded pair converts the GGUF once)"
+    assert views.load_status_view(ready, waiting)[0] == {"__type__": "update"}  # Run's own line, then "Running …"

@@ -177,7 +177,8 @@ def test_an_eagle3_head_drafts_in_place_of_the_assistant_and_greedy_lossless_is_
         out = target.generate(**inputs, custom_generate=REPO, trust_remote_code=True, max_new_tokens=24, do_sample=False,
                               dropmatch_eagle3_head=str(head), dropmatch_gamma=3, return_dict_in_generate=True, **knobs)
         assert out.sequences.tolist() == expected.tolist()
-        assert out.dropmatch["drafted"] > 0, out.dropmatch
+        # the target drafting for itself would have every draft accepted: the random head's are not
+        assert out.dropmatch["accepted_exactly"] < out.dropmatch["drafted"], out.dropmatch
     with pytest.raises(ValueError, match="no folder"):
         _dropmatch(target, draft, inputs, max_new_tokens=5, dropmatch_eagle3_head=str(tmp_path / "missing"))
     misfit = save_eagle3_head(tmp_path / "misfit", target, [1, 2, 3], (0, 1, 5))

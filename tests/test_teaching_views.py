@@ -91,8 +91,8 @@ def test_a_run_refused_at_its_start_leaves_the_previous_run_on_screen(fly_app_pa
     """A prompt the pair cannot hold is refused in the status line; the shipped run's columns stay whole."""
     url, browser = fly_app_page
     page = _first_view(browser, url)
-    # the load timer's last tick writes "is loaded" once; a refusal in the first second could be overwritten by it
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('is loaded')", timeout=60_000)
+    # once the pair is loaded (no "Loading … s" line of the load timer): the refusal is then the run's own line
+    page.wait_for_function("() => !document.querySelector('#status').innerText.startsWith('Loading')", timeout=60_000)
     before = page.locator("#lossy-text .dm-tok").count()
     page.locator("#prompt textarea").fill(" ".join(f"w{i}" for i in range(400)))
     page.locator("#run-button").click()

@@ -48,13 +48,13 @@ class Settings:
     run_autoregressive: bool = True
     target_id: str = ""  # the custom pair's hub ids
     draft_id: str = ""
-    head_id: str = ""  # the custom pair's EAGLE-3 head (a hub id or folder; draft source eagle3); "": none
     draft_source: str = "hybrid"
     # gamma = auto: False (the default) drafts both columns by one policy, lossless SD's costs, so that tau and
     # acceptance differ only by the rule; True prices the lossy rule's verify step too (draft length tuned for
     # this rule's cost: faster for a costly verify step, fewer drafts for it to accept).
     gamma_tuned_for_rule: bool = False
     preset: str = ""  # "method": the method's own settings (METHOD_SETTINGS) over the fields above
+    head_id: str = ""  # the custom pair's EAGLE-3 head (a hub id or folder; draft source eagle3); "": none
     knobs: dict = dataclasses.field(default_factory=dict)  # knob key -> the value the user gave
 
     def __init__(self, prompt: str = "", **given):

@@ -61,7 +61,7 @@ def run_comparison(host: PairHost, downloads: Downloads, settings: Settings, sto
         host.policy.check_length(decode.max_new_tokens)
         spec = settings.pair_spec()
         if not host.is_loaded(spec):
-            yield {"status": f"Loading **{spec.label}** … (the first load of the embedded pair converts the "
+            yield {"status": f"Waiting for **{spec.label}** to load … (the first load of the embedded pair converts the "
                              "GGUF once, about 20 s)"}
         engine = host.engine(spec)  # outside any GPU call: on ZeroGPU, in the main process
         yield {"status": "Running …", "load_timer": gr.Timer(active=False)}

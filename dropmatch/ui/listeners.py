@@ -186,6 +186,8 @@ def _recorded_listeners(ui: Ui, downloads: Downloads, shipped_view) -> None:
     def with_settings(view: dict) -> dict:
         record = view.get("last_run")
         settings = views.settings_view(record) if isinstance(record, RunRecord) else {}
+        if "draft_source" in settings:  # the pair stays as chosen: a source it lacks is offered with the run's
+            settings["draft_source"] = gr.update(choices=views.draft_source_choices(None), value=settings["draft_source"])
         return ui.bind({**view, **{name: value for name, value in settings.items() if name in restored}})
 
     def on_recorded_choice(title):

@@ -271,6 +271,7 @@ def early_stats(state, shown: set) -> dict:
 
 FIRST_STATUS = "Pick an example or type a prompt, then **Run**."  # the status line until the pair is loaded
 RECORDED_NOTE = "Showing a **recorded run**"  # how the status line names a recorded run on screen
+LOADING_NOTE = "Loading **"  # the load timer's line (pair_host.LoadStatus.line); a Run that waits says "Waiting for"
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
@@ -374,9 +375,10 @@ def _reading_time(tokens: int, prefill: tuple[int, float] | None) -> str:
             f"{read / seconds:,.0f} tokens/s a run here read a {read:,}-token prompt).")
 
 
-def draft_source_choices(pair: str) -> list[str]:
-    """The draft sources a pair offers: eagle3 where it has an EAGLE-3 head, or may have one (custom hub ids)."""
-    spec = PRESETS.get(pair)
+def draft_source_choices(pair: str | None) -> list[str]:
+    """The draft sources a pair offers: eagle3 where it has an EAGLE-3 head, or may have one (custom hub ids;
+    None: every source, as a restored run's settings may ask one the pair lacks: Run then says so in one line)."""
+    spec = PRESETS.get(pair) if pair is not None else None
     return list(DRAFT_SOURCES) + (list(HEAD_DRAFT_SOURCES) if spec is None or spec.head else [])
 
 
@@ -393,7 +395,7 @@ def load_status_view(status, shown: str) -> tuple:
     """(status line, timer) while the pair loads in the background (pair_host.LoadStatus): the seconds
     so far, then the outcome once, and the timer stops. shown: the status line on the page; a line that
     the visitor's own action wrote there (a refusal, "Running …", the paper's settings) is kept: a tick answered late must not hide it."""
-    if not (shown or "").startswith((FIRST_STATUS, "Loading **", RECORDED_NOTE)):
+    if not (shown or "").startswith((FIRST_STATUS, LOADING_NOTE, RECORDED_NOTE)):
         return gr.update(), gr.Timer(active=status.state == "loading")
     if status.state == "loading":
         return status.line(), gr.Timer(active=True)
