@@ -23,6 +23,7 @@ Departures, for a two-core CPU in under two hours (said again in recipe.json):
   - the target's features are computed once per answer and kept (bfloat16), not recomputed every epoch;
   - float32 on CPU (the authors' fp16 with DeepSpeed on GPUs); a time budget, not 40 epochs; the best held-out
     checkpoint is kept.
+  - an answer's last position is not counted (its label would be padding).
 `--device cuda` runs the same recipe on a GPU.
 """
 
@@ -156,8 +157,11 @@ def ttt_losses(module: eagle3.HeadModule, embedding, head_rows: torch.Tensor, t2
                batch: dict) -> tuple[list[torch.Tensor], list[float]]:
     """Per step: the loss (cross-entropy against the target's softmax over the draft vocabulary, where its argmax
     is in it and the position is an answer token) and the accuracy over answer positions. head_rows [N, H]: the
-    target's lm_head rows of the draft vocabulary."""
-    mask = batch["loss_mask"][..., None].float()
+    target's lm_head rows of the draft vocabulary. As the authors' (cnets.Model.dataprepare and forward), step i at
+    position j is labelled by the target at j + 1 + i and counted by the loss mask at j + i; an answer's last
+    position, whose label would be padding, is not counted (a departure: the authors' label there is the target's
+    logits at a pad token)."""
+    mask = (batch["loss_mask"] * shift(batch["loss_mask"]))[..., None].float()
     target = shift(batch["head_in"]) @ head_rows.T  # [B, T, N]: the target's logits over the draft vocabulary
     in_vocab = t2d[shift(batch["top"])]  # the target's argmax (over its whole vocabulary) is in the draft vocabulary
     losses, accuracies = [], []
@@ -310,7 +314,8 @@ def export(args, model=None) -> None:
     save_file({**tensors, "t2d": best["t2d"]}, str(out / "model.safetensors"))
     recipe = {key: best[key] for key in ("curve", "step", "seconds", "answers", "answer_tokens", "generation", "recipe")}
     recipe["departures"] = ("lm_head starts from the target's rows of the draft vocabulary; the target's features are "
-                            "computed once; float32 on CPU; a time budget; the best held-out checkpoint")
+                            "computed once; float32 on CPU; a time budget; the best held-out checkpoint; an answer's "
+                            "last position is not counted")
     (out / "recipe.json").write_text(json.dumps(recipe, indent=1))
     print(f"wrote {out}: held-out accuracy by step {best['curve']}")
 

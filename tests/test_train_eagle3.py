@@ -47,6 +47,46 @@ def test_the_training_time_test_is_the_chain_the_loaded_head_drafts(target, tmp_
                 out = head.step(out, ids[j + 2 + i : j + 3 + i], cache, fuse=False)
 
 
+def test_each_steps_loss_reads_the_label_and_mask_the_authors_align_with_it(target):
+    """ttt_losses (shifted tensors) against the alignment written out position by position: step i at position j
+    is labelled by the target's softmax at j + 1 + i over the draft vocabulary, counted where the loss mask holds at
+    j + i, the target's argmax at j + 1 + i is in the draft vocabulary, and the label is not past the answer's end."""
+    generator = torch.Generator().manual_seed(1)
+    hidden, width, vocab = target.config.hidden_size, 20, 64
+    used = torch.arange(0, vocab, 2)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used] = True
+    spec = train_eagle3.head_spec(target.config, LAYERS, len(used))
+    module = eagle3.HeadModule(spec, len(LAYERS))
+    lengths = (20, 14)
+    batch = {"ids": torch.randint(0, vocab, (2, width), generator=generator),
+             "top": torch.randint(0, vocab, (2, width), generator=generator),
+             "features": torch.randn(2, width, 3 * hidden, generator=generator),
+             "head_in": torch.randn(2, width, hidden, generator=generator),
+             "loss_mask": torch.zeros(2, width)}
+    for b, length in enumerate(lengths):
+        batch["loss_mask"][b, 6:length] = 1  # the answer: positions 6 .. length - 1
+        batch["head_in"][b, length:] = 0  # right padding, as batch_of leaves it
+        batch["top"][b, length:] = 0
+    head_rows = torch.randn(len(used), hidden, generator=generator)
+    embedding = target.get_input_embeddings()
+    with torch.no_grad():
+        losses, _ = train_eagle3.ttt_losses(module, embedding, head_rows, t2d, batch)
+        steps = train_eagle3.ttt_steps(module, embedding, batch["ids"], batch["features"])
+    for i, out in enumerate(steps):
+        with torch.no_grad():
+            log_q = torch.log_softmax(module.lm_head(module.norm(out)).float(), -1)
+        total = torch.zeros(())
+        for b, length in enumerate(lengths):
+            for j in range(width):
+                label_at = j + 1 + i
+                if label_at >= length or not batch["loss_mask"][b, j + i] or not t2d[batch["top"][b, label_at]]:
+                    continue
+                label = torch.softmax(batch["head_in"][b, label_at] @ head_rows.T, -1)
+                total = total - (label * log_q[b, j]).sum()
+        torch.testing.assert_close(losses[i], total / (2 * width), rtol=1e-5, atol=1e-6)
+
+
 def test_a_short_run_trains_resumes_and_exports_a_head_the_studio_loads(target, tmp_path):
     """Greedy answers of the tiny target, two runs of a few steps (the second resumes the first), then export:
     the folder has the authors' keys, the draft vocabulary is the answers' most frequent tokens, the recipe has
