@@ -3,7 +3,7 @@
     python app.py            # the embedded CPU pair; host and port from GRADIO_SERVER_NAME / _PORT
     python app.py --port 8080 --share
 
-What a Space needs at the top level: build the demo over a Studio (the one loaded pair, which
+What a Space needs at the top level: build the demo over a PairHost (the one loaded pair, which
 starts loading in the background at launch) and launch it. The UI itself is dropmatch/ui/;
 nothing heavy happens at import time.
 """

@@ -4,15 +4,10 @@ package is installed: `custom_generate="."` at the repository's root, with trust
     out = target.generate(**inputs, assistant_model=draft, custom_generate=".",
                           trust_remote_code=True, max_new_tokens=64, dropmatch_rule="dropmatch", dropmatch_p=0.3)
 
-This file only hands transformers' call to the installed package (dropmatch.decoding.hf_generate;
+This file only hands transformers the installed package's `generate` (dropmatch.decoding.hf_generate;
 requirements.txt here names it). The Hub repository is another folder, written by `python
 scripts/deploy_generate.py --stage DIR`: generate.py and the method package (dropmatch/decoding/) beside it,
 copied as it is, needing torch and transformers only.
 """
 
-from dropmatch.decoding.hf_generate import generate as _dropmatch_generate
-
-
-def generate(model, *args, **kwargs):
-    """transformers calls this with `model` (the target) and generate()'s own arguments."""
-    return _dropmatch_generate(model, *args, **kwargs)
+from dropmatch.decoding.hf_generate import generate  # noqa: F401  (transformers calls `generate` of this file)

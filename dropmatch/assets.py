@@ -23,17 +23,13 @@ REPORT_TEMPLATE = ROOT / "assets" / "report.html"  # the benchmark report page (
 
 def load_examples() -> list[dict]:
     """The example prompts (prompt, category) the app offers; [] where the file is missing."""
-    if not EXAMPLES_FILE.exists():
-        return []
-    return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))
+    return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8")) if EXAMPLES_FILE.exists() else []
 
 
 def load_frontier(path: Path = FRONTIER_FILE) -> dict | None:
     """The shipped benchmark document with a frontier (bench --frontier), or None."""
-    if not path.exists():
-        return None
-    document = json.loads(path.read_text(encoding="utf-8"))
-    return document if document.get("frontier") else None
+    document = load_robustness(path)
+    return document if document and document.get("frontier") else None
 
 
 def load_same_drafts(path: Path = SAME_DRAFTS_FILE) -> dict | None:
@@ -43,9 +39,7 @@ def load_same_drafts(path: Path = SAME_DRAFTS_FILE) -> dict | None:
 
 def load_robustness(path: Path = ROBUSTNESS_FILE) -> dict | None:
     """The shipped robustness experiment (a benchmark document with the judge rules), or None."""
-    if not path.exists():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def how_it_works() -> str:

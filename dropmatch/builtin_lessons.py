@@ -11,6 +11,7 @@ Two files per lesson, both written by scripts/make_lessons.py (scripts/tools/les
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -27,9 +28,6 @@ MAX_LESSON_BYTES = 2_000_000
 LESSON_NAMES = ("lossless", "sampling", "js", "majority", "dropmatch", "typical", "fixed_js", "fly", "ensemble", "mars")
 
 
-# ---------------------------------------------------------------- the files
-
-
 def read_lesson(path: Path) -> dict:
     """A lesson file, checked: ConfigError with one line for anything the player cannot play."""
     data = read_json(path, "lesson")
@@ -39,9 +37,8 @@ def read_lesson(path: Path) -> dict:
         rule = data.get("rule")
         if rule not in RULES or data.get("choices") != list(rule_reasons(rule)):
             raise SchemaError(f"rule {rule!r:.40} with choices that are not its reasons")
-        for name in ("id", "title", "intro"):
-            check_value(data.get(name), str, name)
-        check_value(data.get("prompts"), tuple[str, ...], "prompts")
+        for name, hint in (("id", str), ("title", str), ("intro", str), ("prompts", tuple[str, ...])):
+            check_value(data.get(name), hint, name)
         labels = data.get("labels")
         if not isinstance(labels, dict) or not all(isinstance(labels.get(c), str) for c in data["choices"]):
             raise SchemaError("labels: one text per choice expected")
@@ -109,8 +106,6 @@ def builtin_lessons(folder: Path = LESSONS_DIR) -> tuple[list[dict], list[str]]:
 def lessons_html(record, title: str = "", folder: Path = LESSONS_DIR) -> str:
     """The element the lesson player (assets/lessons.js) mounts on: the built-in lessons, then the shown
     run's lossy and lossless columns as lessons, escaped into a data attribute (no markup runs)."""
-    import html
-
     lessons, problems = builtin_lessons(folder)
     if record is not None:
         for trace, which in ((record.lossy, "lossy"), (record.lossless, "lossless")):

@@ -4,9 +4,8 @@ The two runs advance alternately so that a UI can show both columns growing toge
 are measured inside the run (Engine._finish), so alternating makes neither look slower. A short untimed
 run of each rule comes first (`warm_up`), so that one-time costs (first calls' allocations, kernels built
 on first use, cold caches) fall on neither column; each is then timed end to end (prefill, p = auto's
-calibration, rounds). The target alone is what a
-user runs: transformers' generate() on the same loaded target (`target_alone`), timed after the engine's
-own autoregressive run (the third column, kept for its trace).
+calibration, rounds). The target alone is what a user runs: transformers' generate() on the same loaded
+target (`target_alone`), timed after the engine's own autoregressive run (the third column, kept for its trace).
 """
 
 from __future__ import annotations
@@ -129,18 +128,21 @@ def warm_up(engine, ids: list[int], decode: DecodeConfig, rules: list[RuleConfig
 
 
 def target_alone(engine, ids: list[int], decode: DecodeConfig) -> dict | None:
-    """transformers' generate() on the engine's loaded target (models.peer.target_generate: the same prompt,
-    budget, stop tokens, temperature, top-p and seed), timed: {"tokens", "seconds"}; None for an engine
-    without a transformers target (a test's model-free engine). Its first call is a warm-up, untimed."""
+    """transformers' generate() on the engine's loaded target (generate_alone), timed: {"tokens", "seconds"}; None
+    for an engine without a transformers target (a test's model-free engine). Its first call is a warm-up, untimed."""
     if not hasattr(engine, "target"):
         return None
-
-    def generate(prompt: list[int], budget: int) -> tuple[list[int], float]:
-        return target_generate(engine.target, prompt, budget, engine.stop_ids, decode.temperature, decode.top_p,
-                               decode.seed)
-    generate(ids[:WARM_UP_PROMPT], min(WARM_UP_TOKENS, decode.max_new_tokens))
-    tokens, seconds = generate(ids, decode.max_new_tokens)
+    short = replace(decode, max_new_tokens=min(WARM_UP_TOKENS, decode.max_new_tokens))
+    generate_alone(engine, ids[:WARM_UP_PROMPT], short)
+    tokens, seconds = generate_alone(engine, ids, decode)
     return {"tokens": len(tokens), "seconds": seconds}
+
+
+def generate_alone(engine, ids: list[int], decode: DecodeConfig) -> tuple[list[int], float]:
+    """transformers' generate() on the engine's target (models.peer.target_generate) with the run's budget, stop
+    tokens, temperature, top-p and seed, timed: (tokens, seconds); also the bench's --peer run of the target alone."""
+    return target_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids, decode.temperature,
+                           decode.top_p, decode.seed)
 
 
 def peer_weight(rule: RuleConfig) -> float:
@@ -152,8 +154,14 @@ def static_ensemble_peer(engine, ids: list[int], decode: DecodeConfig, rule: Rul
     """transformers' own static ensemble (assisted generation with assistant_ensemble_weight) on the same pair,
     prompt, weight, temperature, top-p and draft length, timed, with its text's target NLL: the peer row
     under the ensemble column (its draws are transformers', so its text is a sample of the same rule)."""
-    tokens, seconds = ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
-                                                 None if decode.gamma_auto else decode.gamma, engine.stop_ids,
-                                                 peer_weight(rule), decode.temperature, decode.top_p, decode.seed)
+    tokens, seconds = generate_ensemble(engine, ids, decode, peer_weight(rule))
     return {"weight": peer_weight(rule), "tokens": len(tokens), "seconds": seconds,
             "target_nll": sequence_nll(engine.target, ids, tokens) if tokens else None}
+
+
+def generate_ensemble(engine, ids: list[int], decode: DecodeConfig, weight: float) -> tuple[list[int], float]:
+    """transformers' static ensemble at `weight` on the engine's pair with the run's budget, draft length, stop
+    tokens, temperature, top-p and seed, timed: (tokens, seconds); the bench's --peer runs it too."""
+    return ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
+                                      None if decode.gamma_auto else decode.gamma, engine.stop_ids, weight,
+                                      decode.temperature, decode.top_p, decode.seed)

@@ -88,17 +88,14 @@ def trajectory_gains(rows: list[dict], baseline: str, seed: int = 0) -> dict[str
         if not both:
             continue
         picks = resample_picks(len(both), seed)
-        tau, tau_base = (ratio(_column(both, run, "emitted"), _column(both, run, "rounds"), picks)
-                         for run in (label, baseline))
-        speed, speed_base = (ratio(_column(both, run, "emitted"), _column(both, run, "wall_s"), picks)
-                             for run in (label, baseline))
-        tau_gain, speed_gain = gain(tau, tau_base).shown(), gain(speed, speed_base).shown()
+        tau_gain, speed_gain = (gain(_per(both, label, name, picks), _per(both, baseline, name, picks)).shown()
+                                for name in ("rounds", "wall_s"))
         out[label] = {"prompts": len(both),
                       "tau_gain": tau_gain and {**tau_gain, "standing": standing(tau_gain)},
                       "speed": speed_gain and {name: value + 1 for name, value in speed_gain.items()}}
     return out
 
 
-def _column(rows: list[dict], run: str, name: str) -> np.ndarray:
-    """[n]: the field `name` of `run` in each prompt row."""
-    return np.array([row[run][name] for row in rows], dtype=float)
+def _per(rows: list[dict], run: str, name: str, picks: np.ndarray) -> Estimate:
+    """`run`'s emitted tokens per its field `name` (rounds: tau; wall_s: tokens/s) over the prompt rows (ratio)."""
+    return ratio(*(np.array([row[run][field] for row in rows], dtype=float) for field in ("emitted", name)), picks)

@@ -47,8 +47,7 @@ def prepare(trace: GenerationTrace, target: CausalLM, draft: CausalLM) -> list[V
         target_hidden, draft_hidden = states.tensors()
         tokens = torch.tensor([d.token for d in round_trace.drafted], dtype=torch.long, device=target.device)
         if round_trace.draft_source == "ngram":  # prompt lookup: one-hot, as the engine drafted it
-            q_signal = list(torch.nn.functional.one_hot(tokens, target.vocab_size).float())
-            q_sample = q_signal
+            q_signal = q_sample = list(torch.nn.functional.one_hot(tokens, target.vocab_size).float())
         else:
             draft_logits = [draft.logits(row.to(draft.device)) for row in draft_hidden]
             q_signal = [signal_probs(logits, trace.temperature) for logits in draft_logits]
@@ -129,13 +128,12 @@ def rejudge(prepared: list[VerifyInputs], target: CausalLM, settings: RuleConfig
             signals = acceptance.Signals(**{k: None if v is None else v.cpu() for k, v in vars(verified.signals).items()})
             column.append((verified.verdict.reasons, signals))
         columns.append((cfg, column))
-    rows = _rows(prepared, columns, token_text)
     return {
         "version": LAB_VERSION,
         "settings": dict(settings.knobs),  # every knob of the one RuleConfig, as the rules read them
         "rules": [{"name": name, "label": acceptance.RULES[name].label, "lossy": acceptance.RULES[name].lossy}
                   for name in rules],
-        "rows": rows,
+        "rows": _rows(prepared, columns, token_text),
         "summary": [_summary(cfg.rule, column) for cfg, column in columns],
         "seconds": time.perf_counter() - start,
     }
@@ -160,19 +158,16 @@ def _rows(prepared, columns, token_text) -> list[dict]:
 def _summary(rule: str, column) -> dict:
     drafted = sum(len(reasons) for reasons, _ in column)
     accepted = sum(acceptance.accepted_count(reasons) for reasons, _ in column)
-    rounds = len(column)
     return {"rule": rule, "drafted": drafted, "accepted": accepted, "share": accepted / drafted if drafted else 0.0,
-            "tau": (accepted + rounds) / rounds if rounds else 0.0}
+            "tau": (accepted + len(column)) / len(column) if column else 0.0}
 
 
 def cell_info(cfg: RuleConfig, signals: acceptance.Signals, i: int, reason: str, token_text) -> str:
     """The numbers the rule read at position i, as a hover line."""
     if reason == "unchecked":
         return "not reached: this rule rejected an earlier token of the round"
-    draft_prob, target_prob = float(signals.draft_prob[i]), float(signals.target_prob[i])
-    top = int(signals.target_tokens[i])
-    lines = [f"draft q(x) {draft_prob:.3f}, target p(x) {target_prob:.3f}; target's top {token_text(top)!r} "
-             f"({float(signals.target_token_prob[i]):.3f})"]
+    lines = [f"draft q(x) {float(signals.draft_prob[i]):.3f}, target p(x) {float(signals.target_prob[i]):.3f}; "
+             f"target's top {token_text(int(signals.target_tokens[i]))!r} ({float(signals.target_token_prob[i]):.3f})"]
     if reason == "exact":
         lines.append("accepted by the lossless test")
     elif RULE_WORDS[cfg.rule].lab_line is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .decoding.acceptance import RULES, votes_needed
 from .render import explain, kind_label
-from .decoding.trace import DraftedToken, GenerationTrace
+from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
 LESSON_VERSION = 1
 CONTEXT_TOKENS = 24  # the text before a slot the learner reads
@@ -39,43 +39,34 @@ def lesson_from_trace(trace: GenerationTrace, token_text, title: str = "", run: 
         for j, d in enumerate(r.drafted):
             if d.reason == "unchecked":
                 break
-            context = before + list(r.emitted[:j])
-            slots.append(_slot(d, (run, r.index, j), r.draft_source, context, token_text, trace))
+            slots.append(_slot(d, run, r, j, before + list(r.emitted[:j]), token_text, trace))
         before += list(r.emitted)
-    return {"version": LESSON_VERSION, "title": title, "rule": trace.rule, "greedy": trace.temperature == 0,
-            "choices": list(rule_reasons(trace.rule)),
-            "labels": {reason: _label(reason, trace.temperature == 0) for reason in rule_reasons(trace.rule)},
+    greedy, choices = trace.temperature == 0, rule_reasons(trace.rule)
+    return {"version": LESSON_VERSION, "title": title, "rule": trace.rule, "greedy": greedy, "choices": list(choices),
+            "labels": {reason: "accepted by the lossless coin" if reason == "exact" and not greedy
+                       else kind_label(reason) for reason in choices},
             "close_calls": CLOSE_CALLS, "slots": slots}
-
-
-def _label(reason: str, greedy: bool) -> str:
-    return "accepted by the lossless coin" if reason == "exact" and not greedy else kind_label(reason)
 
 
 def close_calls(d: DraftedToken, source: str, trace: GenerationTrace) -> list[str]:
     """The CLOSE_CALLS a judged slot is, in their table's order."""
-    tags = []
-    if source == "ngram":
-        tags.append("lookup")
-    if d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR:
-        tags.append("js_near")
-    if d.path_tokens and d.draft_votes == votes_needed(len(d.path_tokens), trace.rule_config.majority_fraction) - 1:
-        tags.append("votes_short")
-    if trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob:
-        tags.append("coin_rejected")
-    return tags
+    k = len(d.path_tokens)
+    holds = {"lookup": source == "ngram",
+             "js_near": d.js is not None and d.threshold and abs(d.js / d.threshold - 1) <= JS_NEAR,
+             "votes_short": k and d.draft_votes == votes_needed(k, trace.rule_config.majority_fraction) - 1,
+             "coin_rejected": trace.temperature > 0 and d.reason == "rejected" and d.draft_prob > d.target_prob}
+    return [tag for tag in CLOSE_CALLS if holds[tag]]
 
 
-def _slot(d: DraftedToken, where: tuple[int, int, int], source: str, context: list[int], token_text,
+def _slot(d: DraftedToken, run: int, r: RoundTrace, j: int, context: list[int], token_text,
           trace: GenerationTrace) -> dict:
-    run, round_index, j = where
-    found = {"run": run, "round": round_index, "slot": j, "source": source, "tags": close_calls(d, source, trace),
+    found = {"run": run, "round": r.index, "slot": j, "source": r.draft_source,
+             "tags": close_calls(d, r.draft_source, trace),
              "context": "".join(token_text(t) for t in context[-CONTEXT_TOKENS:]),
              "x": token_text(d.token), "q": d.draft_prob, "p": d.target_prob,
              "target": token_text(d.target_token), "p_target_top": d.target_token_prob,
              "target_top": [[token_text(t), prob] for t, prob in d.target_top] or [[token_text(d.target_token), d.target_token_prob]],
-             "answer": d.reason,
-             "why": explain(d, token_text, trace.rule_config, trace.temperature == 0)}
+             "answer": d.reason, "why": explain(d, token_text, trace.rule_config, trace.temperature == 0)}
     if d.path_tokens:
         found.update(paths=[token_text(t) for t in d.path_tokens], votes=d.draft_votes, js=d.js, threshold=d.threshold)
     return found

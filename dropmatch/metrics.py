@@ -7,7 +7,6 @@ each function's docstring says what it reads from the trace.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -73,10 +72,10 @@ def tau(trace: GenerationTrace) -> float | None:
     return _ratio(sum(len(r.emitted) for r in trace.rounds), len(trace.rounds))
 
 
-def acceptance_counts(trace: GenerationTrace) -> tuple[int, int]:
-    """(accepted, drafted) over all rounds."""
-    drafted = sum(r.num_drafted for r in trace.rounds)
-    accepted = sum(sum(d.accepted for d in r.drafted) for r in trace.rounds)
+def acceptance_counts(*traces: GenerationTrace) -> tuple[int, int]:
+    """(accepted, drafted) over all rounds of the traces."""
+    drafted = sum(r.num_drafted for t in traces for r in t.rounds)
+    accepted = sum(d.accepted for t in traces for r in t.rounds for d in r.drafted)
     return accepted, drafted
 
 
@@ -111,25 +110,24 @@ def mc_seconds(trace: GenerationTrace) -> float:
     return sum(r.t_mc for r in trace.rounds) + trace.t_calibration
 
 
-def _target_view(trace: GenerationTrace) -> tuple[list[float], list[bool]]:
-    """(log-probabilities, in-nucleus flags) of every emitted token, the prefill's first; empty for
-    traces written before these were recorded."""
-    if trace.first_logprob is None:
-        return [], []
-    log_probs = [trace.first_logprob] + [v for r in trace.rounds for v in r.emitted_logprob]
-    in_nucleus = [trace.first_in_nucleus] + [v for r in trace.rounds for v in r.emitted_in_nucleus]
+def _target_view(*traces: GenerationTrace) -> tuple[list[float], list[bool]]:
+    """(log-probabilities, in-nucleus flags) of every emitted token of the traces, each trace's prefill's first;
+    none from traces written before these were recorded."""
+    kept = [t for t in traces if t.first_logprob is not None]
+    log_probs = [v for t in kept for v in [t.first_logprob, *(x for r in t.rounds for x in r.emitted_logprob)]]
+    in_nucleus = [v for t in kept for v in [t.first_in_nucleus, *(x for r in t.rounds for x in r.emitted_in_nucleus)]]
     return log_probs, in_nucleus
 
 
-def target_nll(trace: GenerationTrace) -> float | None:
-    """Mean NLL (nats/token) of the emitted tokens under the clean target (temperature 1)."""
-    log_probs, _ = _target_view(trace)
+def target_nll(*traces: GenerationTrace) -> float | None:
+    """Mean NLL (nats/token) of the emitted tokens under the clean target (temperature 1), pooled over the traces."""
+    log_probs, _ = _target_view(*traces)
     return -sum(log_probs) / len(log_probs) if log_probs else None
 
 
-def off_nucleus_rate(trace: GenerationTrace) -> float | None:
-    """Share of emitted tokens outside the clean target's top-p 0.95 nucleus (temperature 1)."""
-    _, in_nucleus = _target_view(trace)
+def off_nucleus_rate(*traces: GenerationTrace) -> float | None:
+    """Share of emitted tokens outside the clean target's top-p 0.95 nucleus (temperature 1), pooled over the traces."""
+    _, in_nucleus = _target_view(*traces)
     return sum(not flag for flag in in_nucleus) / len(in_nucleus) if in_nucleus else None
 
 
@@ -168,8 +166,7 @@ def lossy_share(trace: GenerationTrace) -> float:
 SPREAD_DRAWS, SPREAD_LEVEL, MIN_SPREAD_ROUNDS = 2000, 0.95, 5
 
 
-def speed_ratio_interval(lossless: GenerationTrace, lossy: GenerationTrace,
-                         seed: int = 0) -> tuple[float, float] | None:
+def speed_ratio_interval(lossless: GenerationTrace, lossy: GenerationTrace) -> tuple[float, float] | None:
     """The spread of this run's speed comparison, measured from the run itself, of the figure the page shows:
     (lossy tokens/s) / (lossless tokens/s), each end to end (tokens_per_s: output / t_total). Its SPREAD_LEVEL
     interval over SPREAD_DRAWS resamples of each column: the prefill and p = auto's calibration (and the
@@ -179,7 +176,7 @@ def speed_ratio_interval(lossless: GenerationTrace, lossy: GenerationTrace,
     slower only when its whole interval lies on one side of 1."""
     if any(len(trace.rounds) < MIN_SPREAD_ROUNDS for trace in (lossless, lossy)):
         return None
-    speeds = [_resampled_speeds(trace, seed + i) for i, trace in enumerate((lossless, lossy))]
+    speeds = [_resampled_speeds(trace, seed) for seed, trace in enumerate((lossless, lossy))]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = speeds[1] / speeds[0]
     ratios = ratios[np.isfinite(ratios)]
@@ -207,9 +204,8 @@ def summarize(
     """A run's numbers; speedup_vs_ar against `alone_tokens_per_s`, the target alone as a user runs it
     (transformers' generate() on the same target, prompt and budget: compare.target_alone), None without it."""
     accepted, drafted = acceptance_counts(trace)
-    draft_s = sum(r.t_draft for r in trace.rounds)
-    verify_s = sum(r.t_forward for r in trace.rounds)
-    head_s = sum(r.t_head for r in trace.rounds)
+    costs = component_costs([trace])
+    draft_s, verify_s, head_s = costs["draft_s"], costs["forward_s"], costs["head_s"]
     mc_s = mc_seconds(trace)
     speed = tokens_per_s(trace)
     return RunMetrics(
@@ -246,33 +242,26 @@ def summarize(
 
 def pooled(traces: list[GenerationTrace]) -> dict:
     """Totals over many generations (a benchmark): ratios of sums, not means of ratios."""
-    rounds = sum(len(t.rounds) for t in traces)
-    emitted = sum(len(r.emitted) for t in traces for r in t.rounds)
-    counts = [acceptance_counts(t) for t in traces]
-    accepted, drafted = sum(a for a, _ in counts), sum(d for _, d in counts)
-    tokens = sum(len(t.output_ids) for t in traces)
-    wall = sum(t.t_total for t in traces)
-    views = [_target_view(t) for t in traces]
-    log_probs = [v for lp, _ in views for v in lp]
-    in_nucleus = [v for _, flags in views for v in flags]
+    rounds = [r for t in traces for r in t.rounds]
+    accepted, drafted = acceptance_counts(*traces)
+    costs = component_costs(traces)
     return {
         "prompts": len(traces),
-        "new_tokens": tokens,
-        "rounds": rounds,
-        "tau": _ratio(emitted, rounds),
+        "new_tokens": costs["tokens"],
+        "rounds": len(rounds),
+        "tau": _ratio(sum(len(r.emitted) for r in rounds), len(rounds)),
         "acceptance_rate": _ratio(accepted, drafted),
-        "tokens_per_s": _ratio(tokens, wall),
-        "wall_s": wall,
-        "draft_step_ms": _ms(_ratio(sum(r.t_draft for t in traces for r in t.rounds),
-                                    sum(r.num_drafted for t in traces for r in t.rounds))),
-        "verify_round_ms": _ms(_ratio(sum(r.t_round for t in traces for r in t.rounds), rounds)),
-        "target_nll": _ratio(-sum(log_probs), len(log_probs)),
-        "off_nucleus_rate": _ratio(sum(not f for f in in_nucleus), len(in_nucleus)),
+        "tokens_per_s": _ratio(costs["tokens"], costs["total_s"]),
+        "wall_s": costs["total_s"],
+        "draft_step_ms": _ms(_ratio(costs["draft_s"], drafted)),
+        "verify_round_ms": _ms(_ratio(sum(r.t_round for r in rounds), len(rounds))),
+        "target_nll": target_nll(*traces),
+        "off_nucleus_rate": off_nucleus_rate(*traces),
         # gamma = auto and prompt lookup: the mean length rounds asked for, the share drafted by lookup
-        "gamma_asked": _ratio(sum(r.gamma for t in traces for r in t.rounds if r.gamma is not None),
-                              sum(r.gamma is not None for t in traces for r in t.rounds)),
-        "lookup_share": _ratio(sum(r.draft_source == "ngram" for t in traces for r in t.rounds), rounds),
-        "costs": component_costs(traces),
+        "gamma_asked": _ratio(sum(r.gamma for r in rounds if r.gamma is not None),
+                              sum(r.gamma is not None for r in rounds)),
+        "lookup_share": _ratio(sum(r.draft_source == "ngram" for r in rounds), len(rounds)),
+        "costs": costs,
     }
 
 
@@ -320,4 +309,4 @@ def difference(a: float | None, b: float | None) -> float | None:
 
 
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None or math.isnan(seconds) else 1000.0 * seconds
+    return None if seconds is None else 1000.0 * seconds

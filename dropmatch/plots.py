@@ -5,18 +5,16 @@ token_text: a function from token id to its text, so that hover labels read as w
 
 from __future__ import annotations
 
-from typing import Callable
-
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .decoding.acceptance import BASELINE, KNOBS, REASONS, RULES, votes_needed
 from .intervals import trajectory_gains
 from .metrics import MAX_OFF_NUCLEUS
+from .render import TokenText
 from .rule_words import REASON_WORDS, RULE_WORDS
 from .decoding.trace import DraftedToken, GenerationTrace, RoundTrace
 
-TokenText = Callable[[int], str]
 RUN_COLORS = {"lossless": "#455a64", "lossy": "#1565c0", "autoregressive": "#9e9e9e"}
 # The run's own point in Trade-offs: a yellow star outlined in black, a colour no rule wears (test_app checks).
 RUN_STAR = dict(symbol="star", size=18, color="#ffd600", line=dict(width=1.5, color="#212121"))
@@ -32,10 +30,6 @@ def knob_short(name: str) -> str:
     """A swept knob as a reader names it (the legend says what was swept, not a field name)."""
     knob = KNOBS.get(name)
     return (knob.short or knob.label) if knob else name
-
-
-def _reads(rule: str, knob: str) -> bool:
-    return rule in RULES and any(k.name == knob for k in RULES[rule].knobs)
 
 
 def wrapped(text: str, width: int = WRAP_AT) -> str:
@@ -97,14 +91,12 @@ def agreement_heatmap(trace: GenerationTrace, token_text: TokenText) -> go.Figur
     num_paths = len(cells[0][2].path_tokens)
     needed = votes_needed(num_paths, trace.rule_config.majority_fraction)
     rows = [f"path {k + 1}" for k in range(num_paths)] + ["paths' majority", "draft"]
-    z, hover = [], []
-    for k in range(num_paths):
-        z.append([int(d.path_tokens[k] == d.token) for _, _, d in cells])
-        hover.append([_path_hover(d, k, token_text) for _, _, d in cells])
-    z.append([int(d.majority_token == d.token and (d.draft_votes or 0) >= needed) for _, _, d in cells])
-    hover.append([_majority_hover(d, num_paths, needed, token_text) for _, _, d in cells])
-    z.append([1 for _ in cells])
-    hover.append([f"draft: {show(token_text(d.token))} (q={d.draft_prob:.3f})<br>decision: {d.reason}" for _, _, d in cells])
+    drafts = [d for _, _, d in cells]
+    z = [[int(d.path_tokens[k] == d.token) for d in drafts] for k in range(num_paths)]
+    z += [[int(d.majority_token == d.token and (d.draft_votes or 0) >= needed) for d in drafts], [1] * len(drafts)]
+    hover = [[_path_hover(d, k, token_text) for d in drafts] for k in range(num_paths)]
+    hover += [[_majority_hover(d, num_paths, needed, token_text) for d in drafts],
+              [f"draft: {show(token_text(d.token))} (q={d.draft_prob:.3f})<br>decision: {d.reason}" for d in drafts]]
     labels = [f"r{r}·{j + 1}" for r, j, _ in cells]
     fig = go.Figure(go.Heatmap(
         z=z, x=labels, y=rows, text=hover, hoverinfo="text", zmin=0, zmax=1, xgap=2, ygap=2, showscale=False,
@@ -227,12 +219,12 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
     groups: dict[str, list[dict]] = {}
     for point in points:
         label = run_label(point["rule"])
-        name = label if point["centroid"] == KNOBS["centroid"].default or not _reads(point["rule"], "centroid") \
+        reads = point["rule"] in RULES and any(k.name == "centroid" for k in RULES[point["rule"]].knobs)
+        name = label if point["centroid"] == KNOBS["centroid"].default or not reads \
             else f"{label}, {point['centroid']} centroid"
         groups.setdefault(wrapped(f"{name}: {knob_short(point['knob'])} swept", 24), []).append(point)
     for name, group in groups.items():
-        rule = RULES.get(group[0]["rule"])
-        colour = RULE_WORDS[rule.name].colour if rule else None
+        colour = RULE_WORDS[group[0]["rule"]].colour if group[0]["rule"] in RULES else None
         dash = "dot" if "logits centroid" in name else None
         hover = [f"{p['label']}<br>tau gain {100 * (p['tau_gain'] or 0):+.1f}%<br>NLL {p['target_nll']:.3f}, "
                  f"off-nucleus {100 * (p['off_nucleus_rate'] or 0):.1f}%<br>speed vs lossless "
@@ -243,17 +235,14 @@ def frontier_figure(points: list[dict], lossless: dict | None, reference: dict |
                 x=[scale * (p[key] or 0.0) for p in group], y=[100 * (p["tau_gain"] or 0.0) for p in group],
                 mode="lines+markers", name=name, legendgroup=name, showlegend=row == 1, text=hover,
                 hoverinfo="text", line=dict(color=colour, dash=dash)), row=row, col=1)
-    if lossless:
-        for row, x in ((1, lossless.get("target_nll") or 0.0), (2, 100 * (lossless.get("off_nucleus_rate") or 0.0))):
-            fig.add_trace(go.Scatter(x=[x], y=[0.0], mode="markers", name="lossless SD", legendgroup="lossless",
-                                     showlegend=row == 1, marker=dict(symbol="square", size=12, color="#455a64")),
-                          row=row, col=1)
+    marks = [] if not lossless else [(lossless, 0.0, "lossless SD", "lossless",
+                                      dict(symbol="square", size=12, color="#455a64"))]
     if current and current.get("tau_gain") is not None and current.get("target_nll") is not None:
-        for row, x in ((1, current["target_nll"]), (2, 100 * (current.get("off_nucleus_rate") or 0.0))):
-            fig.add_trace(go.Scatter(x=[x], y=[100 * current["tau_gain"]], mode="markers",
-                                     name=current.get("label", "this run"), legendgroup="current",
-                                     showlegend=row == 1, marker=RUN_STAR),
-                          row=row, col=1)
+        marks.append((current, 100 * current["tau_gain"], current.get("label", "this run"), "current", RUN_STAR))
+    for point, y, name, group, marker in marks:  # single points: lossless SD at the origin, this run as a star
+        for row, x in ((1, point.get("target_nll") or 0.0), (2, 100 * (point.get("off_nucleus_rate") or 0.0))):
+            fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name, legendgroup=group, showlegend=row == 1,
+                                     marker=marker), row=row, col=1)
     if reference and reference.get("target_nll") is not None:  # after the traces: empty subplots get no shapes
         for row, x1 in ((1, reference["target_nll"]), (2, 100 * MAX_OFF_NUCLEUS)):
             fig.add_vrect(x0=0, x1=x1, fillcolor="#a5d6a7", opacity=0.3, line_width=0, layer="below", row=row, col=1)
@@ -317,15 +306,14 @@ def robustness_figure(document: dict | None, title: str = "Robustness: in and ou
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)  # stacked, one benchmarks' axis
     for run in dict.fromkeys(r["run"] for r in rows):
         group = sorted((r for r in rows if r["run"] == run), key=lambda r: order.index(r["benchmark"]))
-        rule = RULES.get(group[0]["rule"])
+        colour = RULE_WORDS[group[0]["rule"]].colour if group[0]["rule"] in RULES else None
         inside = [not r["outside"] for r in group]
         hover = [_robustness_hover(r) for r in group]
         for row, values in ((1, [100 * r["tau_gain"] for r in group]), (2, [r["delta_nll"] or 0.0 for r in group])):
             fig.add_trace(go.Scatter(
                 x=[names[r["benchmark"]] for r in group], y=values, mode="lines+markers", name=wrapped(run_label(run), 28),
-                legendgroup=run,
-                showlegend=row == 1, text=hover, hoverinfo="text",
-                line=dict(color=RULE_WORDS[rule.name].colour if rule else None, dash="dot" if "@" in run else None),
+                legendgroup=run, showlegend=row == 1, text=hover, hoverinfo="text",
+                line=dict(color=colour, dash="dot" if "@" in run else None),
                 marker=dict(size=11, symbol=["circle" if ok else "circle-open" for ok in inside])), row=row, col=1)
     fig.add_hline(y=0.0, line_color="#9e9e9e", line_width=1)
     fig.update_yaxes(title="tau gain over lossless SD (%)", row=1, col=1)

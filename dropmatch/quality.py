@@ -66,9 +66,7 @@ def outside_on_length(new_tokens: int, sample_tokens: list[int], ended_by_rule: 
 
 
 def token_overlap(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> float:
-    """2 * matched tokens / (len a + len b), matched in order (difflib); 1.0 for identical answers."""
-    if not a and not b:
-        return 1.0
+    """2 * matched tokens / (len a + len b), matched in order (difflib); 1.0 for identical answers (empty ones too)."""
     return difflib.SequenceMatcher(a=list(a), b=list(b), autojunk=False).ratio()
 
 
@@ -100,8 +98,7 @@ def sandbox_command(folder: Path) -> list[str]:
 
 
 def extract_code(text: str) -> str:
-    blocks = re.findall(r"```(?:python|py)?\s*\n(.*?)```", text, flags=re.S)
-    if blocks:
+    if blocks := re.findall(r"```(?:python|py)?\s*\n(.*?)```", text, flags=re.S):
         return max(blocks, key=len)
     if "```" in text:  # an unclosed block (cut by max new tokens)
         return text.split("```", 1)[1].split("\n", 1)[-1]

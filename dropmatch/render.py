@@ -41,22 +41,20 @@ def legend_items() -> list[tuple[str, str]]:
 
 def palette() -> dict[str, tuple[str, str, str]]:
     """kind -> (light highlight, dark highlight, text-decoration) for every reason and extra kind."""
-    found = {name: (REASON_WORDS[name].background, REASON_WORDS[name].dark_background, REASON_WORDS[name].cue)
-             for name in REASONS}
-    found.update({kind: (light, dark, cue) for kind, (_, light, dark, cue) in EXTRA_KINDS.items()})
-    return found
+    reasons = {name: (REASON_WORDS[name].background, REASON_WORDS[name].dark_background, REASON_WORDS[name].cue)
+               for name in REASONS}
+    return reasons | {kind: (light, dark, cue) for kind, (_, light, dark, cue) in EXTRA_KINDS.items()}
 
 
 def css() -> str:
     """The texts' stylesheet (assets/render.css), then per reason of the rule table and per extra kind a
     highlight with an explicit text colour, a second cue (an underline style), and a dark variant under
     Gradio's `.dark` (set from the OS or the Hugging Face theme)."""
-    rules = []
-    for kind, (light, dark, cue) in palette().items():
-        rules.append(f".dm-{kind} {{ background: {light}; color: {TEXT_ON_LIGHT}; text-decoration: {cue}; "
-                     "text-underline-offset: 3px; }")
-        rules.append(f".dark .dm-{kind} {{ background: {dark}; color: {TEXT_ON_DARK}; }}")
-    return page_file("render.css") + "\n".join(rules) + "\n"
+    rules = "".join(f".dm-{kind} {{ background: {light}; color: {TEXT_ON_LIGHT}; text-decoration: {cue}; "
+                    "text-underline-offset: 3px; }\n"
+                    f".dark .dm-{kind} {{ background: {dark}; color: {TEXT_ON_DARK}; }}\n"
+                    for kind, (light, dark, cue) in palette().items())
+    return page_file("render.css") + rules
 
 
 def _q(text: str) -> str:
@@ -70,38 +68,27 @@ def token_spans(first_token: int | None, rounds: list[RoundTrace], token_text: T
                 stop_ids: frozenset[int] = frozenset(), why: Callable[[DraftedToken, str], str] | None = None,
                 rejected: bool = False, texts: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """(text, kind, tooltip) for every emitted token, in order, an end of text (stop_ids) shown as END_TEXT
-    with the kind of whatever emitted it. why: a drafted token's sentence (explainer), given its round's draft source. rejected: also each
-    round's rejected draft, kind "rejected", just before the correction that replaced it. texts: the run's
-    own text of each output token (first, then every emitted one: trace.token_texts), where a character
-    split across tokens reads whole; else each token's own text."""
-    position = 0  # the token's in the output (first token 0)
+    with the kind of whatever emitted it. why: a drafted token's sentence (explainer), given its round's draft
+    source. rejected: also each round's rejected draft, kind "rejected", just before the correction that
+    replaced it. texts: the run's own text of each output token (first, then every emitted one:
+    trace.token_texts), where a character split across tokens reads whole; else each token's own text."""
+    def drafted_tip(d: DraftedToken, r: RoundTrace, end: str = "") -> str:
+        sentence = f"\nwhy: {why(d, r.draft_source)}" if why else ""
+        return tooltip(d, token_text, r.index, r.draft_source) + end + sentence
 
-    def shown(token: int) -> str:
-        if token in stop_ids:
-            return END_TEXT
-        return texts[position] if texts else token_text(token)
-
-    def ending(token: int) -> str:
-        return "\nthe end of text: the answer stops here" if token in stop_ids else ""
-
-    spans = []
-    if first_token is not None:
-        spans.append((shown(first_token), "first", "first token, from the prefill call" + ending(first_token)))
-    for r in rounds:
-        for j, token in enumerate(r.emitted):
-            position += 1
-            refused = rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted)
-            if refused:
-                d = r.drafted[j]
-                tip = tooltip(d, token_text, r.index, r.draft_source)
-                spans.append((_struck(token_text(d.token)), "rejected",
-                              tip + (f"\nwhy: {why(d, r.draft_source)}" if why else "")))
-            if j < r.num_accepted:
-                d = r.drafted[j]
-                tip = tooltip(d, token_text, r.index, r.draft_source) + ending(token)
-                spans.append((shown(token), d.reason, tip + (f"\nwhy: {why(d, r.draft_source)}" if why else "")))
-            else:
-                spans.append((shown(token), r.extra_kind, _extra_tooltip(r, token_text) + ending(token)))
+    spans, walk = [], [] if first_token is None else [(None, 0, first_token)]  # (round, slot, token) in output order
+    walk += [(r, j, token) for r in rounds for j, token in enumerate(r.emitted)]
+    for position, (r, j, token) in enumerate(walk):  # position: the token's in the output (first token 0)
+        text = END_TEXT if token in stop_ids else texts[position] if texts else token_text(token)
+        end = "\nthe end of text: the answer stops here" if token in stop_ids else ""
+        if r is None:
+            spans.append((text, "first", "first token, from the prefill call" + end))
+        elif j < r.num_accepted:
+            spans.append((text, r.drafted[j].reason, drafted_tip(r.drafted[j], r, end)))
+        else:
+            if rejected and j == r.num_accepted and r.extra_kind == "correction" and j < len(r.drafted):
+                spans.append((_struck(token_text(r.drafted[j].token)), "rejected", drafted_tip(r.drafted[j], r)))
+            spans.append((text, r.extra_kind, _extra_tooltip(r, token_text) + end))
     return spans
 
 
@@ -190,10 +177,6 @@ def legend_html() -> str:
     return f'<div class="dm-legend">{items} &nbsp; (hover, tap or focus a token for its numbers)</div>'
 
 
-def _signed(value, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:+.{digits}f}"
-
-
 def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
             speed_interval: tuple[float, float] | None = None, machine: str = "this machine",
             ar: RunMetrics | None = None) -> str:
@@ -204,12 +187,15 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
     (speed_interval: metrics.speed_ratio_interval); then the target alone (transformers' generate()) against
     both columns and the engine's own autoregressive run `ar`, where it ran. A run whose answer ended before
     lossless SD's (ended_early) says so first, with both lengths, and is never called a win."""
-    early = ended_early(lossless, lossy)
+    early = lossy.stop_reason == "eos" and lossy.new_tokens < lossless.new_tokens  # metrics.ended_early
+    text = "its text is lossless SD's, token for token" if lossy.first_divergence is None \
+        else f"its text departs from lossless SD's at token {lossy.first_divergence + 1}"
     headline = _early_headline(lossless, lossy, rule_label) if early else \
-        f"{_calls_sentence(lossless, lossy, rule_label)}, and {_text_clause(lossy)}."
-    sentences = [_counts_sentence(lossless, lossy), _rule_share_sentence(lossy)]
-    if _quality_sentence(lossy):
-        sentences.append(_quality_sentence(lossy))
+        f"{_calls_sentence(lossless, lossy, rule_label)}, and {text}."
+    sentences = [f"Target calls: {lossy.target_calls} for {lossy.new_tokens} tokens against {lossless.target_calls} "
+                 f"for {lossless.new_tokens}; tau {_num(lossy.tau)} against {_num(lossless.tau)}.",
+                 f"{lossy.lossy_count} of its {lossy.new_tokens} tokens ({100 * lossy.lossy_share:.0f}%) were accepted "
+                 "only by the rule.", _quality_sentence(lossy)]
     if lossless.tokens_per_s and lossy.tokens_per_s:
         sentences.append(_speed_sentence(lossless, lossy, speed_interval, machine))
     if early:
@@ -225,7 +211,7 @@ def verdict(lossless: RunMetrics, lossy: RunMetrics, rule_label: str,
         own = f"; the engine's own autoregressive run {ar.speedup_vs_ar:.2f}x" if ar and ar.speedup_vs_ar else ""
         sentences.append(f"Against the target alone (transformers' generate() on the same target): lossless SD "
                          f"{slower[0]:.2f}x, {rule_label} {slower[1]:.2f}x{own}.")
-    return headline + "\n\n" + " ".join(sentences)
+    return headline + "\n\n" + " ".join(sentence for sentence in sentences if sentence)
 
 
 def cannot_act(trace) -> str:
@@ -240,21 +226,17 @@ def _lossy_rule(trace):
     return rule if rule is not None and rule.lossy and trace.rounds else None
 
 
-def _needed_drafts(trace, rule) -> int:
-    """The drafts a round needs for the rule to act at all (acceptance.Rule.min_drafts; one for any other rule)."""
-    return rule.min_drafts(trace.rule_config) if rule.min_drafts is not None else 1
-
-
-def _could_act(trace, rule) -> int:
-    """How many of the run's rounds drafted what the rule needs to act."""
-    return sum(len(r.drafted) >= _needed_drafts(trace, rule) for r in trace.rounds)
+def _able(trace, rule) -> list:
+    """The run's rounds that drafted what the rule needs to act (acceptance.Rule.min_drafts; else one draft)."""
+    needed = rule.min_drafts(trace.rule_config) if rule.min_drafts is not None else 1
+    return [r for r in trace.rounds if len(r.drafted) >= needed]
 
 
 def draft_length_fix(trace) -> int | None:
     """Where under half of the run's rounds could act (acceptance.Rule.min_drafts), its authors' draft length when
     longer than the run's (gamma = auto: any); else None."""
     rule = _lossy_rule(trace)
-    if rule is None or rule.min_drafts is None or 2 * _could_act(trace, rule) >= len(trace.rounds):
+    if rule is None or rule.min_drafts is None or 2 * len(_able(trace, rule)) >= len(trace.rounds):
         return None
     longer = rule.authors_gamma and (trace.gamma_auto or trace.gamma < rule.authors_gamma)
     return rule.authors_gamma if longer else None
@@ -266,7 +248,7 @@ def too_few_drafts(trace) -> str:
     rule = _lossy_rule(trace)
     if rule is None or rule.min_drafts is None:
         return ""
-    needed, rounds, could = _needed_drafts(trace, rule), len(trace.rounds), _could_act(trace, rule)
+    needed, rounds, could = rule.min_drafts(trace.rule_config), len(trace.rounds), len(_able(trace, rule))
     if 2 * could >= rounds:
         return ""
     mean = sum(len(r.drafted) for r in trace.rounds) / rounds
@@ -285,7 +267,7 @@ def _refused_all(trace) -> str:
     rule = _lossy_rule(trace)
     if rule is None or any(REASONS[d.reason].lossy for r in trace.rounds for d in r.drafted):
         return ""
-    able = [r for r in trace.rounds if len(r.drafted) >= _needed_drafts(trace, rule)]
+    able = _able(trace, rule)
     refused = sum(d.reason == "rejected" for r in able for d in r.drafted)
     if not refused:
         return ""
@@ -314,11 +296,6 @@ def _speed_sentence(lossless: RunMetrics, lossy: RunMetrics, interval: tuple[flo
     return f"{measured}: within the spread of its rounds' timings ({spread}), so not called a win or a loss."
 
 
-def ended_early(lossless: RunMetrics, lossy: RunMetrics) -> bool:
-    """The lossy run ended its answer (an end of text) before lossless SD's (metrics.ended_early, from the metrics)."""
-    return lossy.stop_reason == "eos" and lossy.new_tokens < lossless.new_tokens
-
-
 def _early_headline(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) -> str:
     """The headline of a run whose answer the rule ended before lossless SD's: said first, never a win."""
     where = "" if lossy.first_divergence is None else f" at token {lossy.first_divergence + 1}"
@@ -337,56 +314,36 @@ def _calls_sentence(lossless: RunMetrics, lossy: RunMetrics, rule_label: str) ->
     return f"{rule_label} needed {abs(change):.0%} {'fewer' if change > 0 else 'more'} target calls per token than lossless SD"
 
 
-def _text_clause(lossy: RunMetrics) -> str:
-    if lossy.first_divergence is None:
-        return "its text is lossless SD's, token for token"
-    return f"its text departs from lossless SD's at token {lossy.first_divergence + 1}"
-
-
-def _counts_sentence(lossless: RunMetrics, lossy: RunMetrics) -> str:
-    return (f"Target calls: {lossy.target_calls} for {lossy.new_tokens} tokens against {lossless.target_calls} for "
-            f"{lossless.new_tokens}; tau {_fmt(lossy.tau)} against {_fmt(lossless.tau)}.")
-
-
-def _rule_share_sentence(lossy: RunMetrics) -> str:
-    return (f"{lossy.lossy_count} of its {lossy.new_tokens} tokens ({100 * lossy.lossy_share:.0f}%) were accepted "
-            "only by the rule.")
-
-
 def _quality_sentence(lossy: RunMetrics) -> str:
     """The changed text as the target sees it ("" when the text is lossless SD's or unscored)."""
     nll, off = lossy.delta_target_nll, lossy.delta_off_nucleus_rate
     if lossy.first_divergence is None or nll is None or off is None:
         return ""
-    return (f"As the target sees its text: {_signed(nll)} nats/token and {_signed(100 * off, 1)} points off its "
-            "top-p 0.95 nucleus against lossless SD.")
+    return (f"As the target sees its text: {_num(nll, 3, sign='+')} nats/token and {_num(100 * off, 1, sign='+')} "
+            "points off its top-p 0.95 nucleus against lossless SD.")
 
 
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
+def _num(value: float | None, digits: int = 2, suffix: str = "", sign: str = "") -> str:
+    return "–" if value is None else f"{value:{sign}.{digits}f}{suffix}"
 
 
 def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None = None) -> str:
-
     def pct(x):
         return "–" if x is None else f"{100 * x:.1f}%"
 
-    def num(x, digits=2, suffix=""):
-        return "–" if x is None else f"{x:.{digits}f}{suffix}"
-
     rows = [
-        ("tau (tokens / round)", num(m.tau)),
+        ("tau (tokens / round)", _num(m.tau)),
         ("acceptance rate", pct(m.acceptance_rate)),
         ("target calls", f"{m.target_calls}"),
         ("new tokens", f"{m.new_tokens}"),
-        ("tokens/s", num(m.tokens_per_s, 1)),
-        ("wall time", num(m.wall_s, 2, " s")),
+        ("tokens/s", _num(m.tokens_per_s, 1)),
+        ("wall time", _num(m.wall_s, 2, " s")),
         ("time: draft / verify / head / MC", f"{m.draft_s:.2f} / {m.verify_s:.2f} / {m.head_s:.2f} / {m.mc_s:.2f} s"),
         ("MC-head share", pct(m.mc_overhead)),
-        ("speedup vs the target alone (generate())", num(m.speedup_vs_ar, 2, "x")),
-        ("target NLL (nats/token)", num(m.target_nll, 3)),
+        ("speedup vs the target alone (generate())", _num(m.speedup_vs_ar, 2, "x")),
+        ("target NLL (nats/token)", _num(m.target_nll, 3)),
         ("off the target's top-p 0.95 nucleus", pct(m.off_nucleus_rate)),
-        ("distinct-2 (repetition: lower repeats more)", num(m.distinct2, 3)),
+        ("distinct-2 (repetition: lower repeats more)", _num(m.distinct2, 3)),
     ]
     if m.p is not None:
         shown = f"auto → {m.p:g}" if p_auto else f"{m.p:g}"
@@ -394,14 +351,15 @@ def stats_html(m: RunMetrics, p_auto: bool = False, p_auto_reached: bool | None 
             shown += " (no rate of the grid reached the agreement target: its smallest is used)"
         rows.append(("dropout rate p", shown))
     if m.speedup_vs_lossless is not None:
-        rows.append(("speed vs lossless SD", num(m.speedup_vs_lossless, 2, "x")))
+        rows.append(("speed vs lossless SD", _num(m.speedup_vs_lossless, 2, "x")))
         rows.append(("first departure from lossless",
                      "identical text" if m.first_divergence is None else f"token {m.first_divergence + 1}"))
         rows.append(("tokens accepted beyond lossless SD (only by the rule)",
                      f"{m.lossy_count} of {m.new_tokens} ({pct(m.lossy_share)})"))
         off_points = None if m.delta_off_nucleus_rate is None else 100 * m.delta_off_nucleus_rate
         rows.append(("change vs lossless: target NLL / off-nucleus / distinct-2",
-                     f"{_signed(m.delta_target_nll)} / {_signed(off_points, 1)} pt / {_signed(m.delta_distinct2)}"))
+                     f"{_num(m.delta_target_nll, 3, sign='+')} / {_num(off_points, 1, sign='+')} pt / "
+                     f"{_num(m.delta_distinct2, 3, sign='+')}"))
     body = "".join(f"<tr><td>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
     return f'<table class="dm-stats">{body}</table>'
 
@@ -530,17 +488,13 @@ def lab_html(matrix: dict, disagreements_only: bool = False) -> str:
     for row in matrix["rows"]:
         if disagreements_only and len({cell["accepted"] for cell in row["cells"]}) == 1:
             continue
-        cells = []
-        for cell in row["cells"]:
-            reason = cell["reason"]
-            mark = LAB_MARKS.get(reason, "✓")
-            cells.append(f'<td class="dm-{reason}" title="{html.escape(kind_label(reason))}\n'
-                         f'{html.escape(cell["info"])}">{mark}</td>')
+        cells = "".join(f'<td class="dm-{c["reason"]}" title="{html.escape(kind_label(c["reason"]))}\n'
+                        f'{html.escape(c["info"])}">{LAB_MARKS.get(c["reason"], "✓")}</td>' for c in row["cells"])
         first = row["slot"] == 0 or disagreements_only
         start = ' class="round-start"' if first else ""
         round_cell = str(row["round"]) if first else ""
         body.append(f"<tr{start}><td>{round_cell}</td><td>{row['slot'] + 1}</td>"
-                    f'<td class="tok">{html.escape(_q(row["text"]))}</td>{"".join(cells)}</tr>')
+                    f'<td class="tok">{html.escape(_q(row["text"]))}</td>{cells}</tr>')
     if not body:
         return "<p>The rules decide every drafted token alike here.</p>" if disagreements_only and matrix["rows"] \
             else "<p>No drafted tokens in this run.</p>"

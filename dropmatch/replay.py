@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 
-from .decoding.acceptance import REASONS, lossy_reasons, votes_needed
+from .decoding.acceptance import REASONS, votes_needed
 from .decoding.config import RuleConfig
 from .lessons import rule_reasons
 from .metrics import summarize
@@ -24,12 +24,11 @@ PAYLOAD_VERSION = 1
 
 def replay_payload(record: RunRecord, title: str = "") -> dict:
     """{"title", "columns": [lossless, lossy], "legend"}: everything the player shows."""
-    lossy_name = column_title(record.rule)
     return {
         "version": PAYLOAD_VERSION,
         "title": title,
         "columns": [column_payload(record.lossless, "Lossless SD", record),
-                    column_payload(record.lossy, lossy_name, record, lossless=record.lossless)],
+                    column_payload(record.lossy, column_title(record.rule), record, lossless=record.lossless)],
         "legend": {kind: {"label": kind_label(kind), "cue": cue, "lossy": kind in REASONS and REASONS[kind].lossy}
                    for kind, (_, _, cue) in palette().items()},
     }
@@ -38,29 +37,32 @@ def replay_payload(record: RunRecord, title: str = "") -> dict:
 def column_payload(trace: GenerationTrace, label: str, record: RunRecord,
                    lossless: GenerationTrace | None = None) -> dict:
     """One column: its first token, its rounds, and the run's own metrics the counters must end at."""
-    stop_ids, lossy = _stop_ids(trace), set(lossy_reasons())
+    stop_ids = frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
     metrics = summarize(trace, record.alone_tokens_per_s, lossless=lossless)
-    first = None if trace.first_token in stop_ids else record.token_text(trace.first_token)
     return {
         "label": label,
         "rule": trace.rule,
         # what the replay's lesson mode asks the learner to choose from at each checked slot
         "choices": [{"reason": reason, "label": kind_label(reason)} for reason in rule_reasons(trace.rule)],
         "prefill_s": trace.t_prefill,
-        "first": first,
+        "first": None if trace.first_token in stop_ids else record.token_text(trace.first_token),
         "rounds": [round_payload(r, record, stop_ids, trace.rule_config) for r in trace.rounds],
         "text": "".join(record.token_text(t) for t in trace.output_ids if t not in stop_ids),
         "final": {"tokens": metrics.new_tokens, "calls": metrics.target_calls, "tau": metrics.tau,
-                  "lossy_only": sum(d.reason in lossy for r in trace.rounds for d in r.drafted),
+                  "lossy_only": sum(REASONS[d.reason].lossy for r in trace.rounds for d in r.drafted),
                   "seconds": trace.t_prefill + sum(r.t_round for r in trace.rounds)},
     }
 
 
 def round_payload(r: RoundTrace, record: RunRecord, stop_ids: frozenset[int], knobs: RuleConfig) -> dict:
-    """One round: its drafts (each with the verdict and why), the emitted tokens, its times."""
-    emitted = [{"x": "" if token in stop_ids else record.token_text(token),
-                "kind": r.drafted[j].reason if j < r.num_accepted else r.extra_kind,
-                "tip": _emitted_tip(r, j, record)} for j, token in enumerate(r.emitted)]
+    """One round: its drafts (each with the verdict and why), the emitted tokens (the accepted drafts, then the
+    correction or bonus, as RoundTrace.emitted holds them), its times."""
+    extra = (f"round {r.index}: correction, the clean target's token after slot {r.num_accepted + 1} was rejected"
+             if r.extra_kind == "correction" else
+             f"round {r.index}: bonus, every drafted token was accepted; the target adds one more")
+    accepted = [(d.reason, tooltip(d, record.token_text, r.index, r.draft_source)) for d in r.drafted[: r.num_accepted]]
+    emitted = [{"x": "" if token in stop_ids else record.token_text(token), "kind": kind, "tip": tip}
+               for token, (kind, tip) in zip(r.emitted, [*accepted, (r.extra_kind, extra)])]
     return {
         "index": r.index,
         "source": r.draft_source,
@@ -91,14 +93,3 @@ def replay_html(record: RunRecord | None, title: str = "") -> str:
     payload = json.dumps(replay_payload(record, title), separators=(",", ":"))
     return f'<div class="dm-replay" data-run="{html.escape(payload, quote=True)}"></div>'
 
-
-def _stop_ids(trace: GenerationTrace) -> frozenset[int]:
-    return frozenset(trace.output_ids[-1:]) if trace.stop_reason == "eos" else frozenset()
-
-
-def _emitted_tip(r: RoundTrace, j: int, record: RunRecord) -> str:
-    if j < r.num_accepted:
-        return tooltip(r.drafted[j], record.token_text, r.index, r.draft_source)
-    if r.extra_kind == "correction":
-        return f"round {r.index}: correction, the clean target's token after slot {r.num_accepted + 1} was rejected"
-    return f"round {r.index}: bonus, every drafted token was accepted; the target adds one more"

@@ -74,15 +74,13 @@ def judge_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
 
 
 def _typical_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
-    floor = float(typical_floor(s.target_entropy[i], cfg))
-    return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {floor:.3f}"
+    return f"typical: p(x) {float(s.target_prob[i]):.3f} vs floor {float(typical_floor(s.target_entropy[i], cfg)):.3f}"
 
 
 def _fixed_js_line(s: Signals, cfg: RuleKnobs, i: int) -> str:
     return f"JS(draft, target) {float(s.js_draft_target[i]):.3f} vs T {cfg.fixed_js_threshold:g}"
 
 
-# The numbers a rule's sentences read beyond the token's own and the knobs' values (token: trace.DraftedToken).
 def _path_numbers(d, cfg: RuleKnobs) -> dict:
     k = len(d.path_tokens)
     return {"needed": votes_needed(k, cfg.majority_fraction) if k else None}
@@ -126,8 +124,6 @@ def _ensemble_numbers(d, cfg: RuleKnobs) -> dict:
 MARS_RESIDUAL = ("where z2 / z1 is at most the threshold, a sampled rejection draws from lossless SD's residual "
                  "norm(max(0, p − q)) over the draft's tempered, top-p'd q; the authors' code lowers p at the "
                  "rejected token only, to max(0, p(x) − q(x))")
-MARS_PORT = ("greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's port. "
-             f"Sampling, our residual: {MARS_RESIDUAL}")
 
 
 def _mars_numbers(d, cfg: RuleKnobs) -> dict:
@@ -176,11 +172,9 @@ REASON_WORDS: dict[str, ReasonWords] = {
         says="{tok} is not the target's choice {target}, but {fly_gate} and the next {fly_later} drafted tokens are "
              "the target's own choices, so FLy lets the mismatch stand.",
         fails="FLy lets a mismatch stand only {fly_gate_fails}where the next {fly_later} drafted tokens of the round "
-              "are the target's",
-        reads="target_top3_entropy"),
+              "are the target's", reads="target_top3_entropy"),
     "ensemble": ReasonWords("ensemble", "accepted by the static ensemble (DIVERSED)", "#9e9d24", "#f0f4c3", "#4b4b00",
-        "overline double",
-        says="{ensemble_says}", fails="{ensemble_fails}"),
+        "overline double", says="{ensemble_says}", fails="{ensemble_fails}"),
     "mars": ReasonWords("MARS", "accepted by MARS (the target's top two logits are close)", "#5d4037", "#ffccbc",
         "#4e2a1e", "underline dashed",
         says="The target's top two logits are close here (z2 / z1 = {mars_ratio:.3f} > {mars_threshold:g}), so "
@@ -214,8 +208,9 @@ RULE_WORDS: dict[str, RuleWords] = {
                           rival=True, lookup_note="the static ensemble never judges prompt-lookup drafts "
                           "(transformers refuses assistant_ensemble_weight with prompt lookup; against a one-hot q it "
                           "would accept any token the target gives mass): a lookup round gets the exact test"),
-    "mars": RuleWords("#c62828", title="MARS", lab_line=_mars_line, numbers=_mars_numbers, port=MARS_PORT,
-                      rival=True),
+    "mars": RuleWords("#c62828", title="MARS", lab_line=_mars_line, numbers=_mars_numbers, rival=True,
+                      port="greedy: the authors' code is exact match; the top-2 acceptance under greedy is SecureSD's "
+                           f"port. Sampling, our residual: {MARS_RESIDUAL}"),
 }
 
 

@@ -136,21 +136,17 @@ def read_recorded_run(path, max_bytes: int = MAX_RUN_FILE_BYTES) -> RunRecord:
     not UTF-8, not JSON, NaN or infinite numbers, nested too deep, of the wrong shape)."""
     try:
         size = Path(path).stat().st_size
-        if size > max_bytes:
-            raise ConfigError(f"this file is {size / 1e6:.0f} MB; a run file is at most {max_bytes / 1e6:.0f} MB")
-        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as error:
-        if isinstance(error, ConfigError):
-            raise
+        if size <= max_bytes:
+            data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_finite, parse_float=_finite)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
         raise ConfigError("this file is not a DropMatch Studio run (not readable JSON)") from None
+    if size > max_bytes:
+        raise ConfigError(f"this file is {size / 1e6:.0f} MB; a run file is at most {max_bytes / 1e6:.0f} MB")
     return RunRecord.from_dict(data)
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number a run file may hold")
-
-
 def _finite(text: str) -> float:
+    """A JSON number or constant (NaN, Infinity, -Infinity) as a float; ValueError unless it is finite."""
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text[:20]} is not a number a run file may hold")
@@ -158,30 +154,24 @@ def _finite(text: str) -> float:
 
 
 def recorded_runs(folder: Path = RECORDED_DIR) -> dict[str, Path]:
-    """The runs shipped in assets/recorded, by their title (the file name, spaced)."""
-    if not folder.exists():
-        return {}
+    """The runs shipped in assets/recorded, by their title (the file name, spaced); none without the folder."""
     return {p.stem.replace("_", " "): p for p in sorted(folder.glob("*.json"))}
 
 
 def mentioned_tokens(*traces: GenerationTrace | None) -> set[int]:
     """Every token id a trace's views may show: outputs, drafts, targets, paths, top lists."""
     ids: set[int] = set()
-    for trace in traces:
-        if trace is None:
-            continue
+    for trace in filter(None, traces):
         ids.update(trace.output_ids)
         ids.add(trace.first_token)
         for r in trace.rounds:
             ids.add(r.context_token)
             ids.update(r.emitted)
             for d in r.drafted:
-                ids.update((d.token, d.target_token, *d.path_tokens))
-                if d.majority_token is not None:
-                    ids.add(d.majority_token)
+                ids.update((d.token, d.target_token, *d.path_tokens, d.majority_token))
                 ids.update(t for t, _ in (*d.draft_top, *d.target_top))
                 ids.update(t for top in d.path_top for t, _ in top)
-    ids.discard(-1)
+    ids.difference_update((-1, None))  # -1: no token there; None: no majority token
     return ids
 
 
@@ -206,16 +196,13 @@ def machine_line() -> str:
     if torch.cuda.is_available():
         device = torch.cuda.get_device_name(0)
     else:
-        models = [line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")]
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
         device = models[0] if models else "a CPU"
     return f"{device}, {os.cpu_count()} cores, {datetime.date.today().isoformat()}"
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 class Downloads:

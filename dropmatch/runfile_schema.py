@@ -1,6 +1,6 @@
 """Checking an untrusted run file against the types its records declare, before anything reads it.
 
-A run file (record.RunRecord) arrives from a user's upload: every field is checked against the type
+A run file (runfile.RunRecord) arrives from a user's upload: every field is checked against the type
 hints of the dataclass it fills (trace.GenerationTrace, RoundTrace, DraftedToken, RoundStates),
 unknown and missing keys are refused, numbers must be finite and within a 64-bit range, and the rule
 lab's block is checked against the shape the views read. A failure is one SchemaError naming the
@@ -24,20 +24,25 @@ class SchemaError(ValueError):
 def check_dataclass(data, cls, where: str) -> None:
     """data (JSON) fills the dataclass cls: a dict with no unknown key, every field without a default
     present, every value of its field's declared type."""
+    fields, hints = dataclasses.fields(cls), typing.get_type_hints(cls)
+    defaulted = [f.name for f in fields if f.default is not dataclasses.MISSING
+                 or f.default_factory is not dataclasses.MISSING]
+    check_fields(data, {f.name: hints[f.name] for f in fields}, where, optional=defaulted, closed=True)
+
+
+def check_fields(data, schema: dict, where: str, optional=(), closed: bool = False) -> None:
+    """data (JSON) is an object with every key of schema but those optional, each of its type; closed: no other
+    key (else other keys are kept: newer labs add some)."""
     if not isinstance(data, dict):
         raise SchemaError(f"{where}: expected an object, got {_kind(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields)
+    unknown = set(data) - set(schema) if closed else ()
     if unknown:
         raise SchemaError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    hints = typing.get_type_hints(cls)
-    for name, field in fields.items():
-        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        if name not in data:
-            if required:
-                raise SchemaError(f"{where}: missing field {name!r}")
-            continue
-        check_value(data[name], hints[name], f"{where}.{name}")
+    for name, hint in schema.items():
+        if name in data:
+            check_value(data[name], hint, f"{where}.{name}")
+        elif name not in optional:
+            raise SchemaError(f"{where}: missing field {name!r}")
 
 
 def check_value(value, hint, where: str) -> None:
@@ -58,14 +63,13 @@ def check_value(value, hint, where: str) -> None:
 
 
 def _check_union(value, args, where: str) -> None:
-    errors = []
     for option in args:
         try:
             check_value(value, option, where)
             return
         except SchemaError as error:
-            errors.append(error)
-    raise errors[-1]
+            last = error
+    raise last
 
 
 def _check_tuple(value, args, where: str) -> None:
@@ -82,17 +86,13 @@ def _check_tuple(value, args, where: str) -> None:
 
 
 def _check_scalar(value, hint, where: str) -> None:
-    if hint is type(None):
-        ok = value is None
-    elif hint is bool:
-        ok = isinstance(value, bool)
+    if hint in (type(None), bool, str):
+        ok = isinstance(value, hint)
     elif hint is int:
         ok = isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT
     elif hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and abs(value) < LIMIT
-    elif hint is str:
-        ok = isinstance(value, str)
     else:
         raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
     if not ok:
@@ -151,26 +151,25 @@ LAB_SUMMARY = {"rule": str, "drafted": int, "accepted": int, "share": float, "ta
 def check_lab(lab, reasons: typing.Collection[str]) -> None:
     """The rule lab's block (lab.rejudge's JSON) has the shape its views read: settings, rules, rows
     of one cell per rule with a known reason, a summary per rule."""
-    if not isinstance(lab, dict):
-        raise SchemaError(f"lab: expected an object, got {_kind(lab)}")
+    check_fields(lab, {}, "lab")  # an object
     _check_lab_settings(lab.get("settings"))
     rules = lab.get("rules")
     _check_list(rules, "lab.rules")
     for i, rule in enumerate(rules):
-        _check_keys(rule, LAB_RULE, f"lab.rules[{i}]")
+        check_fields(rule, LAB_RULE, f"lab.rules[{i}]")
     _check_list(lab.get("rows"), "lab.rows")
     for i, row in enumerate(lab["rows"]):
-        _check_keys(row, LAB_ROW, f"lab.rows[{i}]")
+        check_fields(row, LAB_ROW, f"lab.rows[{i}]")
         if len(row["cells"]) != len(rules):
             raise SchemaError(f"lab.rows[{i}].cells: {len(row['cells'])} cells for {len(rules)} rules")
         for j, cell in enumerate(row["cells"]):
-            _check_keys(cell, LAB_CELL, f"lab.rows[{i}].cells[{j}]")
+            check_fields(cell, LAB_CELL, f"lab.rows[{i}].cells[{j}]")
             if cell["reason"] not in reasons:
                 raise SchemaError(f"lab.rows[{i}].cells[{j}].reason: unknown reason {cell['reason']!r}")
     _check_list(lab.get("summary"), "lab.summary")
     names = {rule["name"] for rule in rules}
     for i, part in enumerate(lab["summary"]):
-        _check_keys(part, LAB_SUMMARY, f"lab.summary[{i}]")
+        check_fields(part, LAB_SUMMARY, f"lab.summary[{i}]")
         if part["rule"] not in names:  # the summary's view labels each line by its rule's entry
             raise SchemaError(f"lab.summary[{i}].rule: {part['rule']!r} is not one of lab.rules")
 
@@ -179,22 +178,8 @@ def _check_lab_settings(settings) -> None:
     """The lab's knobs (acceptance.KNOBS): p a number (the lab re-judges at one), each knob given of its type."""
     from .decoding.acceptance import KNOBS
 
-    if not isinstance(settings, dict):
-        raise SchemaError(f"lab.settings: expected an object, got {_kind(settings)}")
-    _check_keys(settings, {"p": float}, "lab.settings")
-    for name, knob in KNOBS.items():
-        if name in settings:
-            check_value(settings[name], knob.kind | None if knob.auto else knob.kind, f"lab.settings.{name}")
-
-
-def _check_keys(value, schema: dict, where: str) -> None:
-    """value has at least the keys of schema, each of its type (other keys are kept: newer labs add some)."""
-    if not isinstance(value, dict):
-        raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
-    for name, hint in schema.items():
-        if name not in value:
-            raise SchemaError(f"{where}: missing field {name!r}")
-        check_value(value[name], hint, f"{where}.{name}")
+    knobs = {name: knob.kind | None if knob.auto else knob.kind for name, knob in KNOBS.items() if name != "p"}
+    check_fields(settings, {"p": float, **knobs}, "lab.settings", optional=knobs)
 
 
 def _check_list(value, where: str) -> None:

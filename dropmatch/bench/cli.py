@@ -39,14 +39,14 @@ import torch
 from tqdm import tqdm
 
 from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, PairSpec,
-                               PRESET_SETTINGS, RuleConfig, parse_p, rule_names)
+from ..decoding.config import (DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, ConfigError, PairSpec, PRESET_SETTINGS,
+                               RuleConfig, configs_from, parse_p, rule_names)
 from ..decoding.engine import Engine
 from ..rule_words import KNOB_HELP
 from ..models import ModelLoadError, load_pair
 from ..quality import SandboxUnavailable, sandbox_command
 from .report import markdown_table, write_report
-from .prompts import BenchError, _count, _positive, load_set, parse_file
+from .prompts import BenchError, _positive, _whole, load_set, parse_file
 from .same_drafts import LONG_GAMMA, policies, run_same_drafts
 from .running import run_benchmark, variants, warm_up, with_judge_knob
 from .summary import format_same_drafts, format_table, frontier_points, pooled_over_benchmarks, per_prompt, summarize_benchmark
@@ -141,14 +141,6 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def check_sandbox() -> None:
-    """HumanEval runs model-written code: refuse before any model loads when the sandbox is missing."""
-    try:
-        sandbox_command(Path("/"))
-    except SandboxUnavailable as error:
-        raise BenchError(str(error)) from None
-
-
 def apply_preset(args) -> None:
     """--preset's knobs over the parsed flags (its rule aside: --rules still says which rules run)."""
     for name, value in PRESET_SETTINGS.get(args.preset, {}).items():
@@ -162,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine == "vllm":
             return _through_vllm(args)
         apply_preset(args)
-        decode = DecodeConfig(**DecodeConfig.parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
-                              temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                              draft_source=args.draft_source)
-        template = RuleConfig.from_mapping({knob.user_key: getattr(args, knob.user_key) for knob in KNOBS.values()})
+        decode, template = configs_from(vars(args))
         rules = parse_rules(args.rules)
         if args.frontier and BASELINE not in rules:
             rules.insert(0, BASELINE)  # the frontier's origin
@@ -177,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"this run is {mode}")
         swept = tuple(parse_rules(args.frontier_rules)) if args.frontier_rules else None
         runs = variants(rules, template, parse_sweep(args.p_sweep), args.frontier, auto_sweep, mode, swept)
-        args.reference_samples = _count("--reference-samples", args.reference_samples)
+        args.reference_samples = _whole("--reference-samples", args.reference_samples, 0)
         limit = _positive("--limit", args.limit)
         sweep_limit = _positive("--sweep-limit", args.sweep_limit)
         files = [parse_file(f.strip(), limit) for f in args.prompts.split(",") if f.strip()]
@@ -191,20 +180,14 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as error:
                 raise BenchError(f"--same-drafts-gamma: {error}") from None
         if not args.same_drafts_only and any(prompt_set.kind == "humaneval" for prompt_set in benchmarks):
-            check_sandbox()
-        check_head(args)
+            sandbox_command(Path("/"))  # HumanEval runs model-written code: no sandbox, no run (before any model loads)
+        if args.draft_source in HEAD_DRAFT_SOURCES and not args.eagle3_head:
+            raise BenchError(f"--draft-source {args.draft_source} needs --eagle3-head (a folder or hub id of the head)")
         spec = PairSpec(target=args.target, draft=args.draft, head=args.eagle3_head)
-        return _run(args, decode, runs, benchmarks, spec, sweep_limit)
-    except (ConfigError, BenchError) as error:
+        return _run(args, decode, template, runs, benchmarks, spec, sweep_limit)
+    except (ConfigError, BenchError, SandboxUnavailable, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
-
-def check_head(args) -> None:
-    """--draft-source eagle3 needs its head (with --eagle3-head, the same-drafts comparison adds EAGLE-3's drafts
-    as a third policy)."""
-    if args.draft_source in HEAD_DRAFT_SOURCES and not args.eagle3_head:
-        raise BenchError(f"--draft-source {args.draft_source} needs --eagle3-head (a folder or hub id of the head)")
 
 
 def _through_vllm(args) -> int:
@@ -212,14 +195,12 @@ def _through_vllm(args) -> int:
     root = Path(__file__).resolve().parents[2]
     python = root / ".venv-vllm" / "bin" / "python"
     if not python.exists():
-        print("error: --engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm", file=sys.stderr)
-        return 2
+        raise BenchError("--engine vllm needs .venv-vllm: run bash scripts/setup.sh --vllm")
     return subprocess.call([str(python), str(root / "scripts" / "vllm_bench.py"), *vllm_bench_args(args)])
 
 
 def vllm_bench_args(args) -> list[str]:
-    """This command's settings as scripts/vllm_bench.py arguments (raises BenchError or
-    ConfigError on a bad --p-sweep)."""
+    """This command's settings as scripts/vllm_bench.py arguments (BenchError or ConfigError on a bad --p-sweep)."""
     lossy = [rule for rule in args.rules.split(",") if rule.strip() and rule.strip() != BASELINE]
     p = f"{KNOBS['p'].default:g}" if str(args.p) == "auto" else str(args.p)  # vLLM runs no per-prompt calibration
     if args.p_sweep:
@@ -233,12 +214,8 @@ def vllm_bench_args(args) -> list[str]:
     return forwarded
 
 
-def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
-    try:
-        engine = Engine(load_pair(spec))
-    except ModelLoadError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def _run(args, decode, template, runs, benchmarks, spec, sweep_limit) -> int:
+    engine = Engine(load_pair(spec))
     runs = runnable(engine, runs)
     started = time.time()
     results, interrupted = [], False
@@ -248,7 +225,7 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
         results = [r for r in results if r.items]
     same = None
     if args.same_drafts and not interrupted:
-        same = _same_drafts(engine, args, decode, benchmarks)
+        same = _same_drafts(engine, args, decode, template, benchmarks)
         interrupted = same[2]
     if not results and not (same and same[0].get("studio")):
         print("error: no prompt finished", file=sys.stderr)
@@ -262,12 +239,10 @@ def _run(args, decode, runs, benchmarks, spec, sweep_limit) -> int:
     return 130 if interrupted else 0
 
 
-def _same_drafts(engine, args, decode, benchmarks) -> tuple[dict, dict, bool]:
+def _same_drafts(engine, args, decode, template, benchmarks) -> tuple[dict, dict, bool]:
     """The comparison on the same drafts (same_drafts.run_same_drafts) over every prompt set, under one progress bar."""
-    template = RuleConfig.from_mapping({knob.user_key: getattr(args, knob.user_key) for knob in KNOBS.values()})
-    bar = tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="same drafts", unit="prompt")
-    same = run_same_drafts(engine, benchmarks, decode, template, int(args.same_drafts_gamma), lambda: bar.update(1))
-    bar.close()
+    with tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="same drafts", unit="prompt") as bar:
+        same = run_same_drafts(engine, benchmarks, decode, template, int(args.same_drafts_gamma), lambda: bar.update(1))
     if same[2]:
         print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
     return same
@@ -287,20 +262,18 @@ def runnable(engine, runs: list) -> list:
 
 def _run_benchmarks(engine, args, decode, runs, benchmarks, sweep_limit):
     """(results, interrupted): every benchmark in turn, under one progress bar; Ctrl-C keeps what finished."""
-    bar = tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="prompts", unit="prompt")
-    results, interrupted = [], False
-    for prompt_set in benchmarks:
-        result = run_benchmark(engine, prompt_set.name, prompt_set.kind, prompt_set.items, runs, decode,
-                               check_identity=decode.greedy and not args.no_identity_check,
-                               peer=args.peer, sweep_limit=sweep_limit,
-                               progress=lambda: bar.update(1), reference_samples=args.reference_samples)
-        results.append(result)
-        if result.interrupted:
-            interrupted = True
-            print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
-            break
-    bar.close()
-    return results, interrupted
+    results = []
+    with tqdm(total=sum(len(prompt_set.items) for prompt_set in benchmarks), desc="prompts", unit="prompt") as bar:
+        for prompt_set in benchmarks:
+            result = run_benchmark(engine, prompt_set.name, prompt_set.kind, prompt_set.items, runs, decode,
+                                   check_identity=decode.greedy and not args.no_identity_check,
+                                   peer=args.peer, sweep_limit=sweep_limit,
+                                   progress=lambda: bar.update(1), reference_samples=args.reference_samples)
+            results.append(result)
+            if result.interrupted:
+                print("\ninterrupted: keeping the prompts that finished", file=sys.stderr)
+                break
+    return results, any(result.interrupted for result in results)
 
 
 def _document(args, results, runs, interrupted: bool, wall_s: float, benchmarks=(), same=None) -> dict:
@@ -331,15 +304,12 @@ def _document(args, results, runs, interrupted: bool, wall_s: float, benchmarks=
 
 
 def _write_outputs(args, document: dict) -> None:
-    if args.json:
-        Path(args.json).write_text(json.dumps(document, indent=2))
-        print(f"wrote {args.json}")
-    if args.report:
-        write_report(document, Path(args.report))
-        print(f"wrote {args.report}")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown_table(document) + "\n")
-        print(f"wrote {args.markdown}")
+    for path, write in ((args.json, lambda file: file.write_text(json.dumps(document, indent=2))),
+                        (args.report, lambda file: write_report(document, file)),
+                        (args.markdown, lambda file: file.write_text(markdown_table(document) + "\n"))):
+        if path:
+            write(Path(path))
+            print(f"wrote {path}")
 
 
 def machine() -> str:

@@ -153,9 +153,5 @@ def _whole(name: str, value, least: int) -> int:
     return number
 
 
-def _count(name: str, value) -> int:
-    return _whole(name, value, 0)
-
-
 def _positive(name: str, value) -> int | None:
     return None if value is None else _whole(name, value, 1)

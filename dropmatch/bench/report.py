@@ -30,9 +30,8 @@ PAPER = ("Paper (arXiv 2603.03333, 8B-70B targets): speedup 1.09-1.33x over stan
 def _bars(document: dict, key: str, title: str, ytitle: str, percent: bool = False) -> go.Figure:
     fig = go.Figure()
     benchmarks = list(document["benchmarks"])
-    labels = sorted({label for b in document["benchmarks"].values() for label in b["rules"]},
-                    key=lambda label: (label != BASELINE, "@" in label, label))
-    for label in labels:
+    for label in sorted({label for b in document["benchmarks"].values() for label in b["rules"]},
+                        key=lambda label: (label != BASELINE, "@" in label, label)):
         values = [document["benchmarks"][b]["rules"].get(label, {}).get(key) for b in benchmarks]
         shown = [None if v is None else (100 * v if percent else v) for v in values]
         fig.add_trace(go.Bar(name=label, x=benchmarks, y=shown,
@@ -51,16 +50,14 @@ def _sweep(document: dict) -> go.Figure | None:
     for name in benchmarks:
         rules = document["benchmarks"][name]["rules"]
         points = sorted((float(label.split("=")[1]), s) for label, s in rules.items() if label.startswith("dropmatch@p="))
-        xs = [p for p, _ in points]
-        for col, key in ((1, "tau"), (2, "accuracy"), (3, "target_nll")):
-            fig.add_trace(go.Scatter(x=xs, y=[s.get(key) for _, s in points], mode="lines+markers", name=name,
-                                     legendgroup=name, showlegend=col == 1), row=1, col=col)
-        auto = rules.get(METHOD)
-        if auto and auto.get("p") is not None:
+        lines = [(points, dict(mode="lines+markers", name=name, legendgroup=name))]
+        if (auto := rules.get(METHOD)) and auto.get("p") is not None:  # p = auto's own point, a star
+            lines.append(([(auto["p"], auto)], dict(mode="markers", name=f"{name}: p=auto", legendgroup=name + "auto",
+                                                    marker=dict(symbol="star", size=16))))
+        for shown, style in lines:
             for col, key in ((1, "tau"), (2, "accuracy"), (3, "target_nll")):
-                fig.add_trace(go.Scatter(x=[auto["p"]], y=[auto.get(key)], mode="markers", name=f"{name}: p=auto",
-                                         marker=dict(symbol="star", size=16), legendgroup=name + "auto",
-                                         showlegend=col == 1), row=1, col=col)
+                fig.add_trace(go.Scatter(x=[p for p, _ in shown], y=[s.get(key) for _, s in shown], showlegend=col == 1,
+                                         **style), row=1, col=col)
     fig.update_xaxes(title="dropout rate p")
     fig.update_layout(title="Sweep over p: the speed / quality trade-off (p = 0 is lossless greedy)",
                       template="plotly_white", height=440, font=dict(size=14), legend=dict(orientation="h", y=-0.25))
@@ -71,8 +68,7 @@ def _positions(document: dict) -> go.Figure:
     fig = go.Figure()
     for name, summary in document["benchmarks"].items():
         for label in (BASELINE, METHOD):
-            curve = summary["rules"].get(label, {}).get("per_position_acceptance")
-            if curve:
+            if curve := summary["rules"].get(label, {}).get("per_position_acceptance"):
                 fig.add_trace(go.Scatter(x=list(range(1, len(curve) + 1)), y=curve, mode="lines+markers",
                                          name=f"{name}: {label}"))
     fig.update_layout(title="Acceptance by draft position (accepted / reached)", xaxis_title="draft slot",
@@ -103,8 +99,7 @@ def _table(document: dict) -> str:
             for row in summary_rows(summary)]
     tables = [_html_table(("benchmark", *HEADER), rows)]
     for name, summary in document["benchmarks"].items():
-        rows = category_rows(summary)
-        if rows:
+        if rows := category_rows(summary):
             tables.append(f"<h3>{html.escape(summary.get('label', name))} by category</h3>"
                           + _html_table(CATEGORY_HEADER, rows))
     caption = f"{TRAJECTORIES} {vs_ar_caption(*document['benchmarks'].values())}."
@@ -130,8 +125,7 @@ def verdicts(document: dict) -> list[str]:
         reference = summary.get("reference", {}).get("target_sampled")
         if reference and lossy.get("target_nll") is not None:
             repetition = ""
-            yardstick = lossy.get("repetition_yardstick")
-            if yardstick is not None and lossy.get("distinct2") is not None:
+            if (yardstick := lossy.get("repetition_yardstick")) is not None and lossy.get("distinct2") is not None:
                 repetition = f", distinct-2 {lossy['distinct2']:.3f} vs lossless SD's greedy text's {yardstick:.3f}"
             elif reference.get("distinct2") is not None and lossy.get("distinct2") is not None:
                 repetition = f", distinct-2 {lossy['distinct2']:.3f} vs the samples' {reference['distinct2']:.3f}"
@@ -148,8 +142,7 @@ def verdicts(document: dict) -> list[str]:
         if summary.get("task_score_note"):
             parts.append(f"no task score ({summary['task_score_note']})")
         elif lossless.get("accuracy") is not None and lossy.get("accuracy") is not None:
-            drop = 100 * (lossless["accuracy"] - lossy["accuracy"])
-            parts.append(f"accuracy {-drop:+.1f} points")
+            parts.append(f"accuracy {-100 * (lossless['accuracy'] - lossy['accuracy']):+.1f} points")
         p = "p = auto" if document.get("settings", {}).get("p") in (None, "auto") else f"p = {document['settings']['p']}"
         lines.append(f"{summary.get('label', name)}, DropMatch {p} vs lossless: " + "; ".join(parts) + ".")
     return lines + [line for name, summary in document["benchmarks"].items() if (line := early_ends(name, summary))]
@@ -306,8 +299,7 @@ def markdown_table(document: dict) -> str:
         lines += ["", f"**{TRAJECTORIES} {vs_ar_caption(*document['benchmarks'].values())}.**", "",
                   *_markdown(("benchmark", *HEADER[:-1]), rows)]
     for name, summary in document["benchmarks"].items():
-        rows = category_rows(summary)
-        if rows:
+        if rows := category_rows(summary):
             lines += ["", f"{summary.get('label', name)} by category:", "", *_markdown(CATEGORY_HEADER, rows)]
     sentences = same_drafts_verdicts(document) + verdicts(document) + step_costs(document)
     lines += ["", *[f"- {v}" for v in sentences], "", PAPER]

@@ -5,15 +5,14 @@ that machine noise hits all alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from .. import metrics, quality
 from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..compare import peer_weight
+from ..compare import generate_alone, generate_ensemble, peer_weight
 from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
 from ..decoding.engine import run_to_end
-from ..models import (assisted_generate, ensemble_assisted_generate, first_divergence, greedy_reference,
-                      prompt_lookup_generate, sequence_nll)
-from ..models.peer import target_generate
+from ..models import assisted_generate, first_divergence, greedy_reference, prompt_lookup_generate, sequence_nll
 from .prompts import Item, score
 from .tables import GENERATE
 
@@ -33,9 +32,8 @@ class Variant:
 
 def variants(rules: list[str], template: RuleConfig, sweep: list[float], frontier: bool = False,
              auto_sweep: tuple[float, ...] = (), mode: str = "greedy", swept: tuple[str, ...] | None = None) -> list[Variant]:
-    """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of
-    the auto sweep, then the frontier's points
-    (of the rules defined under `mode`, "greedy" or "sampling"; of the `swept` rules only, if given)."""
+    """Every speculative run per prompt: the named rules, the p sweep, p = auto at each agreement of the auto sweep,
+    then the frontier's points (of the rules under `mode`, "greedy" or "sampling"; only the `swept` ones, if given)."""
     runs = [Variant(rule, replace(template, rule=rule)) for rule in rules]
     runs += [Variant(f"{METHOD}@p={p:g}", replace(template, rule=METHOD, p=p), "p", p) for p in sweep]
     runs += [Variant(f"{METHOD}@auto_agreement={a:g}", replace(template, rule=METHOD, p=None, auto_agreement=a),
@@ -190,11 +188,6 @@ def _run_items(engine, kind, items, runs, decode, check_identity, peer, sweep_li
         progress()
 
 
-def _generate(engine, ids, decode: DecodeConfig):
-    return target_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids, decode.temperature,
-                           decode.top_p, decode.seed)
-
-
 def _assisted(engine, ids, decode: DecodeConfig):
     return assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
                              None if decode.gamma_auto else decode.gamma, engine.stop_ids)
@@ -202,14 +195,6 @@ def _assisted(engine, ids, decode: DecodeConfig):
 
 def _prompt_lookup(engine, ids, decode: DecodeConfig):
     return prompt_lookup_generate(engine.target, ids, decode.max_new_tokens, engine.stop_ids)
-
-
-def _ensemble_peer(weight: float):
-    def run(engine, ids, decode: DecodeConfig):
-        return ensemble_assisted_generate(engine.target, engine.draft, ids, decode.max_new_tokens,
-                                          None if decode.gamma_auto else decode.gamma, engine.stop_ids, weight,
-                                          decode.temperature, decode.top_p, decode.seed)
-    return run
 
 
 def _peer_quality(engine, ids, tokens: list[int], decode: DecodeConfig) -> dict:
@@ -235,14 +220,14 @@ def active_peers(decode: DecodeConfig, runs) -> dict:
     Always transformers' plain generate() (greedy or sampled as the run), against lossless SD. Greedy:
     transformers' assisted generation and prompt lookup, against lossless SD. Sampling: transformers' static
     ensemble at the weight of our first `ensemble` run, against that run (none without one)."""
-    alone = {GENERATE: (PEER_NAMES[GENERATE], _generate, BASELINE)}
+    alone = {GENERATE: (PEER_NAMES[GENERATE], generate_alone, BASELINE)}
     if decode.greedy:
         return {**alone, **{key: (shown, generate, BASELINE) for key, (shown, generate) in PEERS.items()}}
     ensemble = next((run for run in runs if RULES[run.rule.rule].peer == ENSEMBLE_PEER and run.knob is None), None)
     if ensemble is None:
         return alone
-    return {**alone, ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER], _ensemble_peer(peer_weight(ensemble.rule)),
-                                     ensemble.label)}
+    return {**alone, ENSEMBLE_PEER: (PEER_NAMES[ENSEMBLE_PEER],
+                                     partial(generate_ensemble, weight=peer_weight(ensemble.rule)), ensemble.label)}
 
 
 def warm_up(engine, decode: DecodeConfig, runs, peer: bool = False) -> None:

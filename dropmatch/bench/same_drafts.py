@@ -8,10 +8,9 @@ Per rule and prompt set: the tau it would reach on those drafts (its accepted pr
 share of drafted tokens it accepts beyond the exact test (accepted where the lossless test rejected), and
 what it accepted as the target sees it (the clean target's probability and rank of each such token).
 
-Pooled as the benchmark's other figures, with paired bootstrap intervals over prompts (intervals.py).
-Two draft policies run in one command: the Studio's (the command's --gamma and --draft-source) and a long
-fixed draft from the draft model (--same-drafts-gamma, default 15 as FLy's authors draft), so that a rule
-with a window has room.
+Pooled as the benchmark's other figures, with paired bootstrap intervals over prompts (intervals.py), at every
+draft policy of one command (policies): the Studio's, a long fixed draft (--same-drafts-gamma, so that a rule
+with a window has room) and, where the pair has an EAGLE-3 head, the head's.
 """
 
 from __future__ import annotations
@@ -22,14 +21,14 @@ import numpy as np
 
 from .. import lab
 from ..decoding.acceptance import BASELINE, METHOD, RULES
-from ..decoding.config import HEAD_DRAFT_SOURCES, ConfigError, DecodeConfig, RuleConfig
+from ..decoding.config import ConfigError, DecodeConfig, RuleConfig
+from ..decoding.eagle3 import SOURCE as EAGLE3  # the third policy's key and draft source, where the pair has a head
 from ..decoding.engine import run_to_end
 from ..intervals import LEVEL, RESAMPLES, gain, ratio, resample_picks, standing
 from ..decoding.sampling import signal_probs
 from .prompts import PromptSet
 
 LONG_GAMMA = 15  # FLy's authors' spd_k
-EAGLE3 = HEAD_DRAFT_SOURCES[0]  # the third policy's key and draft source, where the pair has a head
 POOLING = "ratio of sums over the prompts of a set"
 INTERVAL = f"{LEVEL:.0%} percentile bootstrap over prompts, {RESAMPLES} resamples, seeded with --seed"
 
@@ -118,10 +117,10 @@ def judge_prompt(engine, ids: list[int], decode: DecodeConfig, template: RuleCon
 # ---------------------------------------------------------------- pooling with intervals
 
 
-def pool(prompts: list[dict[str, Judged]], emitted: list[int], seed: int, resamples: int = RESAMPLES) -> dict[str, dict]:
+def pool(prompts: list[dict[str, Judged]], emitted: list[int], seed: int) -> dict[str, dict]:
     """{rule: figures with intervals} of one prompt set. prompts: per prompt, {rule: Judged} (a prompt whose
     run made no round has none, and counts nothing); emitted: per prompt, lossless SD's own emitted tokens."""
-    picks = resample_picks(len(emitted), seed, resamples)
+    picks = resample_picks(len(emitted), seed, RESAMPLES)
     judged = {rule: [by_rule.get(rule, Judged(0, 0, 0)) for by_rule in prompts]
               for rule in dict.fromkeys(rule for by_rule in prompts for rule in by_rule)}
     taus = {rule: ratio(_sum(rows, "accepted") + _sum(rows, "rounds"), _sum(rows, "rounds"), picks)
@@ -155,25 +154,15 @@ def _sum(rows: list[Judged], name: str) -> np.ndarray:
 # ---------------------------------------------------------------- the run
 
 
-@dataclass
-class SetRun:
-    """What one prompt set gave under one policy: per prompt, {rule: Judged} and the run's emitted tokens."""
-    prompts: list[dict[str, Judged]] = field(default_factory=list)
-    emitted: list[int] = field(default_factory=list)
-
-    def add(self, by_rule: dict[str, Judged], emitted: int) -> None:
-        self.prompts.append(by_rule)
-        self.emitted.append(emitted)
-
-
 def run_same_drafts(engine, sets: list[PromptSet], decode: DecodeConfig, template: RuleConfig, long_gamma: int,
                     progress=lambda: None) -> tuple[dict, dict, bool]:
-    """The comparison over every prompt set at both draft policies: (same_drafts {policy: {set: {rule:
+    """The comparison over every prompt set at every draft policy: (same_drafts {policy: {set: {rule:
     figures}}}, what ran {policies, sets with their labels, knobs, pooling, interval}, interrupted).
-    A prompt runs at both policies or at neither (one that does not fit the long draft is skipped at
-    both); Ctrl-C keeps the prompts that finished."""
+    A prompt runs at every policy or at none (one that does not fit the long draft is skipped at
+    all); Ctrl-C keeps the prompts that finished."""
     chosen = policies(decode, long_gamma, head=getattr(engine.pair, "head", None) is not None)
-    runs = {policy.key: {prompt_set.name: SetRun() for prompt_set in sets} for policy in chosen}
+    # per policy and set, what each prompt gave: ({rule: Judged}, lossless SD's own emitted tokens)
+    runs = {policy.key: {prompt_set.name: [] for prompt_set in sets} for policy in chosen}
     skipped: dict[str, list[str]] = {}
     settings, interrupted = None, False
     try:
@@ -185,13 +174,13 @@ def run_same_drafts(engine, sets: list[PromptSet], decode: DecodeConfig, templat
                 progress()
     except KeyboardInterrupt:
         interrupted = True
-    ran = {name: len(run.emitted) for name, run in runs[chosen[0].key].items()}
+    ran = {name: len(run) for name, run in runs[chosen[0].key].items()}
     info = {"policies": {policy.key: policy.shown for policy in chosen}, "mode": "greedy" if decode.greedy else "sampling",
             "settings": settings, "pooling": POOLING, "interval": INTERVAL,
             "sets": {s.name: {"label": s.label(ran[s.name]), "ran": ran[s.name], "of": s.total, "skipped": skipped[s.name]}
                      for s in sets if s.name in skipped}}
-    document = {key: {name: pool(run.prompts, run.emitted, decode.seed) for name, run in by_set.items() if run.emitted}
-                for key, by_set in runs.items()}
+    document = {key: {name: pool([by_rule for by_rule, _ in run], [emitted for _, emitted in run], decode.seed)
+                      for name, run in by_set.items() if run} for key, by_set in runs.items()}
     return document, info, interrupted
 
 
@@ -207,5 +196,5 @@ def _run_prompt(engine, ids: list[int], name: str, chosen: list[Policy], templat
         return None
     results = {policy.key: judge_prompt(engine, ids, policy.decode, template) for policy in chosen}
     for key, (by_rule, emitted, _) in results.items():
-        runs[key][name].add(by_rule, emitted)
+        runs[key][name].append((by_rule, emitted))
     return next(iter(results.values()))[2]

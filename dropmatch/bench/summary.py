@@ -34,21 +34,18 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
         ar["speedup_vs_ar"] = _div(ar["tokens_per_s"], alone)
     rules = {}
     for label, generations in result.runs.items():
-        pairs = [(i, g) for i, g in enumerate(generations) if g is not None]
-        if pairs:
+        if pairs := [(i, g) for i, g in enumerate(generations) if g is not None]:
             rules[label] = _rule_stats(result, label, pairs)
     out = {"kind": result.kind, "prompts": len(result.items), "skipped": result.skipped,
            "autoregressive": ar, "rules": rules, "task_score_note": task_score_note(rules, ar),
            "vs_ar_against": tables.VS_GENERATE if alone is not None else tables.VS_OWN_LOOP}
-    reference = reference_summary(result)
-    if reference is not None:
+    if (reference := reference_summary(result)) is not None:
         reference["repetition_against"] = tables.GREEDY_YARDSTICK if is_greedy(result) else tables.SAMPLED_YARDSTICK
         out["reference"] = {"target_sampled": reference}
         for stats in rules.values():
             stats["band"] = band_checks(stats, reference, stats["repetition_yardstick"])
             stats["within_reference"] = within_reference(stats, reference, stats["repetition_yardstick"])
-    categories = by_category(result)
-    if categories:
+    if categories := by_category(result):
         out["categories"] = categories
     if result.peers:
         out["peers"] = peers_summary(result, rules)
@@ -58,11 +55,8 @@ def summarize_benchmark(result: BenchmarkResult) -> dict:
 def alone_tokens_per_s(result: BenchmarkResult, indices) -> float | None:
     """transformers' generate() tokens/s on the prompts `indices` (ratio of sums of --peer's runs of the target
     alone); None where it did not run on every prompt."""
-    rows = result.peers.get(GENERATE, [])
-    if len(rows) != len(result.items):
-        return None
-    chosen = [rows[i] for i in indices]
-    return _div(sum(r["tokens"] for r in chosen), sum(r["seconds"] for r in chosen))
+    chosen = _peer_rows(result, indices).get(GENERATE)
+    return None if chosen is None else _div(sum(r["tokens"] for r in chosen), sum(r["seconds"] for r in chosen))
 
 
 def _rule_stats(result: BenchmarkResult, label: str, pairs: list[tuple[int, object]]) -> dict:
@@ -105,10 +99,9 @@ def peers_summary(result: BenchmarkResult, rules: dict) -> dict:
         theirs = _div(sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows))
         out[name] = {"name": PEER_NAMES[name], "tokens_per_s": theirs, "ours_over_peer": _div(ours, theirs),
                      "against": against, "identical_to_lossless": all(r["identical_to_lossless"] for r in rows)}
-        nll = [r["target_nll"] for r in rows if r.get("target_nll") is not None]
-        if nll:  # token-weighted, as our runs' target NLL is
-            weights = [r["tokens"] for r in rows if r.get("target_nll") is not None]
-            out[name]["target_nll"] = sum(n * w for n, w in zip(nll, weights)) / max(sum(weights), 1)
+        if scored := [r for r in rows if r.get("target_nll") is not None]:  # token-weighted, as our runs' NLL is
+            tokens = sum(r["tokens"] for r in scored)
+            out[name]["target_nll"] = sum(r["target_nll"] * r["tokens"] for r in scored) / max(tokens, 1)
     return out
 
 
@@ -236,10 +229,9 @@ def format_table(name: str, numbers: dict) -> str:
     skipped = f", {len(numbers['skipped'])} skipped: too long" if numbers.get("skipped") else ""
     lines = [f"== {numbers.get('label', name)} ({numbers['kind']}, {numbers['prompts']} prompts{skipped}; "
              f"each rule's own text; {tables.vs_ar_caption(numbers)})", *_aligned(rows)]
-    for peer in numbers.get("peers", {}).values():
-        lines.append(f"peer: {peer['name']} {_f(peer['tokens_per_s'], 1)} tok/s; ours/peer = {_f(peer['ours_over_peer'])}")
-    by_kind = tables.category_rows(numbers, dash="-")
-    if by_kind:
+    lines += [f"peer: {peer['name']} {tables.number(peer['tokens_per_s'], 1, '-')} tok/s; ours/peer = "
+              f"{tables.number(peer['ours_over_peer'], dash='-')}" for peer in numbers.get("peers", {}).values()]
+    if by_kind := tables.category_rows(numbers, dash="-"):
         lines += ["by category:", *_aligned([tables.CATEGORY_HEADER, *by_kind])]
     return "\n".join(lines)
 
@@ -259,19 +251,13 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
 
 
-def _f(value, digits: int = 2) -> str:
-    return tables.number(value, digits, dash="-")
-
-
 def pooled_over_benchmarks(results: list[BenchmarkResult]) -> dict:
     """Every prompt of every benchmark together: the engine issue's per-rule fields."""
     merged = BenchmarkResult("all", "mixed", runs={label: [] for label in results[0].runs})
     for result in results:
-        merged.items += result.items
-        merged.ar += result.ar
-        merged.identical += result.identical
+        for name in ("items", "ar", "identical", "reference"):  # per prompt, in the sets' order
+            getattr(merged, name).extend(getattr(result, name))
         merged.divergences += [f"{result.name} {line}" for line in result.divergences]
-        merged.reference += result.reference
         for label in merged.runs:
             merged.runs[label] += result.runs[label]
     for name in results[0].peers:  # a peer that ran on every prompt of every set

@@ -3,6 +3,8 @@ README's Markdown table (pure: summary dicts in, strings out)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..decoding.acceptance import METHOD
 
 GENERATE = "generate"  # the peers' key of the target alone: transformers' generate() (running.active_peers)
@@ -27,8 +29,7 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
     the autoregressive baseline, each rule, then each peer (when there are any and `peer`). "vs AR" is
     against the target alone: transformers' generate() where it ran (its row 1.00x, the engine's own
     autoregressive loop against it), else the engine's loop (1.00x; vs_ar_caption says which)."""
-    def f(value, digits: int = 2) -> str:
-        return number(value, digits, dash)
+    f = partial(number, dash=dash)
 
     def score(value) -> str:  # the task score, where lossless SD scores above zero (else why not)
         return f"{dash} ({summary['task_score_note']})" if summary.get("task_score_note") else f(value, 3)
@@ -38,8 +39,7 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
     rows = [("autoregressive", "1.00", dash, f(ar["tokens_per_s"], 1), vs_ar(ar), dash, dash, dash,
              score(ar.get("accuracy")), f(ar.get("target_nll"), 3), percent(ar.get("off_nucleus_rate"), dash),
              f(ar.get("distinct2"), 3), *none, dash)]
-    reference = summary.get("reference", {}).get("target_sampled")
-    if reference:
+    if reference := summary.get("reference", {}).get("target_sampled"):
         greedy_yardstick = reference.get("repetition_against") == GREEDY_YARDSTICK
         also = "; repetition judged against lossless SD's greedy text" if greedy_yardstick else ""
         rows.append((f"target sampled (T {reference['temperature']:g}, top-p {reference['top_p']:g}; reference{also})",
@@ -47,9 +47,8 @@ def summary_rows(summary: dict, dash: str = "–", peer: bool = True) -> list[tu
                      f(reference["target_nll"], 3), percent(reference["off_nucleus_rate"], dash),
                      f(reference.get("distinct2"), 3), *none, dash))
     for label, s in summary["rules"].items():
-        share = dash if s["mc_overhead"] is None else f"{100 * s['mc_overhead']:.1f}%"
-        rows.append((label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1),
-                     f(s["speedup_vs_ar"]) + "x", f(s.get("speedup_vs_lossless")) + "x", share, f(s["p"], 3),
+        rows.append((label, f(s["tau"]), f(s["acceptance_rate"]), f(s["tokens_per_s"], 1), f(s["speedup_vs_ar"]) + "x",
+                     f(s.get("speedup_vs_lossless")) + "x", percent(s["mc_overhead"], dash), f(s["p"], 3),
                      score(s["accuracy"]), f(s["target_nll"], 3), percent(s.get("off_nucleus_rate"), dash),
                      f(s["distinct2"], 3), signed(s.get("delta_target_nll"), 3, dash),
                      signed_points(s.get("delta_off_nucleus_rate"), dash), signed(s.get("delta_distinct2"), 3, dash),
@@ -100,9 +99,7 @@ CATEGORY_HEADER = ("category", "prompts", "run", "tau", "accept", "tok/s", "vs A
 def category_rows(summary: dict, dash: str = "–") -> list[tuple[str, ...]]:
     """Rows in CATEGORY_HEADER's columns for a summary with per-category parts (MT-Bench): per
     category, the autoregressive baseline, then each rule; none when the summary has no categories."""
-    def f(value, digits: int = 2) -> str:
-        return number(value, digits, dash)
-
+    f = partial(number, dash=dash)
     rows = []
     for category, part in summary.get("categories", {}).items():
         rows.append((category, str(part["prompts"]), "autoregressive", "1.00", dash,
@@ -118,26 +115,24 @@ SAME_DRAFTS_HEADER = ("prompt set", "rule", "tau", "gain vs lossless SD", "beyon
                       "target p of lossy tokens", "their rank: median, top-2")
 
 
+def _bounds(figure: dict, spec: str, scale: float = 1, unit: str = "") -> str:
+    """A figure (value, low, high) as "value [low, high]", each scaled and in format `spec`, unit after the value."""
+    return f"{scale * figure['value']:{spec}}{unit} [{scale * figure['low']:{spec}}, {scale * figure['high']:{spec}}]"
+
+
 def interval_text(figure: dict | None, digits: int = 2, dash: str = "–") -> str:
     """A figure with its interval: "2.25 [2.10, 2.40]"."""
-    if figure is None:
-        return dash
-    return f"{figure['value']:.{digits}f} [{figure['low']:.{digits}f}, {figure['high']:.{digits}f}]"
+    return dash if figure is None else _bounds(figure, f".{digits}f")
 
 
 def gain_text(figure: dict | None, dash: str = "–") -> str:
     """A gain with its interval and what it supports: "+12.0% [+5.1, +18.3]: leads" (said only beyond the interval)."""
-    if figure is None:
-        return dash
-    return (f"{100 * figure['value']:+.1f}% [{100 * figure['low']:+.1f}, {100 * figure['high']:+.1f}]: "
-            f"{figure['standing']}")
+    return dash if figure is None else f"{_bounds(figure, '+.1f', 100, '%')}: {figure['standing']}"
 
 
 def share_text(figure: dict | None, dash: str = "–") -> str:
     """A share with its interval, in percent: "10.5% [2.6, 17.5]"."""
-    if figure is None:
-        return dash
-    return f"{100 * figure['value']:.1f}% [{100 * figure['low']:.1f}, {100 * figure['high']:.1f}]"
+    return dash if figure is None else _bounds(figure, ".1f", 100, "%")
 
 
 def same_drafts_rows(document: dict, policy: str, dash: str = "–") -> list[tuple[str, ...]]:

@@ -110,14 +110,11 @@ class Knob:
         number = finite_number(self.label, value)
         if self.kind is int and number != int(number):
             raise ConfigError(f"{self.label} must be a whole number, got {value!r}")
-        self._check_range(number)
-        return int(number) if self.kind is int else number
-
-    def _check_range(self, number: float) -> None:
         below = self.low is not None and (number < self.low or (self.open_low and number == self.low))
         above = self.high is not None and (number > self.high or (self.open_high and number == self.high))
         if below or above:
             raise ConfigError(f"{self.label} must be in {self.range_text()}, got {self._shown(number)}")
+        return int(number) if self.kind is int else number
 
     def _shown(self, number: float) -> str:
         return str(int(number)) if self.kind is int else f"{number:g}"
@@ -170,7 +167,7 @@ class Reason:
 @dataclass(frozen=True)
 class Rule:
     """An acceptance rule's decision (its words: rule_words.RULE_WORDS). check: Signals, RuleKnobs -> [(reason,
-    accepted mask [g])].
+    accepted mask [g])] (None: TESTS' tests its checks name, in order).
     knobs: the settings it reads (Knob); knob: the one the frontier sweeps (None: not swept).
     uses_paths: reads the K Monte-Carlo dropout paths; uses_judge: the trained judge's scores."""
 
@@ -178,7 +175,7 @@ class Rule:
     label: str
     lossy: bool
     uses_paths: bool
-    check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]]
+    check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]] | None = None
     knobs: tuple[Knob, ...] = ()
     knob: str | None = None
     uses_judge: bool = False
@@ -202,10 +199,9 @@ class Rule:
     # (judges_drafts; rule_words.RuleWords.lookup_note says why).
     judges_lookup: bool = True
 
-    @property
-    def judges_mismatches(self) -> bool:
-        """Judges only where the exact test cannot accept (judged_by_paths): the path and judge rules."""
-        return self.uses_paths or self.uses_judge
+    def __post_init__(self):
+        if self.check is None:
+            object.__setattr__(self, "check", lambda s, cfg: [(name, TESTS[name](s, cfg)) for name in self.checks])
 
 
 REASONS: dict[str, Reason] = {}
@@ -218,12 +214,11 @@ def judges_drafts(rule: str, draft_source: str) -> bool:
     return draft_source != "ngram" or RULES[rule].judges_lookup
 
 
-def register_reason(reason: Reason) -> Reason:
+def register_reason(reason: Reason) -> None:
     REASONS[reason.name] = reason
-    return reason
 
 
-def register_rule(rule: Rule) -> Rule:
+def register_rule(rule: Rule) -> None:
     """Adds a rule and its knobs to the table (a knob's name means one thing: the same Knob everywhere)."""
     for knob in rule.knobs:
         if KNOBS.setdefault(knob.name, knob) is not knob:
@@ -231,7 +226,6 @@ def register_rule(rule: Rule) -> Rule:
     if rule.knob is not None and rule.knob not in {knob.name for knob in rule.knobs}:
         raise ValueError(f"rule {rule.name!r} sweeps {rule.knob!r}, which is not one of its knobs")
     RULES[rule.name] = rule
-    return rule
 
 
 BASELINE, METHOD = "lossless", "dropmatch"  # the lossless rule every other is measured against; the method
@@ -310,7 +304,7 @@ def rule_checks(cfg: RuleKnobs, signals: Signals) -> list[tuple[str, torch.Tenso
     """The rule's ordered (reason, accepted mask [g]) list, the exact test aside."""
     rule = RULES[cfg.rule]
     checks = rule.check(signals, cfg)
-    if rule.judges_mismatches:
+    if rule.uses_paths or rule.uses_judge:  # these judge only where the exact test cannot accept
         judged = judged_by_paths(signals, cfg)
         checks = [(reason, mask & judged) for reason, mask in checks]
     return checks
@@ -318,16 +312,11 @@ def rule_checks(cfg: RuleKnobs, signals: Signals) -> list[tuple[str, torch.Tenso
 
 def rule_accepts(cfg: RuleKnobs, signals: Signals) -> torch.Tensor:
     """[g] bool: does any of the rule's checks accept each position (the exact test aside)."""
-    accepted = torch.zeros_like(signals.draft_tokens, dtype=torch.bool)
-    for _, mask in rule_checks(cfg, signals):
-        accepted |= mask
-    return accepted
+    masks = [mask for _, mask in rule_checks(cfg, signals)]
+    return torch.stack(masks).any(0) if masks else torch.zeros_like(signals.draft_tokens, dtype=torch.bool)
 
 
 # ---------------------------------------------------------------- the rules
-
-Check = list[tuple[str, torch.Tensor]]
-
 
 def votes_needed(num_paths: int, fraction: float) -> int:
     """Votes the majority rule asks of K paths: ceil(fraction * K), and never fewer than a strict
@@ -335,52 +324,17 @@ def votes_needed(num_paths: int, fraction: float) -> int:
     return max(math.ceil(fraction * num_paths - 1e-9), num_paths // 2 + 1)
 
 
-def _naive(s: Signals, cfg: RuleKnobs) -> Check:
-    return [("naive", s.draft_votes > 0)]
-
-
-def _js(s: Signals, cfg: RuleKnobs) -> Check:
-    return [("js", s.js_draft_centroid <= s.js_threshold)]
-
-
-def _majority(s: Signals, cfg: RuleKnobs) -> Check:
-    needed = votes_needed(s.path_tokens.shape[0], cfg.majority_fraction)
-    return [("majority", (s.draft_tokens == s.majority_tokens) & (s.draft_votes >= needed))]
-
-
-def _dropmatch(s: Signals, cfg: RuleKnobs) -> Check:
-    return _js(s, cfg) + _majority(s, cfg)
-
-
-def _judge(s: Signals, cfg: RuleKnobs) -> Check:
-    return [("judge", s.judge_scores < cfg.judge_threshold)]
-
-
-def _dropmatch_judge(s: Signals, cfg: RuleKnobs) -> Check:
-    """The combination: DropMatch's tests, then the trained judge; any of them accepts."""
-    return _dropmatch(s, cfg) + _judge(s, cfg)
-
-
 def typical_floor(target_entropy: torch.Tensor, cfg: RuleKnobs) -> torch.Tensor:
     """[g] the probability typical acceptance asks of a draft token: min(eps, delta * exp(-H(p_target)))."""
     return torch.clamp(cfg.typical_delta * torch.exp(-target_entropy), max=cfg.typical_eps)
-
-
-def _typical(s: Signals, cfg: RuleKnobs) -> Check:
-    return [("typical", s.target_prob > typical_floor(s.target_entropy, cfg))]
-
-
-def _fixed_js(s: Signals, cfg: RuleKnobs) -> Check:
-    return [("fixed_js", s.js_draft_target <= cfg.fixed_js_threshold)]
 
 
 def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
     """[g] bool: FLy's deferred window at each drafted position i (AMD-AGI/FLy, `win_len`): the next
     window - 1 drafted tokens are all the target's own choices, and the window ends before the round's
     last drafted token (the public code lets no mismatch among the round's last `window` positions stand)."""
-    num_drafted = int(exact.shape[0])
     holds = torch.zeros_like(exact, dtype=torch.bool)
-    fits = max(num_drafted - window, 0)  # positions whose window ends before the round's last draft
+    fits = max(int(exact.shape[0]) - window, 0)  # positions whose window ends before the round's last draft
     if fits:  # the window after position i is exact[i + 1 : i + window], all at once (no host copy)
         holds[:fits] = exact[1:].unfold(0, window - 1, 1)[:fits].all(-1)
     return holds
@@ -389,7 +343,7 @@ def fly_window_holds(exact: torch.Tensor, window: int) -> torch.Tensor:
 FLY_GATE_OFF = 0.01  # an entropy threshold at or below it turns FLy's gate off, as AMD-AGI/FLy's code does
 
 
-def _fly(s: Signals, cfg: RuleKnobs) -> Check:
+def _fly(s: Signals, cfg: RuleKnobs) -> torch.Tensor:
     """FLy (arXiv 2511.22972): a mismatch stands where the target is unsure (its top-3 entropy at least the
     threshold) and the deferred window after it holds. Greedy: AMD-AGI/FLy's fly/models/FLy.py. Sampling:
     vLLM pull request #53987's random kernel (a position whose lossless coin failed is deferred where p(x) > 0
@@ -397,13 +351,11 @@ def _fly(s: Signals, cfg: RuleKnobs) -> Check:
     the window counted as AMD's win_len (docs/rivals-from-authors-code.md, 2.3: vLLM's fly_window_size is
     win_len - 1, and also lets the position K - win_len stand); its entropy reads the processed probabilities
     (temperature, then top-p), as vLLM's. A threshold <= 0.01 turns the gate off (AMD's entropy_thre)."""
-    unsure = s.target_top3_entropy >= cfg.fly_entropy_threshold
-    if cfg.fly_entropy_threshold <= FLY_GATE_OFF:  # AMD's FLy.py: entropy_thre <= 1e-2 turns the gate off
-        unsure = torch.ones_like(unsure)
+    unsure = (s.target_top3_entropy >= cfg.fly_entropy_threshold) | (cfg.fly_entropy_threshold <= FLY_GATE_OFF)
     stands = ~s.exact & unsure & fly_window_holds(s.exact, cfg.fly_window)
     if s.coin is not None:
         stands = stands & (s.sample_target_prob > 0) & (s.sample_draft_prob > 0)
-    return [("fly", stands)]
+    return stands
 
 
 def ensemble_odds(p_x: float, q_x: float, weight: float) -> float:
@@ -411,17 +363,17 @@ def ensemble_odds(p_x: float, q_x: float, weight: float) -> float:
     return min(1.0, 1.0 - weight + weight * p_x / q_x) if q_x > 0 else 1.0
 
 
-def _ensemble(s: Signals, cfg: RuleKnobs) -> Check:
+def _ensemble(s: Signals, cfg: RuleKnobs) -> torch.Tensor:
     """DIVERSED's static ensemble (arXiv 2604.07622; transformers 5.23's assistant_ensemble_weight, in
     _speculative_sampling), verifying against v = w p + (1 - w) q. Sampling: the same coin u as the lossless
     test, accept iff u q(x) < (1 - w) q(x) + w p(x), i.e. u < min(1, 1 - w + w p(x) / q(x)). Greedy: the draft
     is accepted iff it is argmax v (which replaces the exact test, _ensemble_replaces), and argmax v is the
     correction (ensemble_rows). w = 1 is lossless SD."""
     if s.coin is None:
-        return [("ensemble", s.draft_tokens == s.rule_top)]
+        return s.draft_tokens == s.rule_top
     w = cfg.ensemble_weight
     q_x, p_x = s.sample_draft_prob, s.sample_target_prob
-    return [("ensemble", s.coin * q_x < (1.0 - w) * q_x + w * p_x)]
+    return s.coin * q_x < (1.0 - w) * q_x + w * p_x
 
 
 def ensemble_rows(p_signal: torch.Tensor, q_signal: torch.Tensor, cfg: RuleKnobs) -> torch.Tensor:
@@ -433,7 +385,7 @@ def _ensemble_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor
     return torch.ones_like(s.draft_tokens, dtype=torch.bool) if greedy else None
 
 
-def _mars(s: Signals, cfg: RuleKnobs) -> Check:
+def _mars(s: Signals, cfg: RuleKnobs) -> torch.Tensor:
     """MARS (arXiv 2601.15498; 5SSjw/MARS mars/model/utils.py evaluate_posterior): where the target's top two
     processed logits (temperature, then top-p, their processors' order) are close, r = z2 / (z1 + 1e-10) >
     threshold, a draft that is the target's top-1 or top-2 token (the argmax with the top-1 masked out: on
@@ -444,11 +396,25 @@ def _mars(s: Signals, cfg: RuleKnobs) -> Check:
     securesd/verifier/mars.py) also accepts the top-2 token where r > threshold, the correction the argmax.
     r is a ratio of logits: any negative top logit gives r >= 1 (their code's)."""
     close = s.target_logit_ratio > cfg.mars_threshold
-    return [("mars", close & ((s.draft_tokens == s.target_runner_up) | (s.draft_tokens == s.target_tokens)))]
+    return close & ((s.draft_tokens == s.target_runner_up) | (s.draft_tokens == s.target_tokens))
 
 
 def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | None:
     return None if greedy else s.target_logit_ratio > cfg.mars_threshold
+
+
+# Each check's test, by the reason it gives: Signals, RuleKnobs -> accepted mask [g]. A rule declared without a
+# check function tries the tests its `checks` name, in that order (DropMatch: JS, then majority).
+TESTS = {
+    "naive": lambda s, cfg: s.draft_votes > 0,
+    "js": lambda s, cfg: s.js_draft_centroid <= s.js_threshold,
+    "majority": lambda s, cfg: ((s.draft_tokens == s.majority_tokens)
+                                & (s.draft_votes >= votes_needed(s.path_tokens.shape[0], cfg.majority_fraction))),
+    "judge": lambda s, cfg: s.judge_scores < cfg.judge_threshold,
+    "typical": lambda s, cfg: s.target_prob > typical_floor(s.target_entropy, cfg),
+    "fixed_js": lambda s, cfg: s.js_draft_target <= cfg.fixed_js_threshold,
+    "fly": _fly, "ensemble": _ensemble, "mars": _mars,
+}
 
 
 TYPICAL_EPS = Knob("typical_eps", 0.3, "typical ε", low=0.0, high=1.0, sweep=(0.3, 0.2, 0.1, 0.05, 0.02), lab=True,
@@ -466,34 +432,31 @@ MARS_THRESHOLD = Knob("mars_threshold", 0.9, "MARS threshold", low=0.0, high=1.0
 MAJORITY_KNOBS = (*PATH_KNOBS, MAJORITY_FRACTION)
 
 for _rule in (
-    Rule("lossless", "Lossless SD", lossy=False, uses_paths=False, check=lambda s, cfg: []),
-    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, check=_naive, knob="p",
-         knobs=PATH_KNOBS, checks=("naive",)),
+    Rule("lossless", "Lossless SD", lossy=False, uses_paths=False),
+    Rule("naive", "naive (any path)", lossy=True, uses_paths=True, knob="p", knobs=PATH_KNOBS, checks=("naive",)),
     # js alone is not swept on the frontier (knob None): DropMatch's sweep covers it, JS being its first test.
-    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, check=_js, checks=("js",),
-         knobs=PATH_KNOBS, reads_draft=True),
-    Rule("majority", "path majority", lossy=True, uses_paths=True, check=_majority, knob="p",
-         knobs=MAJORITY_KNOBS, checks=("majority",)),
-    Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True,
-         check=_dropmatch, knob="p", knobs=MAJORITY_KNOBS, checks=("js", "majority"), reads_draft=True,
-         frontier_also=("centroid",)),
-    Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, check=_typical,
-         knob="typical_eps", knobs=(TYPICAL_EPS, TYPICAL_DELTA), checks=("typical",)),
-    Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False,
-         check=_fixed_js, knob="fixed_js_threshold", knobs=(FIXED_JS,), checks=("fixed_js",), reads_draft=True),
-    Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, check=_judge,
-         knob="judge_threshold", knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",)),
-    Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True,
-         check=_dropmatch_judge, knob="p", knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True,
-         checks=("js", "majority", "judge"), reads_draft=True),
-    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False, check=_fly,
+    Rule("js", "JS vs path centroid", lossy=True, uses_paths=True, checks=("js",), knobs=PATH_KNOBS, reads_draft=True),
+    Rule("majority", "path majority", lossy=True, uses_paths=True, knob="p", knobs=MAJORITY_KNOBS,
+         checks=("majority",)),
+    Rule("dropmatch", "DropMatch (JS, then majority)", lossy=True, uses_paths=True, knob="p", knobs=MAJORITY_KNOBS,
+         checks=("js", "majority"), reads_draft=True, frontier_also=("centroid",)),
+    Rule("typical", "typical (Medusa)", lossy=True, uses_paths=False, knob="typical_eps",
+         knobs=(TYPICAL_EPS, TYPICAL_DELTA), checks=("typical",)),
+    Rule("fixed_js", "fixed-threshold JS (Fuzzy SD)", lossy=True, uses_paths=False, knob="fixed_js_threshold",
+         knobs=(FIXED_JS,), checks=("fixed_js",), reads_draft=True),
+    Rule("judge", "trained judge (AutoJudge)", lossy=True, uses_paths=False, knob="judge_threshold",
+         knobs=(JUDGE_THRESHOLD, RESCUE_ARGMAX), uses_judge=True, checks=("judge",)),
+    Rule("dropmatch_judge", "DropMatch + trained judge", lossy=True, uses_paths=True, knob="p",
+         knobs=(*MAJORITY_KNOBS, JUDGE_THRESHOLD), uses_judge=True, checks=("js", "majority", "judge"),
+         reads_draft=True),
+    Rule("fly", "FLy (entropy gate, deferred window)", lossy=True, uses_paths=False,
          knob="fly_entropy_threshold", knobs=(FLY_WINDOW, FLY_ENTROPY), checks=("fly",),
          reads_later=True, reads_coin=True, min_drafts=lambda cfg: cfg.fly_window + 1, authors_gamma=15),
-    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False, check=_ensemble,
+    Rule("ensemble", "static ensemble (DIVERSED)", lossy=True, uses_paths=False,
          knob="ensemble_weight", knobs=(ENSEMBLE_WEIGHT,), checks=("ensemble",), reads_draft=True,
          reads_coin=True, peer="ensemble_assisted", replaces_exact=_ensemble_replaces,
          correction_rows=ensemble_rows, judges_lookup=False),
-    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False, check=_mars,
+    Rule("mars", "MARS (close top-two logits)", lossy=True, uses_paths=False,
          knob="mars_threshold", knobs=(MARS_THRESHOLD,), checks=("mars",), replaces_exact=_mars_replaces),
 ):
     register_rule(_rule)

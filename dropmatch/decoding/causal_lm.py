@@ -117,8 +117,7 @@ class CausalLM:
 
     @property
     def max_positions(self) -> int:
-        config = self.model.config
-        return int(getattr(config, "max_position_embeddings", None) or 1_000_000)
+        return int(getattr(self.model.config, "max_position_embeddings", None) or 1_000_000)
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -266,20 +265,17 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
     """EOS ids of the tokenizer and generation config, plus the chat template's end of turn."""
-    ids: set[int] = set()
-    candidates = [tokenizer.eos_token_id]
     generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        candidates.append(generation_config.eos_token_id)
-    for candidate in candidates:
-        if isinstance(candidate, int):
-            ids.add(candidate)
-        elif candidate:
-            ids.update(int(i) for i in candidate)
+    ids = {*as_ids(tokenizer.eos_token_id), *as_ids(getattr(generation_config, "eos_token_id", None))}
     vocab = tokenizer.get_vocab()
     template = getattr(tokenizer, "chat_template", None) or ""
-    for token in END_OF_TURN_TOKENS:
-        if token in vocab and token in template:
-            ids.add(vocab[token])
+    ids.update(vocab[token] for token in END_OF_TURN_TOKENS if token in vocab and token in template)
     return tuple(sorted(ids))
+
+
+def as_ids(value) -> list[int]:
+    """A token-id setting (an eos_token_id: None, one id or several) as a list of ids."""
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
 

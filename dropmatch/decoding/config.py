@@ -9,6 +9,7 @@ engine reads; `Settings.parse` turns the one into the others.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ class Settings:
         return hash((self.prompt, self.rule, tuple(sorted(self.knobs.items(), key=lambda item: item[0]))))
 
     def __reduce__(self):  # pickled by its arguments (a ZeroGPU worker receives it)
-        return _settings, (self.as_arguments(),)
+        return functools.partial(Settings, **self.as_arguments()), ()
 
     def as_arguments(self) -> dict:
         """Every field and every knob by its key, as Settings(**...) takes them."""
@@ -98,12 +99,7 @@ class Settings:
             return self.replace(preset="", **PRESET_SETTINGS[self.preset]).parse()
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ConfigError("the prompt is empty; type a question or pick an example")
-        decode = DecodeConfig(**DecodeConfig.parse_gamma(self.gamma), max_new_tokens=self.max_new_tokens,
-                              temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              draft_source=self.draft_source,
-                              gamma_tuned_for_rule=self.gamma_tuned_for_rule)
-        values = {knob.user_key: getattr(self, knob.user_key) for knob in KNOBS.values()}
-        return decode, RuleConfig.from_mapping({"rule": self.rule, **values})
+        return configs_from(self.as_arguments())
 
     def pair_spec(self) -> "PairSpec":
         spec = pair_from_choice(self.pair, self.target_id, self.draft_id, self.head_id)
@@ -122,10 +118,6 @@ class Settings:
     @staticmethod
     def names() -> tuple[str, ...]:
         return tuple(Settings.types())
-
-
-def _settings(arguments: dict) -> Settings:
-    return Settings(**arguments)
 
 
 DEFAULTS = Settings()
@@ -253,6 +245,13 @@ class RuleConfig:
         return RULES[self.rule].uses_judge
 
 
+def configs_from(given: Mapping) -> tuple[DecodeConfig, RuleConfig]:
+    """(DecodeConfig, RuleConfig) from a user's values by name (a Settings', the bench's flags), bare defaults else."""
+    decode = {f.name: given[f.name] for f in dataclasses.fields(DecodeConfig) if f.name in given}
+    rule = {key: given[key] for key in rule_keys() if key in given}
+    return DecodeConfig(**{**decode, **DecodeConfig.parse_gamma(given["gamma"])}), RuleConfig.from_mapping(rule)
+
+
 def rule_keys() -> tuple[str, ...]:
     """Every name RuleConfig.from_mapping reads: "rule" and each knob's key ("k" for num_paths)."""
     return ("rule", *(knob.user_key for knob in KNOBS.values()))
@@ -311,7 +310,5 @@ def pair_from_choice(preset: str, target: str = "", draft: str = "", head: str =
     """The PairSpec for a preset name, or for the custom hub ids typed by the user (head: an EAGLE-3 head's)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown model pair {preset!r}")
-    spec = PRESETS[preset]
-    if spec is not None:
-        return spec
-    return PairSpec(target=(target or "").strip(), draft=(draft or "").strip(), head=(head or "").strip())
+    return PRESETS[preset] or PairSpec(target=(target or "").strip(), draft=(draft or "").strip(),
+                                       head=(head or "").strip())

@@ -22,6 +22,7 @@ import logging
 import os
 import statistics
 import time
+from collections import Counter
 
 import torch
 
@@ -157,11 +158,8 @@ def _plan(weight: torch.Tensor, packed: torch.Tensor | None, pinned: str | None)
 def kernel_summary(model: torch.nn.Module) -> str:
     """What the loader chose, for a run's record: "torch" when every layer takes torch's default,
     else the layers per (one-row kernel, few-rows kernel), e.g. "1 row rows / few packed: 31; torch: 180"."""
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        if isinstance(module, ChosenLinear) and (module.one, module.few) != ("torch", "torch"):
-            key = f"1 row {module.one} / few {module.few}"
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter(f"1 row {m.one} / few {m.few}" for m in model.modules()
+                     if isinstance(m, ChosenLinear) and (m.one, m.few) != ("torch", "torch"))
     if not counts:
         return "torch"
     return "; ".join(f"{key}: {count}" for key, count in sorted(counts.items())) + "; other layers torch"

@@ -21,7 +21,7 @@ only when its expected rate (its own slot acceptance, no draft cost) beats the d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
@@ -109,15 +109,6 @@ class SlotAcceptance:
             self.accepts[slot] += slot < num_accepted
 
 
-def expected_tokens(acceptance: SlotAcceptance, gamma: int) -> float:
-    """1 (the correction or bonus) + the expected accepted prefix of gamma drafted tokens."""
-    total, reach = 1.0, 1.0
-    for slot in range(gamma):
-        reach *= acceptance.rate(slot)
-        total += reach
-    return total
-
-
 def expected_reached(acceptance: SlotAcceptance, gamma: int) -> float:
     """The draft slots a round of gamma drafted tokens reaches on average (slot 0 always; slot i when
     every earlier one was accepted): the slots the verify step may have to judge."""
@@ -139,10 +130,11 @@ def best_length(acceptance: SlotAcceptance, costs: StepCosts, cap: int, draft_st
                 verify_per_slot: float = 0.0) -> tuple[int, float]:
     """(length in 1..cap, its expected tokens per second); the shorter one on a tie. A round of g
     costs g draft steps, one verify call over g + 1 positions, and the verify step at the slots it
-    reaches (verify_per_slot: VerifyCost.per_reached_slot, measured by the run so far)."""
+    reaches (verify_per_slot: VerifyCost.per_reached_slot, measured by the run so far). Its expected tokens:
+    1 (the correction or bonus) + the accepted prefix, i.e. the slots a round of g + 1 drafts reaches."""
     step = costs.draft_step if draft_step is None else draft_step
-    rates = {g: expected_tokens(acceptance, g) / (g * step + costs.verify(g + 1)
-                                                  + verify_per_slot * expected_reached(acceptance, g))
+    rates = {g: expected_reached(acceptance, g + 1) / (g * step + costs.verify(g + 1)
+                                                       + verify_per_slot * expected_reached(acceptance, g))
              for g in range(1, cap + 1)}
     gamma = max(rates, key=lambda g: (rates[g], -g))
     return gamma, rates[gamma]
@@ -156,8 +148,8 @@ class Draft:
     """One round's proposal. tokens [g] (g <= the round's limit, on the device); q_sample [g, V] the
     distributions they were drawn from; q_signal [g, V] the smooth distributions the divergence rules
     compare; hidden [g, H_d] the draft's final hidden states they came from ([0, H_d] for prompt
-    lookup, whose distributions are one-hot); source "model" or "ngram"; requested: the length the
-    round asked for."""
+    lookup, whose distributions are one-hot); source: the drafter's ("model", "ngram" or "eagle3");
+    requested: the length the round asked for."""
 
     tokens: torch.Tensor
     q_sample: torch.Tensor
@@ -200,10 +192,12 @@ class DraftSpace:
     def ids(self, tokens: list[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)
 
-    def empty(self, source: str, requested: int) -> Draft:
-        none = torch.empty(0, self.vocab_size, device=self.device)
-        return Draft(self.ids([]), none, none, torch.empty(0, self.hidden_size, device=self.device), source,
-                     requested)
+    def one_hot(self, tokens: list[int], source: str, requested: int) -> Draft:
+        """The draft of these tokens with one-hot distributions and no hidden states: prompt lookup's, or
+        (no tokens) an empty one."""
+        ids = self.ids(tokens)
+        one_hot = torch.nn.functional.one_hot(ids, self.vocab_size).float()
+        return Draft(ids, one_hot, one_hot, torch.empty(0, self.hidden_size, device=self.device), source, requested)
 
 
 class _Learning:
@@ -234,6 +228,22 @@ class _Learning:
         if draft.source == self.source:
             self.acceptance.record(draft.num_drafted, num_accepted)
 
+    def chain(self, gamma: int, state: torch.Tensor, logits: Callable, following: Callable) -> Draft:
+        """gamma tokens drafted one by one from the first step's hidden state [H_d], staying on the device (no host
+        sync per token): each a plain draw from q (its argmax when greedy), which lossless sampling divides by;
+        logits(state) scores a step, following(state, token) is the next step's state (while tokens remain)."""
+        decode, steps = self.space.decode, []
+        for slot in range(gamma):
+            scores = logits(state)
+            probs = sampling_probs(scores, decode.temperature, decode.top_p)
+            token = scores.argmax(-1, keepdim=True) if decode.greedy else draw(probs, self.space.generator).view(1)
+            steps.append((token, probs, signal_probs(scores, decode.temperature), state))  # smooth even when greedy
+            if slot + 1 < gamma:
+                state = following(state, token)
+        drafted, q_sample, q_signal, states = zip(*steps)
+        return Draft(torch.cat(drafted), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states),
+                     self.source, gamma)
+
 
 class ModelDrafter(_Learning):
     """The draft model, one token per call, with its own cache."""
@@ -249,25 +259,13 @@ class ModelDrafter(_Learning):
         self.model.hidden(self.space.ids(prompt_ids), self.cache)
 
     def propose(self, tokens: list[int], limit: int) -> Draft:
-        """Up to length(limit) tokens; they stay on the device (no host sync per token). Each drafted
-        token is a plain draw from q (argmax when greedy), which lossless sampling divides by."""
-        decode, gamma = self.space.decode, self.length(limit)
-        drafted, q_sample, q_signal, states = [], [], [], []
-        feed = self.space.ids(tokens[self.model.cached_length(self.cache):])  # committed since last time
-        for _ in range(gamma):
-            state = self.model.hidden(feed, self.cache)[-1]
-            logits = self.model.logits(state)
-            probs = sampling_probs(logits, decode.temperature, decode.top_p)
-            signal = signal_probs(logits, decode.temperature)  # smooth even when greedy
-            feed = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, self.space.generator).view(1)
-            drafted.append(feed)
-            q_sample.append(probs)
-            q_signal.append(signal)
-            states.append(state)
-        if not drafted:
-            return self.space.empty(self.source, gamma)
-        return Draft(torch.cat(drafted), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states),
-                     self.source, gamma)
+        """Up to length(limit) tokens (chain), the first step reading the tokens committed since last time."""
+        gamma = self.length(limit)
+        if gamma <= 0:
+            return self.space.one_hot([], self.source, gamma)
+        feed = self.space.ids(tokens[self.model.cached_length(self.cache):])
+        return self.chain(gamma, self.model.hidden(feed, self.cache)[-1], self.model.logits,
+                          lambda state, token: self.model.hidden(token, self.cache)[-1])
 
     def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
         super().learn(draft, num_accepted, kept_length)
@@ -294,12 +292,7 @@ class LookupDrafter(_Learning):
     def of(self, proposal: list[int]) -> Draft:
         """The draft of a proposal, cut to gamma = auto's length."""
         gamma = self.length(len(proposal))
-        if gamma <= 0:
-            return self.space.empty(self.source, gamma)
-        ids = self.space.ids(proposal[:gamma])
-        one_hot = torch.nn.functional.one_hot(ids, self.space.vocab_size).float()
-        hidden = torch.empty(0, self.space.hidden_size, device=self.space.device)
-        return Draft(ids, one_hot, one_hot, hidden, self.source, gamma)
+        return self.space.one_hot(proposal[:gamma], self.source, gamma)
 
 
 class HybridDrafter:
@@ -322,9 +315,8 @@ class HybridDrafter:
         return self.model.propose(tokens, limit)
 
     def lookup_pays(self, proposed: int, limit: int) -> bool:
-        if not self.space.decode.gamma_auto:
-            return True
-        return self.lookup.expected_rate(proposed) >= self.model.expected_rate(limit)
+        return (not self.space.decode.gamma_auto
+                or self.lookup.expected_rate(proposed) >= self.model.expected_rate(limit))
 
     def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
         self.lookup.learn(draft, num_accepted, kept_length)

@@ -32,13 +32,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .acceptance import ConfigError
 from .drafting import Draft, DraftSpace, _Learning
-from .sampling import draw, sampling_probs, signal_probs
 from .timing import best_seconds
 
 if TYPE_CHECKING:  # annotations only
@@ -382,6 +381,13 @@ def load_head(folder: Path, target: "CausalLM", name: str = "") -> Eagle3Head:
     return Eagle3Head(module, target, layer_ids, name or folder.name)
 
 
+def load_named(name: str, target: "CausalLM", elsewhere: Callable[[str], Path]) -> Eagle3Head:
+    """The head `name` names, bound to `target` (load_head): the folder `name`, or where it is no folder, the one
+    elsewhere(name) gives or refuses in one line (the Studio's loader fetches a hub id; generate() takes folders)."""
+    folder = Path(name)
+    return load_head(folder if folder.is_dir() else elsewhere(name), target, name)
+
+
 # ---------------------------------------------------------------- the drafter
 
 
@@ -414,31 +420,19 @@ class Eagle3Drafter(_Learning):
     def propose(self, tokens: list[int], limit: int) -> Draft:
         """Up to length(limit) tokens, each a plain draw from q (its argmax when greedy); the first step reads the
         pending features with the tokens that follow their positions, each later one the head's own output."""
-        decode, gamma = self.space.decode, self.length(limit)
+        gamma = self.length(limit)
         if gamma <= 0:
-            return self.space.empty(self.source, gamma)
+            return self.space.one_hot([], self.source, gamma)
         following = self.space.ids(tokens[self.read + 1 : self.read + 1 + self.pending.shape[0]])
-        out = self.head.step(self.pending, following, self.cache, fuse=True)[-1:]  # [1, H]
+        out = self.head.step(self.pending, following, self.cache, fuse=True)[-1]  # [H]
         self.read, self.pending = self.cache.length, self.pending[:0]
-        drafted, q_sample, q_signal, states = [], [], [], []
-        for slot in range(gamma):
-            logits = self.head.logits(out[0])
-            probs = sampling_probs(logits, decode.temperature, decode.top_p)
-            token = logits.argmax(-1, keepdim=True) if decode.greedy else draw(probs, self.space.generator).view(1)
-            drafted.append(token)
-            q_sample.append(probs)
-            q_signal.append(signal_probs(logits, decode.temperature))
-            states.append(out[0])
-            if slot + 1 < gamma:
-                out = self.head.step(out, token, self.cache, fuse=False)
-        return Draft(torch.cat(drafted), torch.stack(q_sample), torch.stack(q_signal), torch.stack(states),
-                     self.source, gamma)
+        return self.chain(gamma, out, self.head.logits,
+                          lambda state, token: self.head.step(state[None], token, self.cache, fuse=False)[0])
 
     def learn(self, draft: Draft, num_accepted: int, kept_length: int) -> None:
         """Crop the round's own positions; keep the target's features of the positions it now holds
         (kept_length: the committed tokens but the extra one) for the next round's first step."""
-        if draft.source == self.source:
-            self.acceptance.record(draft.num_drafted, num_accepted)
+        super().learn(draft, num_accepted, kept_length)
         self.cache.crop(self.read)
         known = self.read + self.pending.shape[0]
         if kept_length > known:

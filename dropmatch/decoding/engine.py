@@ -8,7 +8,7 @@ A round is five phases (Engine._round): draft -> target call -> decide (the veri
 crop -> record.
 `speculative` and `autoregressive` are generators: they yield one RoundTrace per target call (so a
 UI can stream) and return the GenerationTrace. The engine knows nothing about Gradio or plots, and
-nothing about transformers' caches: models.CausalLM owns those.
+nothing about transformers' caches: causal_lm.CausalLM owns those.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run_to_end(run: Run) -> GenerationTrace:
 
 @dataclass
 class _Sequence:
-    """Committed tokens (prompt + output) and, per model, the tokens its cache still lacks."""
+    """Committed tokens (prompt + output)."""
 
     prompt: list[int]
     output: list[int]
@@ -53,9 +53,6 @@ class _Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
-
-    def pending(self, cache_length: int) -> list[int]:
-        return self.tokens[cache_length:]
 
 
 @dataclass
@@ -141,15 +138,12 @@ class Engine:
     def check_fits(self, prompt_ids: list[int], decode: DecodeConfig) -> None:
         """Prompt + new tokens + one draft block must fit both models' context."""
         limit = min(self.target.max_positions, self.draft.max_positions)
-        needed = len(prompt_ids) + decode.max_new_tokens + decode.gamma + 1
-        if len(prompt_ids) + decode.gamma + 2 > limit:
+        most = limit - len(prompt_ids) - decode.gamma - 1  # the new tokens that fit
+        if most < 1:
             raise ConfigError(f"the prompt is {len(prompt_ids)} tokens; this pair reads at most {limit}")
-        if needed > limit:
-            most = limit - len(prompt_ids) - decode.gamma - 1
-            raise ConfigError(
-                f"prompt ({len(prompt_ids)} tokens) + max new tokens ({decode.max_new_tokens}) exceeds "
-                f"the context of {limit}; use at most {most} new tokens"
-            )
+        if decode.max_new_tokens > most:
+            raise ConfigError(f"prompt ({len(prompt_ids)} tokens) + max new tokens ({decode.max_new_tokens}) exceeds "
+                              f"the context of {limit}; use at most {most} new tokens")
 
     # ------------------------------------------------------------ runs
 
@@ -169,12 +163,11 @@ class Engine:
         t_prefill = prefill.between("start", "end")
         seq = _Sequence(list(prompt_ids), [first])
         rounds: list[RoundTrace] = []
-        stop_reason = self._stop_reason(seq, decode, stop_event)
-        while stop_reason is None:
+        while (stop_reason := self._stop_reason(seq, decode, stop_event)) is None:
             timer = PhaseTimer(self.device)
             timer.mark("start")
             context = seq.output[-1]
-            hidden = self.target.hidden(self._ids(seq.pending(self.target.cached_length(cache))), cache)
+            hidden = self.target.hidden(self._ids(seq.tokens[self.target.cached_length(cache):]), cache)
             timer.mark("forward")
             logits = self.target.logits(hidden[-1])
             timer.mark("head")
@@ -185,11 +178,9 @@ class Engine:
             rounds.append(RoundTrace(
                 index=len(rounds), context_token=context, drafted=(), emitted=(token,), extra_kind="target",
                 num_accepted=0, t_draft=0.0, t_forward=t["forward"], t_head=t["head"] - t["forward"], t_mc=0.0,
-                t_round=t["end"],
-                head_rows=1, **emitted_view(logits.unsqueeze(0), [token]),
+                t_round=t["end"], head_rows=1, **emitted_view(logits.unsqueeze(0), [token]),
             ))
             yield rounds[-1]
-            stop_reason = self._stop_reason(seq, decode, stop_event)
         return self._finish("ar", RuleConfig(acceptance.BASELINE), None, decode, seq, rounds, stop_reason, t_prefill,
                             first_view=emitted_view(first_logits, [first]))
 
@@ -202,11 +193,9 @@ class Engine:
         keep_states: keep, per round, what the rule lab re-judges from (trace.states, RoundStates).
         progress(tokens read, prompt tokens): how far the target has read the prompt (CausalLM.hidden)."""
         run, start = self._start(prompt_ids, decode, rule, keep_states, progress)
-        stop_reason = self._stop_reason(run.seq, decode, stop_event)
-        while stop_reason is None:
+        while (stop_reason := self._stop_reason(run.seq, decode, stop_event)) is None:
             run.rounds.append(self._round(run, limit=self._limit(run)))
             yield run.rounds[-1]
-            stop_reason = self._stop_reason(run.seq, decode, stop_event)
         return self._finish("sd", run.asked, run.rule.p if run.rule.uses_paths else None, decode, run.seq,
                             run.rounds, stop_reason, start.t_prefill,
                             first_view=emitted_view(start.first_logits, [run.seq.output[0]]),
@@ -225,14 +214,12 @@ class Engine:
         staged False: the same verdicts); default: on an accelerator, where each read is a sync."""
         one_pass = self.device.type != "cpu" if one_pass is None else one_pass
         run, _ = self._start(prompt_ids, decode, rule, keep_states=False)
-        stop_reason = self._stop_reason(run.seq, decode, stop_event)
-        while stop_reason is None:
+        while self._stop_reason(run.seq, decode, stop_event) is None:
             timer = PhaseTimer(self.device) if decode.gamma_tuned_for_rule else None  # gamma reads the verify cost
             step = self._step(run, self._limit(run), timer, staged=not one_pass)
             if timer is not None:
                 self._learn_verify_cost(run, step.verified.verdict, timer, timer.read())
             yield Step(run.seq.tokens[step.committed - 1], tuple(step.emitted), step.verified.verdict.reasons)
-            stop_reason = self._stop_reason(run.seq, decode, stop_event)
         return tuple(run.seq.output)
 
     def _start(self, prompt_ids: list[int], decode: DecodeConfig, rule: RuleConfig, keep_states: bool,
@@ -312,7 +299,7 @@ class Engine:
         mark("drafted")
         # 2. Target call: one call over [last emitted token] + drafts, then the clean head rows.
         committed = len(run.seq.tokens)
-        context = self._ids(run.seq.pending(self.target.cached_length(run.target_cache)))
+        context = self._ids(run.seq.tokens[self.target.cached_length(run.target_cache):])
         hidden = self.target.hidden(torch.cat([context, draft.tokens]), run.target_cache)  # [g + 1, H]
         mark("verified")
         clean_logits = self.target.logits(hidden)  # [g + 1, V], fp32: lossless decisions read these

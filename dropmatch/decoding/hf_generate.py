@@ -26,15 +26,13 @@ import threading
 import weakref
 from collections import Counter
 
-from pathlib import Path
-
 import torch
 
 from . import eagle3
 from .acceptance import METHOD, RULES
 from .config import ConfigError, DecodeConfig, PairSpec, RuleConfig, rule_keys
 from .engine import Engine
-from .causal_lm import CausalLM, LoadedPair
+from .causal_lm import CausalLM, LoadedPair, as_ids
 from .recorder import reason_summary
 
 PREFIX = "dropmatch_"
@@ -95,7 +93,7 @@ def generate(model, inputs=None, generation_config=None, assistant_model=None, s
     sequences = torch.tensor([request.prompt_ids + new_tokens], dtype=torch.long, device=engine.device)
     if not request.return_dict:
         return sequences
-    return DropMatchGenerateOutput(sequences=sequences, dropmatch=reason_summary(dict(reasons)))
+    return _output_class()(sequences=sequences, dropmatch=reason_summary(dict(reasons)))
 
 
 def parse_request(model, inputs, generation_config, assistant_model, kwargs: dict) -> Request:
@@ -124,14 +122,15 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
     decode = DecodeConfig(**DecodeConfig.parse_gamma(own.get("gamma", "auto")), max_new_tokens=max_new,
                           temperature=0.0 if greedy else (config.temperature if config.temperature is not None else 1.0),
                           top_p=config.top_p if config.top_p is not None else 1.0,
-                          seed=_seed(own, greedy),
+                          seed=own["seed"] if "seed" in own else GREEDY_SEED if greedy
+                          else int(torch.randint(0, 2**62, (1,))),
                           draft_source=eagle3.SOURCE if head else "model")
     _check_draft_length(rule, decode)
     stop_strings = config.stop_strings or ()
     stop_strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
     if stop_strings and tokenizer is None:
         raise ConfigError("stop_strings needs the tokenizer: pass tokenizer=... as transformers' generate() asks")
-    return Request(prompt_ids, decode, rule, frozenset(_ids(config.eos_token_id)), stop_strings,
+    return Request(prompt_ids, decode, rule, frozenset(as_ids(config.eos_token_id)), stop_strings,
                    bool(config.return_dict_in_generate), head)
 
 
@@ -144,14 +143,6 @@ def _check_draft_length(rule: RuleConfig, decode: DecodeConfig) -> None:
         asked = f"'auto' (at most {decode.gamma} drafts a round)" if decode.gamma_auto else str(decode.gamma)
         raise ConfigError(f"{PREFIX}rule={rule.rule!r} can never act at {PREFIX}gamma={asked}: its window needs at "
                           f"least {needed} drafts a round; pass {PREFIX}gamma={needed} or more")
-
-
-def _seed(own: dict, greedy: bool) -> int:
-    """dropmatch_seed as given; else GREEDY_SEED under greedy (torch's global generator untouched), one
-    draw from torch's global generator under sampling."""
-    if "seed" in own:
-        return own["seed"]
-    return GREEDY_SEED if greedy else int(torch.randint(0, 2**62, (1,)))
 
 
 def _prompt_ids(inputs, kwargs: dict) -> list[int]:
@@ -224,12 +215,6 @@ def _head_size(model) -> int:
     return int(getattr(head, "vocab_size", None) or head.weight.shape[0])
 
 
-def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
-
-
 # gamma = auto's measured step costs per (target, draft) pair, kept between calls beside the models and
 # weakly (never on them): an entry goes with either model. Keyed by what the costs depend on.
 _MEASURED_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -263,13 +248,15 @@ def _head(model, target: CausalLM, name: str) -> eagle3.Eagle3Head:
     torch and transformers (a hub head: huggingface_hub.snapshot_download first)."""
     kept = _HEADS.setdefault(model, {})
     if name not in kept:
-        if not Path(name).is_dir():
-            raise ConfigError(f"dropmatch_eagle3_head={name!r} is no folder: download a hub head first "
-                              "(huggingface_hub.snapshot_download) and pass its folder")
-        loaded = eagle3.load_head(Path(name), target, name)
+        loaded = eagle3.load_named(name, target, _no_folder)
         kept[name] = (loaded.module, loaded.layer_ids)
     module, layer_ids = kept[name]
     return eagle3.Eagle3Head(module, target, layer_ids, name)
+
+
+def _no_folder(name: str):
+    raise ConfigError(f"dropmatch_eagle3_head={name!r} is no folder: download a hub head first "
+                      "(huggingface_hub.snapshot_download) and pass its folder")
 
 
 def _cost_key(engine: Engine) -> tuple:
@@ -281,8 +268,7 @@ def _keep_costs(engine: Engine, model, assistant_model) -> None:
     """Remember the costs the call measured (gamma = auto) for the next call on this pair."""
     costs = engine.services.measured_costs
     if costs is not None:
-        per_draft = _MEASURED_COSTS.setdefault(model, weakref.WeakKeyDictionary())
-        per_draft[assistant_model] = (_cost_key(engine), costs)
+        _MEASURED_COSTS.setdefault(model, weakref.WeakKeyDictionary())[assistant_model] = (_cost_key(engine), costs)
 
 
 def _run(engine: Engine, request: Request, streamer, tokenizer) -> tuple[Counter, list[int]]:
@@ -334,6 +320,8 @@ def _until_stop_string(done: list[int], fresh: list[int], stop_strings: tuple[st
 
 @functools.lru_cache(maxsize=1)
 def _output_class():
+    """DropMatchGenerateOutput, a transformers GenerateDecoderOnlyOutput with a `dropmatch` field (made on first
+    use: transformers is imported only when generate() runs)."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     @dataclasses.dataclass
@@ -344,9 +332,3 @@ def _output_class():
         dropmatch: dict | None = None
 
     return DropMatchGenerateOutput
-
-
-def DropMatchGenerateOutput(**fields):
-    """A transformers GenerateDecoderOnlyOutput with a `dropmatch` field (made on first use: transformers
-    is imported only when generate() runs)."""
-    return _output_class()(**fields)

@@ -56,7 +56,7 @@ class PairServices:
 
     @property
     def kernels(self) -> str:
-        """The CPU kernels the loader chose (models.kernel_summary), "target ...; draft ...": recorded with
+        """The CPU kernels the loader chose (cpu_kernels.kernel_summary), "target ...; draft ...": recorded with
         every run beside the fingerprint; they change products by fp32 rounding only, so the rule lab does
         not refuse a run made with other kernels."""
         return f"target {self.target.kernels} | draft {self.draft.kernels}"

@@ -56,45 +56,37 @@ def to_host(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor |
     return out
 
 
+# DraftedToken's fields -> the round's tensor each is read from: _READ's always, _PATH_READ's where the paths
+# were read at that position, _OPTIONAL_READ's where the run computed them (None elsewhere).
+_READ = {"token": "draft_tokens", "draft_prob": "draft_prob", "target_token": "target_tokens",
+         "target_token_prob": "target_token_prob", "target_prob": "target_prob", "js_target": "js_draft_target",
+         "target_top3_entropy": "target_top3_entropy"}
+_PATH_READ = {"js": "js_draft_centroid", "threshold": "js_threshold", "majority_token": "majority_tokens",
+              "majority_votes": "majority_votes", "draft_votes": "draft_votes"}
+_OPTIONAL_READ = {"judge_score": "judge_scores", "coin": "coin", "sample_target_prob": "sample_target_prob",
+                  "sample_draft_prob": "sample_draft_prob", "target_runner_up": "target_runner_up",
+                  "target_logit_ratio": "target_logit_ratio"}
+
+
 def _pairs(ids: torch.Tensor, probs: torch.Tensor) -> tuple[tuple[int, float], ...]:
     return tuple(zip(ids.tolist(), probs.tolist()))
-
-
-def _at(value: dict, name: str, i: int):
-    return value[name][i] if value.get(name) is not None else None
 
 
 def drafted_records(host: dict, reasons: tuple[str, ...]) -> tuple[DraftedToken, ...]:
     """One DraftedToken per drafted position from the host copies of the round's tensors; path
     fields only where the paths were computed (path token ids are -1 elsewhere)."""
-    if not reasons:
-        return ()
     value = {name: (t.tolist() if isinstance(t, torch.Tensor) else None) for name, t in host.items()
              if not name.endswith(("_top_p", "_top_id"))}
     records = []
     for i, reason in enumerate(reasons):
         has_paths = value["path_tokens"] is not None and value["path_tokens"][0][i] >= 0
         records.append(DraftedToken(
-            token=value["draft_tokens"][i],
-            draft_prob=value["draft_prob"][i],
-            target_token=value["target_tokens"][i],
-            target_token_prob=value["target_token_prob"][i],
-            target_prob=value["target_prob"][i],
-            js_target=value["js_draft_target"][i],
             reason=reason,
+            **{field: value[name][i] for field, name in _READ.items()},
+            **{field: value[name][i] if has_paths else None for field, name in _PATH_READ.items()},
+            **{field: value[name][i] if value.get(name) is not None else None
+               for field, name in _OPTIONAL_READ.items()},
             path_tokens=tuple(row[i] for row in value["path_tokens"]) if has_paths else (),
-            js=value["js_draft_centroid"][i] if has_paths else None,
-            threshold=value["js_threshold"][i] if has_paths else None,
-            majority_token=value["majority_tokens"][i] if has_paths else None,
-            majority_votes=value["majority_votes"][i] if has_paths else None,
-            draft_votes=value["draft_votes"][i] if has_paths else None,
-            judge_score=value["judge_scores"][i] if value.get("judge_scores") is not None else None,
-            target_top3_entropy=value["target_top3_entropy"][i],
-            coin=value["coin"][i] if value.get("coin") is not None else None,
-            sample_target_prob=_at(value, "sample_target_prob", i),
-            sample_draft_prob=_at(value, "sample_draft_prob", i),
-            target_runner_up=value["target_runner_up"][i] if value.get("target_runner_up") is not None else None,
-            target_logit_ratio=_at(value, "target_logit_ratio", i),
             draft_top=_pairs(host["draft_top_id"][i], host["draft_top_p"][i]) if "draft_top_id" in host else (),
             target_top=_pairs(host["target_top_id"][i], host["target_top_p"][i]) if "target_top_id" in host else (),
             path_top=tuple(_pairs(host["path_top_id"][k, i], host["path_top_p"][k, i])

@@ -29,18 +29,12 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     return filtered / filtered.sum(-1, keepdim=True)
 
 
-def signal_temperature(temperature: float) -> float:
-    """The temperature the smooth distributions are read at: the run's, and 1 when greedy (0), where
-    the divergence rules still need a distribution, not a one-hot. The one place this rule is written."""
-    return temperature if temperature > 0 else 1.0
-
-
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits [..., V] / signal_temperature(temperature), in float32, or float64 where they are float64
-    (the toy head checks the page's numbers to 1e-9 against these); x / 1 is x: no copy made then."""
-    scale = signal_temperature(temperature)
+    """logits [..., V] / T, in float32, or float64 where they are float64 (the toy head checks the page's numbers
+    to 1e-9 against these). T is the run's temperature, and 1 when greedy (0), where the divergence rules still
+    need a distribution, not a one-hot: the one place this rule is written. x / 1 is x: no copy made then."""
     wide = logits if logits.dtype == torch.float64 else logits.float()
-    return wide / scale if scale != 1.0 else wide
+    return wide / temperature if temperature > 0 and temperature != 1.0 else wide
 
 
 def signal_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -63,21 +57,15 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 NUCLEUS_TOP_P = 0.95  # the off-nucleus yardstick: the target's top-p 0.95 nucleus at temperature 1
 
 
-def target_view(logits: torch.Tensor, tokens: torch.Tensor, top_p: float = NUCLEUS_TOP_P) -> tuple[torch.Tensor, torch.Tensor]:
+def target_view(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """How the clean target sees emitted tokens: logits [n, V] (temperature 1), tokens [n] ->
     (log-probability [n], in its top-p nucleus [n] bool). A token is in the nucleus when the
-    tokens more likely than it hold less than top_p of the mass (as sampling_probs keeps them)."""
+    tokens more likely than it hold less than NUCLEUS_TOP_P of the mass (as sampling_probs keeps them)."""
     log_probs = logits.float().log_softmax(-1)
     chosen = log_probs.gather(-1, tokens.view(-1, 1))
     probs = log_probs.exp()
     mass_above = (probs * (log_probs > chosen)).sum(-1)
-    return chosen.view(-1), mass_above < top_p
-
-
-def _log(probs: torch.Tensor) -> torch.Tensor:
-    """log with 0 -> log(tiny): finite, and 0 * log stays 0. (torch.xlogy is ~10x slower on CPU.)
-    The log is taken in place of the clamped copy: one vocabulary-sized temporary, not two."""
-    return probs.clamp_min(torch.finfo(probs.dtype).tiny).log_()
+    return chosen.view(-1), mass_above < NUCLEUS_TOP_P
 
 
 def js_divergence(p_a: torch.Tensor, p_b: torch.Tensor, entropy_a: torch.Tensor | None = None,
@@ -117,5 +105,7 @@ def fast_js_error(vocab_size: int) -> float:
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """probs [..., V] -> entropy [...] (natural log)."""
-    return -torch.linalg.vecdot(probs, _log(probs))
+    """probs [..., V] -> entropy [...] (natural log). log 0 is read as log(tiny): finite, and 0 * log stays 0
+    (torch.xlogy is ~10x slower on CPU); the log is taken in place of the clamped copy: one vocabulary-sized
+    temporary, not two."""
+    return -torch.linalg.vecdot(probs, probs.clamp_min(torch.finfo(probs.dtype).tiny).log_())

@@ -5,7 +5,7 @@ get here, from the same hidden states and masks.
     verified = verify_rounds(head, rule, [Round(...), ...], one_pass)
 
 `head` is anything with `path_logits(hidden, keep, p, clean_logits)` (verifying.Head): our
-models.CausalLM, or a server's LM head (serving/vllm/runner.py).
+causal_lm.CausalLM, or a server's LM head (serving/vllm/runner.py).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class RoundTrace:
     emitted_logprob: tuple[float, ...] = ()
     emitted_in_nucleus: tuple[bool, ...] = ()
     gamma: int | None = None  # the draft length this round asked for (gamma = auto chooses it per round)
-    draft_source: str = "model"  # who drafted this round: "model" or "ngram" (prompt lookup)
+    draft_source: str = "model"  # who drafted this round: "model", "ngram" (prompt lookup) or "eagle3"
 
     @property
     def num_drafted(self) -> int:
@@ -106,10 +106,8 @@ class RoundStates:
 
     def tensors(self):
         """(target_hidden [g + 1, H], draft_hidden [g, H_d]) as float32 CPU tensors."""
-        g = len(self.exact)
-        target = _unpack(self.target_hidden)
-        draft = _unpack(self.draft_hidden)
-        return target.view(g + 1, -1), draft.view(g, -1) if draft.numel() else draft.view(0, 0)
+        g, draft = len(self.exact), _unpack(self.draft_hidden)
+        return _unpack(self.target_hidden).view(g + 1, -1), draft.view(g, -1) if draft.numel() else draft.view(0, 0)
 
 
 def _unpack(text: str):

@@ -14,17 +14,17 @@ differently. `target` is anything with `path_logits(hidden, keep, p, clean_logit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import torch
 
 from . import acceptance, mc_head
-from .acceptance import BONUS, CORRECTION, Signals, Verdict
-from .config import ConfigError
+from .acceptance import BONUS, CORRECTION, ConfigError, Signals, Verdict
 from .timing import PhaseTimer
 from .trained_judge import TrainedJudge
-from .sampling import (entropy, fast_js_error, js_divergence, js_divergence_accurate, sampling_probs, signal_probs,
-                       top_token)
+from .sampling import (entropy, fast_js_error, js_divergence, js_divergence_accurate, sampling_probs, scaled_logits,
+                       signal_probs, top_token)
 
 PATH_FIELDS = ("path_tokens", "js_draft_centroid", "js_threshold", "majority_tokens", "majority_votes", "draft_votes")
 
@@ -88,11 +88,10 @@ class Verified:
 
 
 def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
-                     paths: mc_head.PathStats | None = None, settle_on_host: bool = True,
-                     target_logits: torch.Tensor | None = None, temperature: float = 0.0) -> Signals:
+                     paths: mc_head.PathStats | None = None, target_logits: torch.Tensor | None = None,
+                     temperature: float = 0.0) -> Signals:
     """draft_tokens [g]; q_draft, p_target [g, V] smooth distributions; paths over [K, g, V];
-    settle_on_host: settle_close_calls's; target_logits [g, V] the clean target's at the run's temperature
-    (MARS reads their ratio)."""
+    target_logits [g, V] the clean target's at the run's temperature (MARS reads their ratio)."""
     index = draft_tokens.unsqueeze(-1)
     target_tokens = top_token(p_target)
     signals = dict(
@@ -105,30 +104,24 @@ def position_signals(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target
     draft_entropy, target_entropy = entropy(q_draft), entropy(p_target)
     signals.update(js_draft_target=js_divergence(q_draft, p_target, draft_entropy, target_entropy),
                    target_entropy=target_entropy, target_top3_entropy=top3_entropy(p_target))
-    signals.update(runner_up(p_target if target_logits is None else target_logits, target_tokens))
+    # MARS's runner-up: the argmax with the top token masked out (on tied top values the other tied token, as
+    # 5SSjw/MARS's top-2 and SecureSD's port take it), over the logits where given.
+    ranked = (p_target if target_logits is None else target_logits).float()
+    signals["target_runner_up"] = top_token(ranked.scatter(-1, target_tokens.unsqueeze(-1), float("-inf")))
     if target_logits is not None:
         signals["target_logit_ratio"] = logit_ratio(target_logits, temperature)
     if paths is not None:
         # At p = 0 (PathStats.of_clean_row) the centroid is p_target itself: the divergence just computed.
         known = signals["js_draft_target"] if paths.centroid is p_target else None
-        signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known, settle_on_host))
+        signals.update(path_signals(draft_tokens, q_draft, paths, draft_entropy, known))
     return Signals(**signals)
-
-
-def runner_up(values: torch.Tensor, top: torch.Tensor) -> dict[str, torch.Tensor]:
-    """values [g, V] (logits or probabilities), top [g] each row's top token -> target_runner_up [g]: the
-    argmax with the top token masked out (MARS accepts it where close; on tied top values it is the other
-    tied token, as 5SSjw/MARS's top-2 and SecureSD's port take it)."""
-    masked = values.float().scatter(-1, top.unsqueeze(-1), float("-inf"))
-    return {"target_runner_up": top_token(masked)}
 
 
 def logit_ratio(logits: torch.Tensor, temperature: float = 0.0) -> torch.Tensor:
     """logits [g, V] -> [g] z2' / (z1' + 1e-10) over each row's two largest processed logits z' = z / T (greedy:
     z), MARS's r (5SSjw/MARS evaluate_posterior, after its temperature warper). Float32 whatever the dtype.
     Top-p, its next processor, only removes tokens (with_processed_target: the runner-up it removed)."""
-    top = logits.float().topk(2, dim=-1).values
-    top = top / temperature if temperature > 0 else top
+    top = scaled_logits(logits.float().topk(2, dim=-1).values, temperature)
     return top[..., 1] / (top[..., 0] + 1e-10)
 
 
@@ -180,31 +173,30 @@ def settle_close_calls(q_draft: torch.Tensor, paths: mc_head.PathStats, js_draft
     every position is, and the close ones picked on the device (the same values, no sync)."""
     threshold = paths.threshold
     is_close = (js_draft_centroid - threshold).abs() <= fast_js_error(paths.centroid.shape[-1])
-    if not on_host:
-        accurate_js = js_divergence_accurate(q_draft, paths.centroid).to(js_draft_centroid.dtype)
-        accurate_threshold = js_divergence_accurate(paths.probs, paths.centroid.unsqueeze(0)).max(0).values
-        return (torch.where(is_close, accurate_js, js_draft_centroid),
-                torch.where(is_close, accurate_threshold.to(threshold.dtype), threshold))
-    close = is_close.nonzero().flatten()
-    if close.numel() == 0:
+    close = is_close.nonzero().flatten() if on_host else slice(None)  # [c] the positions recomputed
+    if on_host and close.numel() == 0:
         return js_draft_centroid, threshold
-    js_draft_centroid, threshold = js_draft_centroid.clone(), threshold.clone()
     centroid = paths.centroid[close]
-    js_draft_centroid[close] = js_divergence_accurate(q_draft[close], centroid).to(js_draft_centroid.dtype)
+    accurate_js = js_divergence_accurate(q_draft[close], centroid).to(js_draft_centroid.dtype)
     path_js = js_divergence_accurate(paths.probs[:, close], centroid.unsqueeze(0))  # [K, c]
-    threshold[close] = path_js.max(0).values.to(threshold.dtype)
+    accurate_threshold = path_js.max(0).values.to(threshold.dtype)
+    if not on_host:
+        return (torch.where(is_close, accurate_js, js_draft_centroid),
+                torch.where(is_close, accurate_threshold, threshold))
+    js_draft_centroid, threshold = js_draft_centroid.clone(), threshold.clone()
+    js_draft_centroid[close], threshold[close] = accurate_js, accurate_threshold
     return js_draft_centroid, threshold
+
+
+def _along(name: str, positions: torch.Tensor | slice) -> tuple | torch.Tensor | slice:
+    """The index of some drafted positions in the Signals field `name`: path_tokens [K, g] along its second axis."""
+    return (slice(None), positions) if name == "path_tokens" else positions
 
 
 def at_positions(signals: Signals, positions: torch.Tensor | slice) -> Signals:
     """The signals of some positions only (index [m] into the g drafted positions, or a slice of them)."""
-    fields = {}
-    for name, value in vars(signals).items():
-        if value is None:
-            fields[name] = None
-        else:
-            fields[name] = value[:, positions] if name == "path_tokens" else value[positions]
-    return Signals(**fields)
+    return Signals(**{name: None if value is None else value[_along(name, positions)]
+                      for name, value in vars(signals).items()})
 
 
 def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]],
@@ -223,10 +215,7 @@ def with_path_parts(signals: Signals, parts: list[tuple[torch.Tensor, dict[str, 
     }
     for positions, part in parts:
         for name in PATH_FIELDS:
-            if name == "path_tokens":
-                full[name][:, positions] = part[name].to(full[name].dtype)
-            else:
-                full[name][positions] = part[name].to(full[name].dtype)
+            full[name][_along(name, positions)] = part[name].to(full[name].dtype)
     return Signals(**{**vars(signals), **full})
 
 
@@ -268,8 +257,7 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
                                     judge)
     paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
     if rule.uses_paths and spans[-1][1] > 0:
-        find = _staged_paths if staged else _paths_everywhere
-        paths = find(head, rows, spans, signals, rule, temperature, memo)
+        (_staged_paths if staged else _paths_everywhere)(paths, head, rows, spans, signals, rule, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")
@@ -303,11 +291,8 @@ def _check_shapes(batch: list[VerifyInputs]) -> None:
 
 def _spans(batch: list[VerifyInputs]) -> list[tuple[int, int]]:
     """Each request's [start, end) in the stacked drafted positions."""
-    spans, start = [], 0
-    for inputs in batch:
-        spans.append((start, start + inputs.num_drafted))
-        start += inputs.num_drafted
-    return spans
+    ends = list(accumulate(inputs.num_drafted for inputs in batch))
+    return list(zip([0, *ends], ends))
 
 
 def with_judge_scores(signals: Signals, hidden_after: torch.Tensor, judge: TrainedJudge | None) -> Signals:
@@ -386,19 +371,18 @@ def _cat_or_none(batch: list[VerifyInputs], name: str) -> torch.Tensor | None:
     return None if any(part is None for part in parts) else _cat(parts)
 
 
-def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
-                  memo: dict | None) -> _PathWork:
-    """The paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
-    the exact test rejected them and, by default, they are not the clean target's top token) that can
-    still be reached, left to right, until the rule rejects one. A slot is out of reach after a slot
-    nothing can accept or after the rule's first rejection; its path fields stay empty (a view shows
-    path data only where a rule read it). Stage 1: the first such slot of every request, stacked in
-    one head pass; stage 2: every later reachable slot of the requests whose stage 1 the rule
-    accepted, in one more. At p = 0 every path is the clean row: no head work."""
+def _staged_paths(work: _PathWork, head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
+                  memo: dict | None) -> None:
+    """Fills work with the paths only where the rule reads them: at the slots it judges (acceptance.judged_by_paths:
+    the exact test rejected them and, by default, they are not the clean target's top token) that can still be
+    reached, left to right, until the rule rejects one. A slot is out of reach after a slot nothing can accept or
+    after the rule's first rejection; its path fields stay empty (a view shows path data only where a rule read
+    it). Stage 1: the first such slot of every request, stacked in one head pass; stage 2: every later reachable
+    slot of the requests whose stage 1 the rule accepted, in one more. At p = 0 every path is the clean row: no
+    head work."""
     judged = acceptance.judged_by_paths(signals, rule)
     exact_host, judged_host = torch.stack([signals.exact, judged.to(torch.bool)]).tolist()  # one host read
     reach = [[a + i for i in reachable_judged(exact_host[a:b], judged_host[a:b])] for a, b in spans]
-    work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     stage = [positions[:1] for positions in reach]
     for later in (True, False):
         flat = [position for positions in stage for position in positions]
@@ -408,30 +392,23 @@ def _staged_paths(head: Head, rows: _Rows, spans, signals: Signals, rule, temper
         at, going_on = 0, []
         for request, positions in enumerate(stage):
             ruled = accepted[at: at + len(positions)]
-            read = _read_until_rejection(ruled)
-            _keep(work, request, spans[request][0], positions, len(positions), read,
-                  stats, part, at, rule.num_paths if rule.p != 0.0 else 0)
+            read = next((i + 1 for i, ok in enumerate(ruled) if not ok), len(ruled))  # up to its first rejection
+            _keep(work, request, spans[request][0], positions, read, stats, part, at, rule)
             going_on.append(reach[request][1:] if later and ruled and all(ruled) else [])
             at += len(positions)
         stage = going_on
-    return work
 
 
-def _read_until_rejection(accepted: list[bool]) -> int:
-    """How many of a stage's slots the rule read: up to and including its first rejection."""
-    return next((i + 1 for i, ok in enumerate(accepted) if not ok), len(accepted))
-
-
-def _keep(work: _PathWork, request: int, start: int, positions: list[int], computed: int,
-          read: int, stats: mc_head.PathStats, part: dict, at: int, rows_per_slot: int) -> None:
-    """Record one request's share of a stage: its first `read` slots' path fields and probabilities."""
-    work.rows[request] += rows_per_slot * computed
+def _keep(work: _PathWork, request: int, start: int, positions: list[int], read: int, stats: mc_head.PathStats,
+          part: dict, at: int, rule) -> None:
+    """Record one request's share of a stage: the head rows of its slots `positions` (none at p = 0), its first
+    `read` slots' path fields and probabilities."""
+    work.rows[request] += len(positions) * (rule.num_paths if rule.p != 0.0 else 0)
     if not read:
         return
     where = torch.tensor(positions[:read], dtype=torch.long, device=stats.probs.device)
     picked = slice(at, at + read)
-    work.parts.append((where, {name: value[:, picked] if name == "path_tokens" else value[picked]
-                               for name, value in part.items()}))
+    work.parts.append((where, {name: value[_along(name, picked)] for name, value in part.items()}))
     work.probs[request].append((where - start, stats.probs[:, picked]))
 
 
@@ -442,12 +419,10 @@ def _stage(head: Head, rows: _Rows, signals: Signals, rule, temperature: float, 
     key = ("paths", tuple(rows.keys[position] for position in flat), rule.num_paths, rule.p,
            rule.centroid, rule.mask_draw)
     where = torch.tensor(flat, dtype=torch.long, device=signals.draft_tokens.device)
-    if memo is not None and key in memo:
-        stats, part = memo[key]
-    else:
-        stats, part = _paths_at(head, rows, signals, rule, temperature, flat, where, settle_on_host=True)
-        if memo is not None:
-            memo[key] = stats, part
+    memo = {} if memo is None else memo
+    if key not in memo:
+        memo[key] = _paths_at(head, rows, signals, rule, temperature, flat, where, settle_on_host=True)
+    stats, part = memo[key]
     checked = Signals(**{**vars(at_positions(signals, where)), **part})
     return stats, part, acceptance.rule_accepts(rule, checked).tolist()
 
@@ -456,24 +431,20 @@ def _paths_at(head: Head, rows: _Rows, signals: Signals, rule, temperature: floa
               where: torch.Tensor | None, settle_on_host: bool) -> tuple[mc_head.PathStats, dict[str, torch.Tensor]]:
     """PathStats and path fields at the stacked slots `flat` (where: the same as a tensor; None: every
     slot), each slot with its own request's masks."""
-    hidden, clean_logits, q_signal, draft_tokens = rows.hidden, rows.clean_logits, rows.q_signal, signals.draft_tokens
-    keys = [key[:2] for key in rows.keys]
-    if flat is not None:
-        hidden, clean_logits, q_signal, draft_tokens = hidden[where], clean_logits[where], q_signal[where], draft_tokens[where]
-        keys = [keys[position] for position in flat]
+    stacked = rows.hidden, rows.clean_logits, rows.q_signal, signals.draft_tokens
+    hidden, clean_logits, q_signal, draft_tokens = stacked if flat is None else (tensor[where] for tensor in stacked)
+    keys = [key[:2] for key in (rows.keys if flat is None else [rows.keys[position] for position in flat])]
     stats = path_stats_at(head, hidden, clean_logits, rule, temperature, keys)
     return stats, path_signals(draft_tokens, q_signal, stats, settle_on_host=settle_on_host)
 
 
-def _paths_everywhere(head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
-                      memo: dict | None) -> _PathWork:
-    """The paths at every drafted slot in one head pass, no host read (settle_close_calls on the device)."""
+def _paths_everywhere(work: _PathWork, head: Head, rows: _Rows, spans, signals: Signals, rule, temperature: float,
+                      memo: dict | None) -> None:
+    """Fills work with the paths at every drafted slot in one head pass, no host read (settle_close_calls on
+    the device)."""
     stats, part = _paths_at(head, rows, signals, rule, temperature, None, None, settle_on_host=False)
-    work = _PathWork([], [0] * len(spans), [[] for _ in spans])
     for request, (a, b) in enumerate(spans):
-        _keep(work, request, a, list(range(a, b)), b - a, b - a, stats, part, a,
-              rule.num_paths if rule.p != 0.0 else 0)
-    return work
+        _keep(work, request, a, list(range(a, b)), b - a, stats, part, a, rule)
 
 
 def reachable_judged(exact: list[bool], judged: list[bool]) -> list[int]:
@@ -512,11 +483,14 @@ def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: 
     n = spans[-1][1]
     checks = _checks(rule, spans, signals) if n else []
     argmax = torch.cat([top_token(inputs.clean_logits) for inputs in batch])
-    replaced = _replaced(rule, batch, signals, checks) if n else None
+    replaces = acceptance.RULES[rule.rule].replaces_exact  # replaced [n]: where it replaces the lossless test
+    replaced = replaces(signals, rule, batch[0].temperature == 0.0) if replaces is not None and checks else None
     if judged is not None:
         checks = [(name, mask & judged) for name, mask in checks]
         replaced = None if replaced is None else replaced & judged
-    exact = signals.exact if replaced is None else torch.where(replaced, signals.exact & _any(checks), signals.exact)
+    exact = signals.exact
+    if replaced is not None:  # there a draft the exact test accepted stands only where a check accepts it too
+        exact = torch.where(replaced, exact & torch.stack([mask for _, mask in checks]).any(0), exact)
     codes = acceptance.scan(torch.stack([exact, *(mask for _, mask in checks)]), [b - a for a, b in spans])
     parts = [codes, signals.draft_tokens, argmax]
     parts += [] if replaced is None else [replaced, signals.rule_top if signals.rule_top is not None else argmax[:0]]
@@ -533,18 +507,6 @@ def _scans(rule, batch: list[VerifyInputs], spans, signals: Signals, generator: 
                              len(own) > n else None, ruled, generator)
         found.append((Verdict(accepted, reasons, token, kind), drafts[a: a + accepted] + [token]))
     return found
-
-
-def _any(checks) -> torch.Tensor:
-    return torch.stack([mask for _, mask in checks]).any(0)
-
-
-def _replaced(rule, batch: list[VerifyInputs], signals: Signals, checks) -> torch.Tensor | None:
-    """[n] where the rule's own test replaces the lossless one (None: nowhere, or a rule with no checks)."""
-    replaces = acceptance.RULES[rule.rule].replaces_exact
-    if replaces is None or not checks:
-        return None
-    return replaces(signals, rule, batch[0].temperature == 0.0)
 
 
 def _extra(inputs: VerifyInputs, request: int, a: int, b: int, accepted: int, argmax_host: list[int],
@@ -575,7 +537,7 @@ def _one_temperature(batch: list[VerifyInputs]) -> float:
     temperatures = {inputs.temperature for inputs in batch}
     if len(temperatures) > 1:
         raise ValueError(f"one verify step reads one temperature, got {sorted(temperatures)}")
-    return temperatures.pop() if temperatures else 0.0
+    return temperatures.pop()
 
 
 def path_stats_at(target: Head, hidden: torch.Tensor, clean_logits: torch.Tensor, rule, temperature: float,

@@ -88,11 +88,8 @@ def _first_line(error: Exception) -> str:
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target: str, draft: str) -> None:
     if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-        raise ModelLoadError(
-            f"{target!r} and {draft!r} do not share a tokenizer "
-            f"({len(target_tokenizer)} vs {len(draft_tokenizer)} tokens); "
-            "speculative decoding needs one vocabulary"
-        )
+        raise ModelLoadError(f"{target!r} and {draft!r} do not share a tokenizer ({len(target_tokenizer)} vs "
+                             f"{len(draft_tokenizer)} tokens); speculative decoding needs one vocabulary")
 
 
 def available_memory(device: torch.device) -> int:
@@ -124,10 +121,8 @@ def check_fits_memory(spec: PairSpec, device: torch.device, headroom: float = 1.
     free = available_memory(device)
     if needed * headroom > free:
         where = "GPU memory" if device.type == "cuda" else "memory"
-        raise ModelLoadError(
-            f"{spec.target} + {spec.draft} need about {needed / 2**30:.1f} GiB of weights; "
-            f"only {free / 2**30:.1f} GiB of {where} is free"
-        )
+        raise ModelLoadError(f"{spec.target} + {spec.draft} need about {needed / 2**30:.1f} GiB of weights; "
+                             f"only {free / 2**30:.1f} GiB of {where} is free")
 
 
 def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
@@ -138,10 +133,7 @@ def load_hub_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedP
     check_fits_memory(spec, device)
     target_model = _load_model(spec.target, device, spec.trust_remote_code)
     draft_model = _load_model(spec.draft, device, spec.trust_remote_code)
-    vocab_size = min(
-        target_model.get_output_embeddings().weight.shape[0],
-        draft_model.get_output_embeddings().weight.shape[0],
-    )
+    vocab_size = min(model.get_output_embeddings().weight.shape[0] for model in (target_model, draft_model))
     if vocab_size < len(tokenizer):
         raise ModelLoadError(f"the heads score {vocab_size} tokens but the tokenizer has {len(tokenizer)}")
     return _pair(target_model, draft_model, tokenizer, spec, (spec.target, spec.draft), vocab_size)
@@ -188,15 +180,14 @@ def check_sha256(path: Path) -> None:
                              f"{GGUF_SHA256[:12]}… (a damaged or different file: delete it and load again)")
 
 
-def embedded_target_dir(gguf: Path | None = None) -> Path:
-    """SmolLM2-135M-Instruct converted from its GGUF (`gguf`, else embedded_gguf_path's) to
-    safetensors, once (~20 s)."""
+def embedded_target_dir(gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF file `gguf` to safetensors, once (~20 s)."""
     out = cache_root() / "smollm2-135m-instruct"
     if not _converted(out):
         out.parent.mkdir(parents=True, exist_ok=True)
         with _one_process_at_a_time(out.parent / ".convert.lock"):  # two servers or test workers starting at once
             if not _converted(out):
-                _convert_embedded(gguf or embedded_gguf_path()[0], out)
+                _convert_embedded(gguf, out)
     return out
 
 
@@ -358,14 +349,15 @@ def load_pair(spec: PairSpec, device: torch.device | None = None) -> LoadedPair:
 def load_eagle3_head(name: str, target: CausalLM) -> "eagle3.Eagle3Head":
     """An EAGLE-3 head over `target`: a folder, or a hub id whose config.json and weights are fetched; read
     and checked by decoding/eagle3.py (ConfigError, one line, where it does not fit the target)."""
-    folder = Path(name)
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
+    return eagle3.load_named(name, target, _fetch_head)
 
-            folder = Path(snapshot_download(name, allow_patterns=["config.json", *eagle3.WEIGHT_FILES]))
-        except Exception as error:  # the hub's errors are many; the user needs one line
-            raise ModelLoadError(f"could not fetch the EAGLE-3 head {name!r}: {_first_line(error)}") from error
-    return eagle3.load_head(folder, target, name)
+
+def _fetch_head(name: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=["config.json", *eagle3.WEIGHT_FILES]))
+    except Exception as error:  # the hub's errors are many; the user needs one line
+        raise ModelLoadError(f"could not fetch the EAGLE-3 head {name!r}: {_first_line(error)}") from error
 
 

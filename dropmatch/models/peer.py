@@ -17,8 +17,6 @@ def target_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int
     """transformers' plain generate() on `target`: greedy at temperature 0, else sampled at the same
     temperature and top-p (top-k off), seeded with torch.manual_seed(seed); the same max_new_tokens and stop
     ids as the engine's runs. Returns (new tokens, seconds of the whole call: prefill and every step)."""
-    if temperature == 0:
-        return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids)
-    torch.manual_seed(seed)
-    return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids,
-                           sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0))
+    if temperature > 0:
+        torch.manual_seed(seed)
+    return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, temperature, top_p)

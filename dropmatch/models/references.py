@@ -85,10 +85,8 @@ def ensemble_assisted_generate(target: CausalLM, draft: CausalLM, prompt_ids: li
     refuses a temperature of 0). Returns (new tokens, seconds)."""
     torch.manual_seed(seed)
     with _draft_length(draft, gamma):
-        return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, assistant_model=draft.model,
-                               sampling=dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-                               if temperature > 0 else None,
-                               assistant_ensemble_weight=weight)
+        return _timed_generate(target, prompt_ids, max_new_tokens, stop_ids, temperature, top_p,
+                               assistant_model=draft.model, assistant_ensemble_weight=weight)
 
 
 @contextlib.contextmanager
@@ -124,10 +122,11 @@ def prompt_lookup_generate(target: CausalLM, prompt_ids: list[int], max_new_toke
 
 
 def _timed_generate(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids,
-                    sampling: dict | None = None, **options):
-    """sampling: generate()'s sampling arguments (default greedy). The models run torch's default kernels
-    (cpu_kernels.torch_default_kernels), as the plain models a user loads do: our measured kernels are ours."""
-    sampling = sampling or dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+                    temperature: float = 0.0, top_p: float = 1.0, **options):
+    """Greedy at temperature 0, else sampled at temperature and top_p (top-k off). The models run torch's default
+    kernels (cpu_kernels.torch_default_kernels), as the plain models a user loads do: our measured kernels are ours."""
+    sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0
+                else dict(do_sample=False, temperature=None, top_p=None, top_k=None))
     input_ids = torch.tensor([prompt_ids], device=target.device)
     synchronize(target.device)
     start = time.perf_counter()

@@ -2,8 +2,8 @@
 
     layout.py     the components, one builder per tab (Ui: every component by name)
     views.py      data -> what the components show (a RunRecord, a running Comparison)
-    callbacks.py  settings in, views out; the model work through the Studio (and ZeroGPU's GPU call)
-    listeners.py  every event in one place; create_demo(studio) -> gr.Blocks
+    callbacks.py  settings in, views out; the model work through the PairHost (and ZeroGPU's GPU call)
+    listeners.py  every event in one place; create_demo(host) -> gr.Blocks
 """
 
 from ..assets import page_file

@@ -162,7 +162,7 @@ def reverify_view(host: PairHost, record: RunRecord | None, controls: dict, disa
     if record is None:
         return {"lab_status": "Run a comparison (or open a recorded run) first."}
     if not lab.has_states(record.lossless):
-        return {"lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+        return {"lab_status": views.NO_LAB_STATES}
     try:
         settings = lab.lab_settings(record.lossy, **controls)
     except ConfigError as error:

@@ -9,9 +9,9 @@ import gradio as gr
 
 from .. import plots
 from ..decoding.acceptance import KNOBS, MAX_GAMMA, RULES, Knob
-from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_robustness, load_same_drafts, page_file,
-                      tab_note)
-from ..decoding.config import DEFAULTS, DRAFT_SOURCES, LAB_P, METHOD_SETTINGS, PRESETS
+from ..assets import (ROBUSTNESS_LONG_DRAFT_FILE, how_it_works, load_examples, load_robustness, load_same_drafts,
+                      page_file, tab_note)
+from ..decoding.config import DEFAULTS, LAB_P, METHOD_SETTINGS, PRESETS
 from ..runfile import recorded_runs
 from ..render import legend_html
 from ..rule_words import KNOB_HELP
@@ -98,14 +98,10 @@ class Ui:
     load_timer: gr.Timer
 
     def setting_names(self) -> tuple[str, ...]:
-        """The Run button's inputs by Settings name: the fixed controls, then every knob's key."""
         return (*SETTING_CONTROLS, *self.rule_knobs)
 
     def setting_components(self) -> list:
         return [self.component(name) for name in self.setting_names()]
-
-    def lab_names(self) -> tuple[str, ...]:
-        return tuple(self.lab_knobs)
 
     def lab_controls(self) -> list:
         return list(self.lab_knobs.values())
@@ -147,7 +143,11 @@ def build_layout() -> Ui:
                     _run_view(parts)
                 with gr.Tabs(elem_id=f"{group_id}-tabs", overflow_behavior="wrap") as parts[f"{group_id}_tabs"]:
                     for name in names:
-                        TAB_BUILDERS[name](parts)
+                        build, tab_id, elem_id, noted = TAB_BUILDERS[name]
+                        with gr.Tab(name, id=tab_id, elem_id=elem_id):
+                            if noted:
+                                gr.Markdown(tab_note(name))
+                            build(parts)
     # A visitor's run and matrix go an hour after their last use (a long-lived server keeps no stale sessions).
     parts["last_run"] = gr.State(None, time_to_live=SESSION_TTL_S)
     parts["lab_matrix"] = gr.State(None, time_to_live=SESSION_TTL_S)
@@ -192,7 +192,7 @@ def method_button_label(in_use: bool) -> str:
 
 def _examples(parts: dict) -> None:
     """Under the prompt, Run and the status, not between them: on a phone Run stays on the first screen."""
-    examples = views.example_prompts()
+    examples = [[example["prompt"]] for example in load_examples()]
     if examples:
         gr.Examples(examples=examples, inputs=[parts["prompt"]], label="Examples (GSM8K, HumanEval, MT-Bench, IFEval)")
 
@@ -273,97 +273,83 @@ def _columns(parts: dict) -> None:
 
 
 def _replay_tab(parts: dict) -> None:
-    with gr.Tab("Replay", id="replay", elem_id="replay-tab"):
-        gr.Markdown(tab_note("Replay"))
-        parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=page_file("replay.js"), elem_id="replay")
+    parts["replay_out"] = gr.HTML(views.replay_html(None), js_on_load=page_file("replay.js"), elem_id="replay")
 
 
 def _lessons_tab(parts: dict) -> None:
-    with gr.Tab("Lessons", id="lessons", elem_id="lessons-tab"):
-        gr.Markdown(tab_note("Lessons"))
-        parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=page_file("lessons.js"), elem_id="lessons")
+    parts["lesson_out"] = gr.HTML(views.lessons_html(None), js_on_load=page_file("lessons.js"), elem_id="lessons")
 
 
 def _charts_tab(parts: dict) -> None:
-    with gr.Tab("Charts"):
-        with gr.Row():
-            parts["plot_agreement"] = gr.Plot(show_label=False, label="MC-path agreement", elem_id="plot-agreement")
-            parts["plot_js"] = gr.Plot(show_label=False, label="JS vs threshold", elem_id="plot-js")
-        with gr.Row():
-            parts["plot_acceptance"] = gr.Plot(show_label=False, label="Acceptance length", elem_id="plot-acceptance")
-            parts["plot_calls"] = gr.Plot(show_label=False, label="Tokens vs target calls", elem_id="plot-calls")
+    with gr.Row():
+        parts["plot_agreement"] = gr.Plot(show_label=False, label="MC-path agreement", elem_id="plot-agreement")
+        parts["plot_js"] = gr.Plot(show_label=False, label="JS vs threshold", elem_id="plot-js")
+    with gr.Row():
+        parts["plot_acceptance"] = gr.Plot(show_label=False, label="Acceptance length", elem_id="plot-acceptance")
+        parts["plot_calls"] = gr.Plot(show_label=False, label="Tokens vs target calls", elem_id="plot-calls")
 
 
 def _step_tab(parts: dict) -> None:
-    with gr.Tab("Step through", elem_id="step-tab"):
-        with gr.Row():
-            parts["step_column"] = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
-            parts["step_round"] = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
-        parts["step_out"] = gr.HTML("Run a comparison first.", elem_id="step-view")
+    with gr.Row():
+        parts["step_column"] = gr.Radio(["lossy rule", "lossless"], value="lossy rule", label="column")
+        parts["step_round"] = gr.Slider(0, 1, value=0, step=1, label="verification round", interactive=False)
+    parts["step_out"] = gr.HTML("Run a comparison first.", elem_id="step-view")
 
 
 def _lab_tab(parts: dict) -> None:
-    with gr.Tab("Rule lab", elem_id="lab-tab"):
-        gr.Markdown(tab_note("Rule lab"))
-        with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
-            parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
-                                  for knob in KNOBS.values() if knob.lab}
-        with gr.Row():
-            parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
-            parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",
-                                                     elem_id="lab-disagreements")
-        parts["lab_summary"] = gr.HTML(elem_id="lab-summary")
-        parts["lab_out"] = gr.HTML(elem_id="lab-matrix")
+    with gr.Row(elem_id="lab-knobs"):  # the knobs the rule table offers the lab (Knob.lab), each from its declaration
+        parts["lab_knobs"] = {knob.name: knob_control(knob, "", f"lab-{knob.user_key.replace('_', '-')}", lab=True)
+                              for knob in KNOBS.values() if knob.lab}
+    with gr.Row():
+        parts["lab_status"] = gr.Markdown("Run a comparison (or open a recorded run) first.", elem_id="lab-status")
+        parts["lab_disagreements"] = gr.Checkbox(False, label="only tokens where the rules disagree",
+                                                 elem_id="lab-disagreements")
+    parts["lab_summary"] = gr.HTML(elem_id="lab-summary")
+    parts["lab_out"] = gr.HTML(elem_id="lab-matrix")
 
 
 def _tradeoff_tab(parts: dict) -> None:
-    with gr.Tab("Trade-offs", elem_id="tradeoff-tab"):
-        gr.Markdown(tab_note("Trade-offs"))
-        parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
+    parts["plot_tradeoff"] = gr.Plot(show_label=False, label="Trade-off frontier", elem_id="plot-tradeoff")
 
 
 def _robustness_tab(parts: dict) -> None:
-    with gr.Tab("Robustness", elem_id="robustness-tab"):
-        document = load_robustness()
-        gr.Markdown(tab_note("Robustness"))
-        gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
-        gr.Markdown(tab_note("Robustness: each rule's own text"))
-        parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
-                                           elem_id="plot-robustness")
-        gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
-        gr.Markdown(tab_note("Robustness: a long fixed draft"))
-        gr.Markdown(views.robustness_markdown(load_robustness(ROBUSTNESS_LONG_DRAFT_FILE)),
-                    elem_id="robustness-long-table")
+    document = load_robustness()
+    gr.Markdown(views.same_drafts_markdown(load_same_drafts()), elem_id="same-drafts-table")
+    gr.Markdown(tab_note("Robustness: each rule's own text"))
+    parts["plot_robustness"] = gr.Plot(plots.robustness_figure(document), label="Robustness", show_label=False,
+                                       elem_id="plot-robustness")
+    gr.Markdown(views.robustness_markdown(document), elem_id="robustness-table")
+    gr.Markdown(tab_note("Robustness: a long fixed draft"))
+    gr.Markdown(views.robustness_markdown(load_robustness(ROBUSTNESS_LONG_DRAFT_FILE)), elem_id="robustness-long-table")
 
 
 def _toy_tab(parts: dict) -> None:
-    with gr.Tab("Toy head", elem_id="toy-tab"):
-        gr.Markdown(tab_note("Toy head"))
-        gr.HTML('<div class="dm-toy-host"></div>', js_on_load=page_file("toy_head.js"), elem_id="toy-head")
+    gr.HTML('<div class="dm-toy-host"></div>', js_on_load=page_file("toy_head.js"), elem_id="toy-head")
 
 
 def _how_tab(parts: dict) -> None:
-    with gr.Tab("How it works"):
-        gr.Markdown(how_it_works(), latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+    gr.Markdown(how_it_works(), latex_delimiters=[{"left": "$", "right": "$", "display": False}])
 
 
 def _downloads_tab(parts: dict) -> None:
-    with gr.Tab("Downloads"):
-        parts["download_trace"] = gr.File(label="trace (JSON)")
-        parts["download_metrics"] = gr.File(label="metrics (CSV)")
+    parts["download_trace"] = gr.File(label="trace (JSON)")
+    parts["download_metrics"] = gr.File(label="metrics (CSV)")
 
 
 def _recorded_tab(parts: dict) -> None:
-    with gr.Tab("Recorded runs", elem_id="recorded-tab"):
-        gr.Markdown(tab_note("Recorded runs"))
-        with gr.Row():
-            parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
-                                                   elem_id="recorded-choice")
-            parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
-                                               elem_id="recorded-upload")
+    with gr.Row():
+        parts["recorded_choice"] = gr.Dropdown(list(recorded_runs()), value=None, label="shipped runs",
+                                               elem_id="recorded-choice")
+        parts["recorded_upload"] = gr.File(label="open a recorded run (trace JSON)", file_types=[".json"],
+                                           elem_id="recorded-upload")
 
 
-# Each tab's builder by its label (TAB_GROUPS names them).
-TAB_BUILDERS = {"Replay": _replay_tab, "Step through": _step_tab, "Charts": _charts_tab, "Rule lab": _lab_tab,
-                "Trade-offs": _tradeoff_tab, "Robustness": _robustness_tab, "Lessons": _lessons_tab, "Toy head": _toy_tab,
-                "How it works": _how_tab, "Downloads": _downloads_tab, "Recorded runs": _recorded_tab}
+# Each tab by its label (TAB_GROUPS names them): its builder, its gr.Tab's id and elem_id (None: it has none), and
+# whether it opens with its note (assets/tab_notes.md).
+TAB_BUILDERS = {
+    "Replay": (_replay_tab, "replay", "replay-tab", True), "Step through": (_step_tab, None, "step-tab", False),
+    "Charts": (_charts_tab, None, None, False), "Rule lab": (_lab_tab, None, "lab-tab", True),
+    "Trade-offs": (_tradeoff_tab, None, "tradeoff-tab", True), "Toy head": (_toy_tab, None, "toy-tab", True),
+    "Robustness": (_robustness_tab, None, "robustness-tab", True), "Downloads": (_downloads_tab, None, None, False),
+    "Lessons": (_lessons_tab, "lessons", "lessons-tab", True), "How it works": (_how_tab, None, None, False),
+    "Recorded runs": (_recorded_tab, None, "recorded-tab", True)}

@@ -121,8 +121,7 @@ def _run_listeners(ui: Ui, on_run, first_visit, janitor: SessionJanitor, stops: 
         return gr.Tabs(selected="watch"), _stop_button(active=True)
 
     def on_stop(request: gr.Request):
-        stop = stops.get(request.session_hash)
-        if stop is not None:
+        if (stop := stops.get(request.session_hash)) is not None:
             stop.set()
 
     ui.run_button.click(on_press, None, [ui.tabs, ui.stop_button], api_visibility="private", queue=False)
@@ -157,18 +156,14 @@ def _control_listeners(ui: Ui) -> None:
                                      f"Set: draft length γ {fix.get('gamma')}. Press **Run**." if fix else gr.skip()],
                         ui.fix_settings, [ui.gamma, ui.fix_button, ui.status], api_visibility="private")
     # Settings shows the chosen rule's knobs only (the rule table says which it reads).
-    ui.rule.change(lambda rule: [gr.update(visible=knob_shown(knob.name, rule)) for knob in _knobs_of(ui)],
+    ui.rule.change(lambda rule: [gr.update(visible=knob_shown(knob_by_key(key).name, rule)) for key in ui.rule_knobs],
                    ui.rule, list(ui.rule_knobs.values()), api_visibility="private", show_progress="hidden")
-
-
-def _knobs_of(ui: Ui) -> list:
-    return [knob_by_key(key) for key in ui.rule_knobs]
 
 
 def _lab_listeners(ui: Ui, host: PairHost) -> None:
     def on_lab(record, *values):
         *controls, disagreements_only = values
-        return ui.bind(callbacks.reverify_view(host, record, dict(zip(ui.lab_names(), controls)), disagreements_only))
+        return ui.bind(callbacks.reverify_view(host, record, dict(zip(ui.lab_knobs, controls)), disagreements_only))
 
     lab_outputs = [ui.lab_status, ui.lab_out, ui.lab_summary, ui.lab_matrix]
     # User input only (a run setting the controls re-judges nothing); a drag's many steps coalesce to the last one.

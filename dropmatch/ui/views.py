@@ -10,12 +10,12 @@ from pathlib import Path
 import gradio as gr
 
 from ..decoding.acceptance import BASELINE, KNOBS, METHOD, RULES
-from ..assets import load_examples, load_frontier
+from ..assets import load_frontier
 from .. import plots
-from ..plots import all_figures, frontier_figure
 from ..metrics import speed_ratio_interval, summarize
 from ..runfile import Downloads, RunRecord
 from ..decoding.config import DEFAULTS, DRAFT_SOURCES, HEAD_DRAFT_SOURCES, PRESETS, DecodeConfig, RuleConfig
+from ..decoding.eagle3 import SOURCE as EAGLE3
 from ..render import (cannot_act, draft_length_fix, explainer, lab_html, lab_summary_html, stats_html, step_html,
                       text_html, token_spans, verdict)
 from ..builtin_lessons import lessons_html
@@ -24,10 +24,6 @@ from ..rule_words import RULE_WORDS, column_title, drafted_by
 from ..decoding.trace import GenerationTrace
 
 FIGURE_NAMES = ("agreement", "js", "acceptance", "tokens_vs_calls")
-
-
-def example_prompts() -> list[list[str]]:
-    return [[e["prompt"]] for e in load_examples()]
 
 
 def lossy_rule_choices() -> list[tuple[str, str]]:
@@ -56,11 +52,20 @@ def trace_html(trace: GenerationTrace, record: RunRecord) -> str:
                                  texts=trace.token_texts))
 
 
-def figures_of(record: RunRecord) -> dict:
-    return all_figures(record.lossless, record.lossy, record.ar, record.token_text)
+POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15", EAGLE3: "EAGLE-3 drafts"}
+SCROLL_BOX = '<div class="dm-scroll dm-nowrap-table">\n\n{}\n\n</div>'  # tables scroll in it: no word breaks on a phone
 
 
-POLICY_NAMES = {"studio": "the Studio's (auto)", "long": "fixed 15", "eagle3": "EAGLE-3 drafts"}
+def _table(head, rows) -> str:
+    """A Markdown table: the header, its rule, then each row (a sequence of cells)."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def _measured_with(commands) -> str:
+    """The commands a table came from, each a wrapping block ("" where none is kept)."""
+    shown = "".join(f'<pre class="dm-command">{html.escape(c)}</pre>' for c in commands if c)
+    return f"\n\nMeasured with:\n\n{shown}" if shown else ""
 
 
 def same_drafts_markdown(document: dict | None) -> str:
@@ -74,29 +79,23 @@ def same_drafts_markdown(document: dict | None) -> str:
     shown = [METHOD, *(rule for rule in RULES if RULE_WORDS[rule].rival)]  # the short table: DropMatch and the field
     head = ["draft policy", "prompt set", *(f"{column_title(r)} vs {'lossless' if r == METHOD else 'DropMatch'}"
                                              for r in shown), "target p of the added tokens"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     sets = document.get("same_drafts_info", {}).get("sets", {})
     for policy, by_set in document["same_drafts"].items():
         for name, rules in by_set.items():
             gains = [gain_text(rules.get(r, {}).get("gain" if r == METHOD else "against_method")) for r in shown]
             probs = " / ".join(f"{rules[r]['target_prob']['value']:.2f}" if rules.get(r, {}).get("target_prob") else "–"
                                for r in shown)
-            lines.append("| " + " | ".join([POLICY_NAMES.get(policy, policy), sets.get(name, {}).get("label", name),
-                                            *gains, probs]) + " |")
-    full = []
-    for policy in document["same_drafts"]:
-        rows = ["| " + " | ".join(SAME_DRAFTS_HEADER) + " |", "|" + "---|" * len(SAME_DRAFTS_HEADER)]
-        rows += ["| " + " | ".join(html.escape(cell) for cell in row) + " |" for row in same_drafts_rows(document, policy)]
-        full.append(f"{same_drafts_caption(document, policy)}\n\n" + "\n".join(rows))
+            rows.append([POLICY_NAMES.get(policy, policy), sets.get(name, {}).get("label", name), *gains, probs])
+    full = [f"{same_drafts_caption(document, policy)}\n\n"
+            + _table(SAME_DRAFTS_HEADER, [map(html.escape, row) for row in same_drafts_rows(document, policy)])
+            for policy in document["same_drafts"]]
     settings = document.get("settings") or {}
-    commands = settings.get("commands") or [settings.get("command")]
-    shown_commands = "".join(f'<pre class="dm-command">{html.escape(c)}</pre>' for c in commands if c)
     note = "\n\n*Interrupted: each set's label says how many of its prompts ran.*" if document.get("interrupted") else ""
-    return ('<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>" + note
+    return (SCROLL_BOX.format(_table(head, rows)) + note
             + "\n\nThe probabilities are DropMatch's / MARS's / the ensemble's / the judge's / FLy's, in that order."
-            + '\n\n<details><summary>Every rule, set and policy</summary>\n\n<div class="dm-scroll dm-nowrap-table">\n\n'
-            + "\n\n".join(full) + "\n\n</div></details>"
-            + (f"\n\nMeasured with:\n\n{shown_commands}" if shown_commands else ""))
+            + "\n\n<details><summary>Every rule, set and policy</summary>\n\n" + SCROLL_BOX.format("\n\n".join(full))
+            + "</details>" + _measured_with(settings.get("commands") or [settings.get("command")]))
 
 
 def _set_label(name: str, ran: int | None) -> str:
@@ -108,43 +107,38 @@ def _set_label(name: str, ran: int | None) -> str:
         f"{set_title(name)}, {ran} prompt{'s' if ran != 1 else ''}" if ran else set_title(name)
 
 
-def _ratio_text(figure: dict) -> str:
-    """A ratio with its interval: "1.05x [0.91, 1.20]"."""
-    return f"{figure['value']:.2f}x [{figure['low']:.2f}, {figure['high']:.2f}]"
-
-
 def robustness_markdown(document: dict | None) -> str:
     """The robustness experiment's numbers under its chart: one row per benchmark and lossy run; tau gain and
     speed with their 95% intervals over prompts where the document keeps per-prompt counts (a lead or a
     trail is said only beyond the interval)."""
     from ..bench.tables import gain_text
 
-    rows = plots.robustness_rows(document)
-    if not rows:
+    results = plots.robustness_rows(document)
+    if not results:
         return "No robustness results are shipped with this build."
-    lines = ["| benchmark | run | tau gain | speed vs lossless | ΔNLL | Δoff-nucleus | Δdistinct-2 | inside the band | task score (lossless) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    head = ("benchmark", "run", "tau gain", "speed vs lossless", "ΔNLL", "Δoff-nucleus", "Δdistinct-2",
+            "inside the band", "task score (lossless)")
     prompts = {name: b.get("prompts") for name, b in ((document or {}).get("benchmarks") or {}).items()}
-    for r in rows:
+    rows = []
+    for r in results:
         band = "no: " + ", ".join(r["outside"]) if r["outside"] else "yes"
         score = "–" if r["score"] is None or r["lossless_score"] is None else "– (lossless SD scores 0 here)" \
             if r["lossless_score"] == 0 else f"{r['score']:.3f} ({r['lossless_score']:.3f})"
         tau_gain = gain_text(r["tau_gain_interval"]) if r["tau_gain_interval"] else f"{100 * r['tau_gain']:+.1f}%"
-        speed = _ratio_text(r["speed_interval"]) if r["speed_interval"] else f"{r['speed'] or 0:.2f}x"
-        lines.append(f"| {_set_label(r['benchmark'], prompts.get(r['benchmark']))} ({r['place']}) | "
-                     f"{plots.run_label(r['run'])} | {tau_gain} | "
-                     f"{speed} | {r['delta_nll'] or 0:+.3f} | {100 * (r['delta_off_nucleus'] or 0):+.1f} pt | "
-                     f"{r['delta_distinct2'] or 0:+.3f} | {band} | {score} |")
+        ci = r["speed_interval"]
+        speed = f"{ci['value']:.2f}x [{ci['low']:.2f}, {ci['high']:.2f}]" if ci else f"{r['speed'] or 0:.2f}x"
+        rows.append([f"{_set_label(r['benchmark'], prompts.get(r['benchmark']))} ({r['place']})",
+                     plots.run_label(r["run"]), tau_gain, speed, f"{r['delta_nll'] or 0:+.3f}",
+                     f"{100 * (r['delta_off_nucleus'] or 0):+.1f} pt", f"{r['delta_distinct2'] or 0:+.3f}", band,
+                     score])
     command = ((document or {}).get("settings") or {}).get("command")
-    # The table scrolls inside its box (no word is broken to fit a phone); the command is a wrapping block.
-    table = '<div class="dm-scroll dm-nowrap-table">\n\n' + "\n".join(lines) + "\n\n</div>"
-    return table + (f'\n\nMeasured with:\n\n<pre class="dm-command">{html.escape(command)}</pre>' if command else "")
+    return SCROLL_BOX.format(_table(head, rows)) + _measured_with([command])
 
 
 def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
     """The shipped frontier (all prompts) with this run's point on it."""
     if frontier is None:
-        return frontier_figure([], None, None)
+        return plots.frontier_figure([], None, None)
     points = [p for p in frontier["frontier"] if p["benchmark"] == "all"]
     current = None
     if record is not None:
@@ -154,8 +148,8 @@ def tradeoff_figure(record: RunRecord | None, frontier: dict | None):
                        "off_nucleus_rate": lossy.off_nucleus_rate,
                        "label": f"this run ({plots.run_label(record.rule)})"}
     reference = (frontier.get("reference") or {}).get("target_sampled")
-    return frontier_figure(points, frontier["rules"].get(BASELINE), reference, current,
-                           title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
+    return plots.frontier_figure(points, frontier["rules"].get(BASELINE), reference, current,
+                                 title="Trade-off frontier of the embedded pair (shipped benchmark) and this run")
 
 
 def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | None = None,
@@ -163,7 +157,7 @@ def finished_view(record: RunRecord, downloads: Downloads, recorded_from: str | 
     """Every output of a finished run (or of a recorded one, `recorded_from` naming it; `shipped`: the
     file it came with, offered as its download instead of a copy), by Ui field name."""
     lossless_metrics, lossy_metrics = record.metrics()
-    figs = figures_of(record)
+    figs = plots.all_figures(record.lossless, record.lossy, record.ar, record.token_text)
     trace_file, metrics_file = downloads.for_shipped(shipped, record) if shipped else downloads.write(record)
     rounds = len(record.lossy.rounds)
     return {
@@ -207,8 +201,8 @@ def verdict_markdown(record: RunRecord, lossless_metrics, lossy_metrics, recorde
     """The verdict line above the columns (render.verdict), marked as a recorded run's where it is one."""
     label = plots.run_label(record.rule)
     where = f"**Recorded run: {recorded_from}.** " if recorded_from else ""
-    if record.lossy.decode_config.draft_source == "eagle3":  # the paper's headline setting, named at once
-        where += f"**On EAGLE-3 drafts** (both columns drafted by {drafted_by('eagle3')}). "
+    if record.lossy.decode_config.draft_source == EAGLE3:  # the paper's headline setting, named at once
+        where += f"**On EAGLE-3 drafts** (both columns drafted by {drafted_by(EAGLE3)}). "
     spread = speed_ratio_interval(record.lossless, record.lossy)
     machine = f"recorded on {record.made}" if recorded_from and record.made else \
         "a recorded run's machine" if recorded_from else "this machine"
@@ -261,9 +255,8 @@ def early_stats(state, shown: set) -> dict:
         lossless, lossy = summarize(state.lossless.trace), summarize(state.lossy.trace, lossless=state.lossless.trace)
         update["lossy_stats"] = stats_html(lossy, p_auto=state.rule.p is None,
                                            p_auto_reached=state.lossy.trace.p_auto_reached)
-        label = RULES[state.rule.rule].label
-        update["verdict"] = with_cannot_act(verdict(lossless, lossy, label,
-                                                    speed_ratio_interval(state.lossless.trace, state.lossy.trace)),
+        spread = speed_ratio_interval(state.lossless.trace, state.lossy.trace)
+        update["verdict"] = with_cannot_act(verdict(lossless, lossy, RULES[state.rule.rule].label, spread),
                                             state.lossy.trace)
         update.update(fix_view(state.lossy.trace))
     return update
@@ -272,6 +265,7 @@ def early_stats(state, shown: set) -> dict:
 FIRST_STATUS = "Pick an example or type a prompt, then **Run**."  # the status line until the pair is loaded
 RECORDED_NOTE = "Showing a **recorded run**"  # how the status line names a recorded run on screen
 LOADING_NOTE = "Loading **"  # the load timer's line (pair_host.LoadStatus.line); a Run that waits says "Waiting for"
+NO_LAB_STATES = "This run kept no states for the rule lab (record it again with this version)."
 
 
 def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
@@ -287,8 +281,7 @@ def _finished_note(record: RunRecord, recorded_from: str | None) -> str:
 def lab_view(record: RunRecord) -> dict:
     """The rule lab at the run's own settings (the matrix the run recorded), controls set to them."""
     if record.lab is None:
-        return {"lab_out": "", "lab_summary": "", "lab_matrix": None,
-                "lab_status": "This run kept no states for the rule lab (record it again with this version)."}
+        return {"lab_out": "", "lab_summary": "", "lab_matrix": None, "lab_status": NO_LAB_STATES}
     settings = record.lab["settings"]
     return {"lab_out": lab_html(record.lab), "lab_summary": lab_summary_html(record.lab), "lab_matrix": record.lab,
             "lab_disagreements": False,
@@ -324,7 +317,7 @@ def round_html(record: RunRecord, trace: GenerationTrace, index: int) -> str:
 def api_result(record: RunRecord, rule) -> dict:
     """What /compare returns: both texts, both metric sets, the figures as JSON, the rule lab."""
     lossless_metrics, lossy_metrics = record.metrics()
-    figs = figures_of(record)
+    figs = plots.all_figures(record.lossless, record.lossy, record.ar, record.token_text)
     return {
         "prompt": record.prompt,
         "rule": rule.rule,
@@ -349,15 +342,12 @@ def prompt_note(prompt: str, engine) -> str:
     characters while none is loaded) and, once a run on this machine read a prompt, what reading this one costs."""
     if not isinstance(prompt, str) or len(prompt) < LONG_PROMPT_TOKENS:
         return ""
-    if engine is None:
-        rough = len(prompt) // CHARS_PER_TOKEN
-        if rough < LONG_PROMPT_TOKENS:
-            return ""
-        return (f"⏱ A long prompt: about {rough:,} tokens (counted by characters; the pair is still loading). Each "
-                "run reads it first, and every later step attends over it: expect a slower run.")
-    tokens = len(engine.encode(prompt))
+    tokens = len(prompt) // CHARS_PER_TOKEN if engine is None else len(engine.encode(prompt))
     if tokens < LONG_PROMPT_TOKENS:
         return ""
+    if engine is None:
+        return (f"⏱ A long prompt: about {tokens:,} tokens (counted by characters; the pair is still loading). Each "
+                "run reads it first, and every later step attends over it: expect a slower run.")
     return (f"⏱ A long prompt: **{tokens:,} tokens**.{_reading_time(tokens, engine.services.prefill)} Each of the three "
             "runs (lossless SD, the rule, the autoregressive baseline) reads it, then attends over it at every step: "
             "expect a slower run.")
@@ -395,16 +385,13 @@ def load_status_view(status, shown: str) -> tuple:
     """(status line, timer) while the pair loads in the background (pair_host.LoadStatus): the seconds
     so far, then the outcome once, and the timer stops. shown: the status line on the page; a line that
     the visitor's own action wrote there (a refusal, "Running …", the paper's settings) is kept: a tick answered late must not hide it."""
-    if not (shown or "").startswith((FIRST_STATUS, LOADING_NOTE, RECORDED_NOTE)):
-        return gr.update(), gr.Timer(active=status.state == "loading")
-    if status.state == "loading":
-        return status.line(), gr.Timer(active=True)
+    timer = gr.Timer(active=status.state == "loading")
+    if not (shown or "").startswith((FIRST_STATUS, LOADING_NOTE, RECORDED_NOTE)) or status.state == "idle":
+        return gr.update(), timer
     if status.state == "ready":
         return (status.line() + " **Run** runs the prompt in the box live (until then the columns show a recorded "
-                "run); or pick an example or type your own."), gr.Timer(active=False)
-    if status.state == "failed":
-        return status.line(), gr.Timer(active=False)
-    return gr.update(), gr.Timer(active=False)
+                "run); or pick an example or type your own."), timer
+    return status.line(), timer
 
 
 def shipped_run_title(shipped: dict, asked: str) -> str | None:

@@ -8,7 +8,7 @@ worker; in the main process `.to("cuda")` is recorded and the weights are packed
 launches, so a model must be moved to "cuda" in the main process before launch. Hence:
 
 - `app.py` imports `spaces` before anything imports torch;
-- the default pair loads in the main process before launch (`start`), and the Studio then runs
+- the default pair loads in the main process before launch (`start`), and the PairHost then runs
   model work inline (no private thread: the worker runs its call in a thread of its own);
 - the GPU functions below are module-level and take small picklable arguments (Settings, a
   PairSpec, a trace): they reach the models through this module's state (`_STATE`), which the
@@ -30,8 +30,8 @@ from .streaming import stream_comparison
 
 _STATE: dict = {}  # {"host": PairHost}: set once by start(), inherited by the forked GPU workers
 
-# Seconds a round-trip costs and seconds per generated token per run (a GPU, batch 1, Python loop),
-# by pair; generous, since a GPU call past its duration is cut off.
+# Seconds a round-trip costs and seconds per generated token per run (a GPU, batch 1, Python loop), by a
+# name in the pair's target ("embedded": the embedded pair's); generous, as a GPU call past its duration is cut off.
 _FIXED_S = 15.0
 _PER_TOKEN_S = {"embedded": 0.03, "SmolLM2-1.7B-Instruct": 0.04, "Qwen3-8B": 0.07}
 MIN_DURATION_S, MAX_DURATION_S = 20, 180
@@ -60,15 +60,9 @@ def compare_duration(settings: Settings) -> int:
     """The GPU seconds to ask for one comparison: fixed cost plus tokens x runs x per-token cost."""
     spec = settings.pair_spec()
     per_token = next((cost for name, cost in _PER_TOKEN_S.items() if name in spec.target), 0.05)
-    if spec.target == PairSpec().target:
-        per_token = _PER_TOKEN_S["embedded"]
     runs = 4 if settings.run_autoregressive else 2  # the baselines: the engine's loop, then generate()
     seconds = _FIXED_S + settings.max_new_tokens * runs * per_token
     return int(min(max(seconds, MIN_DURATION_S), MAX_DURATION_S))
-
-
-def lab_duration(spec: PairSpec, trace, settings) -> int:
-    return MIN_DURATION_S
 
 
 def _gpu(duration):
@@ -96,7 +90,7 @@ def compare_on_gpu(settings: Settings):
     yield from stream_comparison(engine, settings.prompt, decode, rule, bool(settings.run_autoregressive))
 
 
-@_gpu(lab_duration)
+@_gpu(MIN_DURATION_S)
 def rule_lab_on_gpu(spec: PairSpec, trace, settings) -> dict:
     """The rule lab's re-judge of a run's drafts through the heads of its pair (lab.rule_lab)."""
     return lab.rule_lab(_engine(spec).services, trace, settings)

@@ -36,7 +36,8 @@ def register() -> None:
     try:  # optional: without it DropMatch still serves, its responses only lack the per-request counts
         from . import request_counts
 
-        request_counts.install()
+        request_counts.declare_field()
+        request_counts.count_in_scheduler()
     except Exception as error:  # noqa: BLE001 - a general plugin must never stop vLLM
         logging.getLogger("dropmatch.vllm").warning("DropMatch: per-request counts not carried in responses (%s)",
                                                     hooks.one_line(error))

@@ -16,13 +16,10 @@ that does not ask for DropMatch, so that no vLLM engine ever depends on the plug
 
 from __future__ import annotations
 
-import logging
-
 from ...decoding import config
 from ...decoding.config import ConfigError
 from .settings import ServeSettings
 
-LOG = logging.getLogger("dropmatch.vllm")
 # (module, class name) of the V1 runner DropMatchRunner goes in front of, per platform vLLM reports
 RUNNERS = {"cpu": ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
            "cuda": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")}

@@ -14,12 +14,6 @@ from .settings import ServeSettings, request_settings
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
-
-def _edits_logits(sp) -> bool:
-    return bool(getattr(sp, "presence_penalty", 0.0) or getattr(sp, "frequency_penalty", 0.0)
-                or getattr(sp, "repetition_penalty", 1.0) != 1.0)
-
-
 # What a lossy rule cannot serve as asked: (what the request asks, test, why), first match refused.
 UNSERVED = (
     ("temperature > 0", lambda sp: getattr(sp, "temperature", 0.0) >= SAMPLING_EPS,
@@ -32,7 +26,9 @@ UNSERVED = (
     ("allowed_token_ids", lambda sp: bool(getattr(sp, "allowed_token_ids", None)), "it masks tokens the rules would judge"),
     ("structured outputs", lambda sp: getattr(sp, "structured_outputs", None) is not None,
      "a grammar masks tokens the rules would judge"),
-    ("penalties", _edits_logits, "presence, frequency and repetition penalties change the logits the rules judge"),
+    ("penalties", lambda sp: bool(getattr(sp, "presence_penalty", 0.0) or getattr(sp, "frequency_penalty", 0.0)
+                                  or getattr(sp, "repetition_penalty", 1.0) != 1.0),
+     "presence, frequency and repetition penalties change the logits the rules judge"),
     ("watermarking", lambda sp: bool(getattr(sp, "watermarking", None)), "a watermark changes the target's logits"),
 )
 

@@ -12,8 +12,8 @@ The way there, each step: the worker's runner puts the step's reasons per reques
 ModelRunnerOutput (`dropmatch_reasons`, pickled with it to the engine core under tensor
 parallelism); the scheduler, before reading that output, adds them to the request's
 RequestSpecDecodeMetrics; that object reaches the API server by vLLM's msgpack, which encodes a
-dataclass's declared fields only, so `install` declares one more field, `dropmatch`, in every process
-the plugin loads in, and extends its `to_dict` (what the response is built from) with `summary`.
+dataclass's declared fields only, so `declare_field` declares one more field, `dropmatch`, in every
+process the plugin loads in, and extends its `to_dict` (what the response is built from) with `summary`.
 """
 
 from __future__ import annotations
@@ -48,12 +48,6 @@ def attach_step(model_runner_output, step: dict[str, dict[str, int]]) -> None:
     """Puts a step's reasons on the runner's output (inside vLLM's async wrapper when it has one)."""
     if step:
         setattr(getattr(model_runner_output, "_model_runner_output", model_runner_output), STEP_ATTRIBUTE, step)
-
-
-def install() -> None:
-    """Declares the field (idempotent) and hooks the scheduler (idempotent)."""
-    declare_field()
-    count_in_scheduler()
 
 
 def declare_field() -> None:

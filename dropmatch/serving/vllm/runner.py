@@ -10,9 +10,10 @@ sampled requests, requests asking for logprobs, rule "lossless", and every engin
 `additional_config={"dropmatch": ...}`.
 
 The draft's distributions (the JS rules read them): a lookup draft (method "ngram") is one-hot, as in
-our engine; a draft model's (method "draft_model", greedy drafting) come from its logits, kept when
-it drafts (its tokens unchanged) and turned into distributions only at the positions judged.
-Methods that give neither serve only the rules that do not read them.
+our engine; a draft model's (method "draft_model") or an EAGLE-3 head's (method "eagle3", its logits
+placed in the target's vocabulary by vLLM, -inf outside the head's) come from the logits of vLLM's greedy
+drafting step, kept when it drafts (its tokens unchanged) and turned into distributions only at the
+positions judged. Methods that give neither serve only the rules that do not read them.
 
 Nothing of a step is copied: the rows are views of the step's own tensors, which vLLM's rejection
 sampler reads without changing (it indexes copies of the logits: vllm/v1/sample/rejection_sampler.py,
@@ -26,20 +27,20 @@ import logging
 import os
 from collections import Counter
 from itertools import accumulate
-from dataclasses import replace
 
 import torch
 
-from ...decoding.acceptance import BASELINE, RULES
+from ...decoding.acceptance import RULES
 from ...decoding.config import ConfigError
 from ...decoding.mc_head import mask_seed, masked_rows
 from ...decoding.server_rounds import Round, verify_rounds
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
 from .settings import ServeSettings, read_judge, request_settings
-from .stats import StatsFile
+from .stats import StatsFile, stats_dir
 
 LOG = logging.getLogger("dropmatch.vllm")
+CAPTURED_METHODS = ("draft_model", "eagle3")  # their greedy drafting step is wrapped to keep its logits
 ONE_PASS_ENV = "DROPMATCH_VLLM_ONE_PASS"  # "1": one host copy per step, "0": staged; unset: by the device
 
 
@@ -121,12 +122,12 @@ class _Verifier:
         self.draft_steps: list[torch.Tensor] | None = None  # the draft's logits [batch, V], one per drafted position
         self.draft_rows: dict[str, int] = {}  # request id -> its row in those, for the drafts being verified
         self.drafted: list[torch.Tensor] = []  # the draft_steps the drafts being verified came from
-        self.per_request: dict[str, ServeSettings] = {}
+        self.per_request: dict[str, ServeSettings | None] = {}  # None: a request whose settings are refused
         self.mask_seeds: dict[str, int] = {}
         self.step_reasons: dict[str, dict[str, int]] = {}  # this step's reasons per re-verified request
         # Under tensor parallelism every rank re-verifies the same rows (same masks, gathered logits) and
         # emits the same tokens; one of them counts, or /metrics would count each token once per rank.
-        self.stats = StatsFile.for_this_process() if _counting_rank() else None
+        self.stats = StatsFile(stats_dir() / f"worker-{os.getpid()}.json") if _counting_rank() else None
         self.warned: set[str] = set()
 
     @classmethod
@@ -138,21 +139,22 @@ class _Verifier:
         spec = runner.speculative_config
         method = spec.method if spec is not None else None
         verifier = cls(runner, settings, method, _fitting_judge(settings, runner.model_config.get_hidden_size()))
-        if method == "draft_model":
+        if method in CAPTURED_METHODS:
             verifier.capture_drafts(runner.drafter)
         elif method != "ngram" and RULES[settings.rule.rule].reads_draft:
             raise ValueError(f"DropMatch's rule {settings.rule.rule!r} reads the draft's distribution, which "
-                             f"speculative method {method!r} does not give; use method 'ngram' or 'draft_model', or "
-                             "a rule that reads none (majority, naive, typical)")
+                             f"speculative method {method!r} does not give; use method 'ngram', 'draft_model' or "
+                             "'eagle3', or a rule that reads none (majority, naive, typical)")
         LOG.info("DropMatch on: rule %s, p %s, K %d (method %s; verify %s)", settings.rule.rule, settings.rule.p,
                  settings.rule.num_paths, method, "in one pass" if verifier.one_pass else "staged")
-        if method == "draft_model":
+        if method in CAPTURED_METHODS:
             LOG.info("%s", memory_line(runner.model_config.get_vocab_size(), spec.num_speculative_tokens,
                                        runner.scheduler_config.max_num_seqs))
         return verifier
 
     def capture_drafts(self, drafter) -> None:
-        """Wraps the draft model's greedy step: the same argmax tokens, and its logits kept."""
+        """Wraps the drafter's greedy step (vLLM's SpecDecodeBaseProposer._greedy_sample, the draft model's and
+        EAGLE-3's): the same argmax tokens, and its logits over the target's vocabulary kept."""
         if getattr(drafter, "use_local_argmax_reduction", False) or getattr(drafter, "use_heterogeneous_vocab", False):
             raise ValueError("DropMatch needs the draft model's full logits: turn off local argmax reduction "
                              "and use a draft with the target's vocabulary")
@@ -172,56 +174,46 @@ class _Verifier:
         steps, self.draft_steps = self.draft_steps, []
         rows = steps[0].shape[0] if steps else 0
         wanted = [(row, req_id) for row, req_id in enumerate(req_ids[:rows]) if self.reads_draft(runner, req_id)]
-        if not wanted:
-            self.drafted, self.draft_rows = [], {}
-            return
-        index = torch.tensor([row for row, _ in wanted], device=steps[0].device)
-        self.drafted = [step.index_select(0, index) for step in steps]
         self.draft_rows = {req_id: kept for kept, (_, req_id) in enumerate(wanted)}
+        self.drafted = []
+        if wanted:
+            index = torch.tensor([row for row, _ in wanted], device=steps[0].device)
+            self.drafted = [step.index_select(0, index) for step in steps]
 
     def reads_draft(self, runner, req_id: str) -> bool:
-        settings = self.request(runner, req_id) if req_id in runner.requests else None
+        settings = self.request(runner, req_id)
         return settings is not None and RULES[settings.rule.rule].reads_draft
 
     # ------------------------------------------------------------ one step
 
     def collect(self, runner, logits: torch.Tensor, metadata) -> list:
         """The requests of this step to re-verify: (batch row, request id, settings, Round)."""
-        work = []
         if self.hidden is None:  # a vLLM path that samples without sample_tokens: nothing to re-verify from
             self._warn("no-hidden", "DropMatch: this step's hidden states were not kept; verified losslessly")
-            return work
+            return []
         batch = runner.input_batch
-        judged = [(row, req_id, drafted, self.request(runner, req_id))
-                  for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens))]
-        if not any(settings is not None and drafted for _, _, drafted, settings in judged):
-            return work
+        work = []
         cu_drafts = list(accumulate(metadata.num_draft_tokens))  # cu_num_draft_tokens, from the host's list
-        start = 0
-        for row, req_id, drafted, settings in judged:
-            rows = slice(start, start + drafted + 1)
-            first_draft = cu_drafts[row] - drafted
-            start += drafted + 1
+        for row, (req_id, drafted) in enumerate(zip(batch.req_ids, metadata.num_draft_tokens)):
+            settings = self.request(runner, req_id)
             if settings is None or drafted == 0:
                 continue
+            first_draft = cu_drafts[row] - drafted
             draft_tokens = metadata.draft_token_ids[first_draft:first_draft + drafted].long()
             found, draft_logits = self.draft_logits(req_id, drafted)
             if not found:
                 continue
+            if req_id not in self.mask_seeds:
+                self.mask_seeds[req_id] = mask_seed(settings.seed, runner.requests[req_id].prompt_token_ids or [])
+            rows = slice(first_draft + row, first_draft + row + drafted + 1)  # each request's drafts, then a bonus row
             work.append((row, req_id, settings, Round(
                 int(batch.num_tokens_no_spec[row]), draft_tokens, draft_logits, self.hidden[rows], logits[rows],
-                self.request_mask_seed(runner, req_id, settings))))
+                self.mask_seeds[req_id])))
         return work
 
-    def request_mask_seed(self, runner, req_id: str, settings: ServeSettings) -> int:
-        if req_id not in self.mask_seeds:
-            self.mask_seeds[req_id] = mask_seed(settings.seed, runner.requests[req_id].prompt_token_ids or [])
-        return self.mask_seeds[req_id]
-
     def request(self, runner, req_id: str) -> ServeSettings | None:
-        """The request's settings where DropMatch verifies it; None where vLLM's own sampler does."""
-        state = runner.requests[req_id]
-        params = state.sampling_params
+        """The request's settings where DropMatch verifies it; None where vLLM's own sampler does (or it is gone)."""
+        params = getattr(runner.requests.get(req_id), "sampling_params", None)
         if params is None or params.temperature >= SAMPLING_EPS or params.logprobs is not None:
             return None
         if edits_target_logits(params):  # refused at admission (params.py); vLLM's own verdict if it slips through
@@ -233,33 +225,32 @@ class _Verifier:
                 self.per_request[req_id] = self.settings.updated(request_settings(params.extra_args))
             except ConfigError as error:  # validated at admission (params.py); kept lossless if it slips through
                 self._warn(req_id, f"request {req_id}: {error}; verified losslessly")
-                self.per_request[req_id] = ServeSettings(replace(self.settings.rule, rule=BASELINE))
+                self.per_request[req_id] = None
         settings = self.per_request[req_id]
-        return None if settings.lossless else settings
+        return None if settings is None or settings.lossless else settings
 
     def draft_logits(self, req_id: str, drafted: int) -> tuple[bool, tuple | None]:
         """(whether the request can be judged, its draft's logits rows [V] at the drafted positions,
         None for a lookup draft whose distribution is one-hot, or where the rule reads none)."""
         settings = self.per_request[req_id]
-        if not RULES[settings.rule.rule].reads_draft:
-            return True, None  # Round's one-hot stand-in, which no check of this rule reads
-        if self.draft_steps is not None:
-            row = self.draft_rows.get(req_id)
-            if row is not None and len(self.drafted) >= drafted:
-                return True, tuple(step[row] for step in self.drafted[:drafted])
-            self._warn(req_id, f"request {req_id}: no draft distribution kept for this step; verified losslessly")
-            return False, None
-        if self.method != "ngram":
-            self._warn(req_id, f"request {req_id}: rule {settings.rule.rule!r} reads the draft's distribution, which "
-                               f"method {self.method!r} does not give; verified losslessly")
-            return False, None
-        return True, None
+        if not RULES[settings.rule.rule].reads_draft or self.method == "ngram":
+            return True, None  # Round's one-hot stand-in: no check of this rule reads it, or it is the lookup draft's
+        row = self.draft_rows.get(req_id)  # kept where the method's drafting step is captured (CAPTURED_METHODS)
+        if row is not None and len(self.drafted) >= drafted:
+            return True, tuple(step[row] for step in self.drafted[:drafted])
+        why = ("no draft distribution kept for this step" if self.method in CAPTURED_METHODS else f"rule "
+               f"{settings.rule.rule!r} reads the draft's distribution, which method {self.method!r} does not give")
+        self._warn(req_id, f"request {req_id}: {why}; verified losslessly")
+        return False, None
 
     def rejudge(self, output, work: list) -> None:
         """Writes each re-verified request's row of output.sampled_token_ids: its accepted drafts, then
         the target's token after them, then vLLM's placeholder (-1)."""
+        if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
+            self.per_request.clear()
+            self.mask_seeds.clear()
+            self.warned.clear()
         if not work:
-            self._forget_finished()
             return
         sampled = output.sampled_token_ids
         by_rule: dict = {}
@@ -267,7 +258,10 @@ class _Verifier:
             by_rule.setdefault(settings.rule, []).append((row, req_id, round_))
         rows, lines = [], []
         for rule, items in by_rule.items():
-            for (row, req_id, _), verified in zip(items, self.verify(rule, items)):
+            if rule.uses_judge:
+                rule = self.judge.filled(rule)  # the judge's validation-chosen threshold where the request set none
+            found = verify_rounds(self.head, rule, [round_ for _, _, round_ in items], self.one_pass, self.judge)
+            for (row, req_id, _), verified in zip(items, found):
                 rows.append(row)
                 lines.append(verified.emitted + [-1] * (sampled.shape[1] - len(verified.emitted)))
                 self.step_reasons[req_id] = dict(Counter(verified.verdict.reasons))
@@ -277,19 +271,6 @@ class _Verifier:
         sampled[torch.tensor(rows, device=sampled.device)] = torch.tensor(lines, dtype=sampled.dtype, device=sampled.device)
         if self.stats is not None:
             self.stats.write_soon()
-        self._forget_finished()
-
-    def verify(self, rule, items: list) -> list:
-        """The verifications (verifying.Verified) of items [(row, request id, Round)] under rule."""
-        if rule.uses_judge:
-            rule = self.judge.filled(rule)  # the judge's validation-chosen threshold where the request set none
-        return verify_rounds(self.head, rule, [round_ for _, _, round_ in items], self.one_pass, self.judge)
-
-    def _forget_finished(self) -> None:
-        if len(self.per_request) > 4096:  # finished requests' settings (parsed again if still running)
-            self.per_request.clear()
-            self.mask_seeds.clear()
-            self.warned.clear()
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:

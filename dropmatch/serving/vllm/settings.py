@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ...decoding.acceptance import AUTO_AGREEMENT_KNOB, BASELINE, KNOBS, METHOD, RESCUE_ARGMAX
+from ...decoding.acceptance import AUTO_AGREEMENT_KNOB, BASELINE, KNOBS, METHOD, RESCUE_ARGMAX, RULES
 from ...decoding.config import ConfigError, RuleConfig
 
 
@@ -79,20 +79,16 @@ def refuse_unservable(name: str) -> None:
     """ConfigError (one line) for a rule the plugin cannot serve as written: one defined under sampling
     only (the plugin re-verifies greedy requests), or one that reads the later drafted positions of its
     round (the plugin judges a request's positions one at a time, stopping at its first rejection)."""
-    from ...decoding.acceptance import RULES
-
     rule = RULES[name]
-    if "greedy" not in rule.modes:
-        raise ConfigError(f"the rule {name!r} ({rule.label}) is defined under sampling only, and the plugin "
-                          "re-verifies greedy requests: use it with the Studio's engine or generate()")
-    if rule.correction_rows is not None:
-        raise ConfigError(f"the rule {name!r} ({rule.label}) tests greedy drafts against the argmax of its own "
-                          "distribution and emits that argmax as the correction, which the plugin's runner does not "
-                          "write: use it with the Studio's engine or generate()")
-    if rule.reads_later:
-        raise ConfigError(f"the rule {name!r} ({rule.label}) reads the exact test at later drafted positions of its "
-                          "round (a window), which the plugin's verify step does not hold: use it with the Studio's "
-                          "engine or generate()")
+    unservable = (
+        ("greedy" not in rule.modes, "is defined under sampling only, and the plugin re-verifies greedy requests"),
+        (rule.correction_rows is not None, "tests greedy drafts against the argmax of its own distribution and emits "
+         "that argmax as the correction, which the plugin's runner does not write"),
+        (rule.reads_later, "reads the exact test at later drafted positions of its round (a window), which the "
+         "plugin's verify step does not hold"))
+    for cannot, why in unservable:
+        if cannot:
+            raise ConfigError(f"the rule {name!r} ({rule.label}) {why}: use it with the Studio's engine or generate()")
 
 
 @lru_cache(maxsize=8)

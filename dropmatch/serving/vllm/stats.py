@@ -40,10 +40,6 @@ class StatsFile:
         self.changed = threading.Event()
         self.writer: threading.Thread | None = None
 
-    @classmethod
-    def for_this_process(cls) -> "StatsFile":
-        return cls(stats_dir() / f"worker-{os.getpid()}.json")
-
     def add(self, reasons) -> None:
         with self.lock:
             self.reasons.update(reasons)
