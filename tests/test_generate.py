@@ -573,14 +573,16 @@ def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
 
 
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("lossless")])
-def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule):
+def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule, monkeypatch):
     """Engine.speculative_tokens (generate()'s) emits the recorded run's tokens with its reasons, staged and in
-    one pass; one pass reads the host once a round."""
+    one pass; one pass reads the host once a round. The paths take an accelerator's choice (never sparse: a CPU's
+    fp32 way, whose count of dropped entries is a host read free on a CPU) on whatever CPU runs the test."""
     from dropmatch.decoding.engine import run_to_end
     from dropmatch.decoding.hf_generate import engine_for
 
     target, draft, tokenizer = hf_pair
     engine = engine_for(target, draft, frozenset())
+    monkeypatch.setattr(engine.target, "_sparse_possible", lambda: False)
     ids = _prompt(tokenizer, "the quick brown fox")["input_ids"][0].tolist()
     decode = DecodeConfig(max_new_tokens=40, gamma=4, seed=0)
     trace = run_to_end(engine.speculative(ids, decode, rule))

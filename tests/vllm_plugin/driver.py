@@ -2,10 +2,11 @@
 returns what the tests compare. start_engine.py calls it for each engine of the suite, one after another
 in its one process (the engine core in-process: its steps can be recorded), under .venv-vllm's python.
 
-spec: {"speculative": null | "ngram" | "draft_model", "dropmatch": null | {...engine-wide...},
+spec: {"speculative": null | "ngram" | "draft_model" | "eagle3", "dropmatch": null | {...engine-wide...},
        "runs": [{"name": str, "prompts": [[ids]], "max_tokens": int, "temperature": float, "seed": int|null,
                  "dropmatch": null | {...per request...}, "alone": bool}],
-       "recheck": bool}
+       "recheck": bool, "draft": the draft model's or the EAGLE-3 head's folder,
+       "q_vocab": null | [ids]: the only ids a draft distribution may give mass (an EAGLE-3 head's vocabulary)}
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def record_steps() -> None:
     dm_runner._Verifier.rejudge = rejudge
 
 
-def recheck() -> tuple[dict, dict[str, list[int]]]:
+def recheck(q_vocab: list[int] | None = None) -> tuple[dict, dict[str, list[int]]]:
     """Each recorded round judged alone by the project's verify step (verifying.verify, a batch of one, staged)
     with the same head, hidden rows and masks; the emitted row must match, and every emitted token
     must be the target's argmax there or accepted by the rule. Also: per request id, the sequence
@@ -51,8 +52,13 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
     mismatches, lossy, exact, not_allowed, q_not_draft = 0, 0, 0, 0, 0
     lossy_positions: dict[str, list[int]] = {}
     by_reason: dict[str, int] = {}
+    q_outside = 0  # rounds whose draft distributions give mass outside q_vocab
     for req_id, rule, round_, emitted, head, judge in STEPS:
         q_not_draft += bool((round_.q_signal.argmax(-1) != round_.draft_tokens).any())
+        if q_vocab is not None:
+            mass = round_.q_signal.float().cpu().sum(0)
+            mass[q_vocab] = 0
+            q_outside += bool((mass > 0).any())
         inputs = round_.verify_inputs()
         rule = judge.filled(rule) if rule.uses_judge else rule  # as the runner fills it
         alone, = verifying.verify(head, rule, [inputs], judge=judge)
@@ -68,7 +74,8 @@ def recheck() -> tuple[dict, dict[str, list[int]]]:
                 lossy_positions.setdefault(req_id, []).append(round_.first_position + i)
             not_allowed += reason == "exact" and got[i] != argmax[i]
     counts = {"rounds": len(STEPS), "mismatches": mismatches, "lossy": lossy, "exact": exact,
-              "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft, "accepted_by": by_reason}
+              "exact_not_argmax": not_allowed, "q_not_draft": q_not_draft, "q_outside_vocab": q_outside,
+              "accepted_by": by_reason}
     return counts, lossy_positions
 
 
@@ -77,6 +84,8 @@ def speculative_config(kind: str | None, draft_dir: str | None) -> dict | None:
         return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     if kind == "draft_model":
         return {"model": draft_dir, "num_speculative_tokens": 4}
+    if kind == "eagle3":
+        return {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 4}
     return None
 
 
@@ -114,7 +123,7 @@ def run(spec: dict) -> dict:
     try:
         result = {"outputs": {}, "steps": {}, "drafted": {}}
         for run_ in spec["runs"]:
-            generate_run(llm, run_, spec.get("recheck", False), result)
+            generate_run(llm, run_, spec.get("recheck", False), result, spec.get("q_vocab"))
         result["one_pass"] = sorted(ONE_PASS)
         result["runner_imported"] = "dropmatch.serving.vllm.runner" in sys.modules
         return result
@@ -134,7 +143,7 @@ def close(llm) -> None:
         llm.llm_engine.engine_core.shutdown()
 
 
-def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
+def generate_run(llm, run_: dict, with_recheck: bool, result: dict, q_vocab: list[int] | None = None) -> None:
     """One run of the spec on `llm`, its outputs, counts and (with_recheck) rechecked steps added to result."""
     STEPS.clear()
     ROWS_CHANGED.clear()
@@ -144,7 +153,7 @@ def generate_run(llm, run_: dict, with_recheck: bool, result: dict) -> None:
     result["drafted"][run_["name"]] = drafted_tokens(llm) - before
     result.setdefault("steps_with_rows", {})[run_["name"]] = [len(ROWS_CHANGED), sum(ROWS_CHANGED)]
     if with_recheck:
-        counts, positions = recheck()
+        counts, positions = recheck(q_vocab)
         result["steps"][run_["name"]] = counts
         # the engine core's request id is the output's id plus "-" and a random suffix
         by_output = {}

@@ -55,10 +55,57 @@ def draft_dir() -> str:
     return str(out)
 
 
+EAGLE3_VOCAB = tuple(range(0, 49152, 6))  # the test head's draft vocabulary: every sixth id of the target's
+
+
+@lru_cache(maxsize=None)
+def eagle3_head_dir() -> str:
+    """A seeded random EAGLE-3 head over the embedded target in its authors' format (SafeAILab's config and keys,
+    d2t and t2d), drafting from EAGLE3_VOCAB: it drafts poorly, which these tests do not need; they check that
+    vLLM's own EAGLE-3 proposer serves DropMatch with the head's distribution as the draft's."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((Path(target_dir()) / "config.json").read_text())
+    hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    used = torch.tensor(EAGLE3_VOCAB)
+    layers = [2, config["num_hidden_layers"] // 2, config["num_hidden_layers"] - 3]
+    generator = torch.Generator().manual_seed(0)
+
+    def linear(rows, cols):
+        return torch.randn(rows, cols, generator=generator) * 0.02
+
+    tensors = {"fc.weight": linear(hidden, 3 * hidden), "norm.weight": torch.ones(hidden),
+               "lm_head.weight": linear(len(used), hidden), "d2t": used - torch.arange(len(used)),
+               "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, used, True),
+               "midlayer.hidden_norm.weight": torch.ones(hidden), "midlayer.input_layernorm.weight": torch.ones(hidden),
+               "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+               "midlayer.self_attn.q_proj.weight": linear(heads * head_dim, 2 * hidden),
+               "midlayer.self_attn.k_proj.weight": linear(kv_heads * head_dim, 2 * hidden),
+               "midlayer.self_attn.v_proj.weight": linear(kv_heads * head_dim, 2 * hidden),
+               "midlayer.self_attn.o_proj.weight": linear(hidden, heads * head_dim),
+               "midlayer.mlp.gate_proj.weight": linear(inner, hidden), "midlayer.mlp.up_proj.weight": linear(inner, hidden),
+               "midlayer.mlp.down_proj.weight": linear(hidden, inner)}
+    head = {**{key: config[key] for key in ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim",
+                                            "num_key_value_heads", "rms_norm_eps", "vocab_size", "rope_parameters",
+                                            "max_position_embeddings", "hidden_act")},
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "draft_vocab_size": len(used), "target_hidden_size": hidden,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}}
+    out = ROOT / "runs" / "vllm" / "eagle3_head"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(head))
+    save_file(tensors, str(out / "model.safetensors"))
+    return str(out)
+
+
 def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict], recheck: bool = False) -> dict:
     """driver.py's spec of one engine (see its docstring)."""
+    draft = {"draft_model": draft_dir, "eagle3": eagle3_head_dir}.get(speculative)
     return {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
-            "recheck": recheck, "draft": draft_dir() if speculative == "draft_model" else None}
+            "recheck": recheck, "draft": draft() if draft else None,
+            "q_vocab": list(EAGLE3_VOCAB) if speculative == "eagle3" else None}
 
 
 def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dict:
@@ -158,6 +205,9 @@ def starts() -> dict[str, dict]:
                 greedy("lossy"), greedy("lossless", {"rule": "lossless"}),
                 greedy("with_judge", {"rule": "dropmatch_judge"}), greedy("lossy_counter", {"mask_draw": "counter"})],
             recheck=True), "env": {"DROPMATCH_VLLM_ONE_PASS": "1"}},
+        # DropMatch engine-wide at p = 0.3 on vLLM's own EAGLE-3 proposer (a random head: see eagle3_head_dir)
+        "dropmatch_eagle3": {"engine": engine_spec("eagle3", LOSSY, [
+            greedy("lossy"), greedy("lossless", {"rule": "lossless"})], recheck=True)},
         # tensor parallel 1 of the TP test, its counters in a folder of its own (TP 2: tp_engine())
         "tp1": {"tp": {"model": tiny_tp_model(), "size": 1}, "env": tp_env(1)},
         **REFUSED,
@@ -191,7 +241,7 @@ def engines():
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    prompts(), story_prompt(), draft_dir(), tiny_tp_model()  # made once, here, before the threads read them
+    prompts(), story_prompt(), draft_dir(), eagle3_head_dir(), tiny_tp_model()  # made once, before the threads
     at_once = int(os.environ.get("DROPMATCH_VLLM_ENGINES_AT_ONCE", "2"))
     pool = ThreadPoolExecutor(max_workers=at_once)
     futures = {"starts": [pool.submit(start_engines, group) for group in start_groups(starts(), at_once)],
@@ -219,6 +269,24 @@ def dropmatch_ngram(engines):
 def dropmatch_draft_model(engines):
     """DropMatch engine-wide at p = 0.3 with the exported draft model."""
     return started(engines, "dropmatch_draft_model")
+
+
+@pytest.fixture(scope="module")
+def dropmatch_eagle3(engines):
+    """DropMatch engine-wide at p = 0.3 on vLLM's EAGLE-3 proposer with a random head."""
+    return started(engines, "dropmatch_eagle3")
+
+
+def test_dropmatch_judges_vllms_eagle3_drafts_with_the_heads_distribution_as_q(dropmatch_eagle3, plain):
+    """vLLM's own EAGLE-3 proposer (a head in its authors' format) on a DropMatch engine: its lossless requests
+    get the target's greedy output; DropMatch's rounds, judged again alone by verifying.verify with the same
+    rows, give the row the plugin emitted, every exact token the target's argmax; the kept draft distribution
+    (q) of every round puts its argmax on the drafted token and no mass outside the head's draft vocabulary."""
+    assert dropmatch_eagle3["outputs"]["lossless"] == plain["outputs"]["greedy"]
+    steps = dropmatch_eagle3["steps"]["lossy"]
+    assert steps["rounds"] > 10 and steps["mismatches"] == 0 and steps["exact_not_argmax"] == 0, steps
+    assert steps["q_not_draft"] == 0 and steps["q_outside_vocab"] == 0, steps
+    assert dropmatch_eagle3["drafted"]["lossy"] > 0
 
 
 def test_at_p0_the_plugin_emits_what_vllm_emits_with_and_without_speculation(plain, dropmatch_ngram):
