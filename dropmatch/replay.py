@@ -92,4 +92,3 @@ def replay_html(record: RunRecord | None, title: str = "") -> str:
         return '<div class="dm-replay-empty">Run a comparison or open a recorded run: its replay appears here.</div>'
     payload = json.dumps(replay_payload(record, title), separators=(",", ":"))
     return f'<div class="dm-replay" data-run="{html.escape(payload, quote=True)}"></div>'
-

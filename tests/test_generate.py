@@ -575,24 +575,24 @@ def test_a_call_records_nothing_it_does_not_return(hf_pair, monkeypatch):
 @pytest.mark.parametrize("rule", [RuleConfig("dropmatch", p=0.3), RuleConfig("lossless")])
 def test_the_unrecorded_run_decides_as_the_recorded_one_staged_or_in_one_pass(hf_pair, rule, monkeypatch):
     """Engine.speculative_tokens (generate()'s) emits the recorded run's tokens with its reasons, staged and in
-    one pass; one pass reads the host once a round. The paths take an accelerator's choice (never sparse: a CPU's
-    fp32 way, whose count of dropped entries is a host read free on a CPU) on whatever CPU runs the test."""
+    one pass; one pass reads the host once a round where the paths take an accelerator's choice (never sparse: a
+    CPU's fp32 way, whose count of dropped entries is a host read, free on a CPU)."""
     from dropmatch.decoding.engine import run_to_end
     from dropmatch.decoding.hf_generate import engine_for
 
     target, draft, tokenizer = hf_pair
     engine = engine_for(target, draft, frozenset())
-    monkeypatch.setattr(engine.target, "_sparse_possible", lambda: False)
     ids = _prompt(tokenizer, "the quick brown fox")["input_ids"][0].tolist()
     decode = DecodeConfig(max_new_tokens=40, gamma=4, seed=0)
     trace = run_to_end(engine.speculative(ids, decode, rule))
     recorded = [tuple(d.reason for d in r.drafted) for r in trace.rounds]
     for one_pass in (False, True):
-        with DropMatchHostReads() as counted:
-            steps, output = _drain(engine.speculative_tokens(ids, decode, rule, one_pass=one_pass))
+        steps, output = _drain(engine.speculative_tokens(ids, decode, rule, one_pass=one_pass))
         assert output == trace.output_ids and [step.reasons for step in steps] == recorded
-        if one_pass:
-            assert len(counted.reads) == 1 + len(steps), counted.reads  # the first token, then the scan's copy
+    with monkeypatch.context() as patched, DropMatchHostReads() as counted:
+        patched.setattr(engine.target, "_sparse_possible", lambda: False)
+        steps, _ = _drain(engine.speculative_tokens(ids, decode, rule, one_pass=True))
+    assert len(counted.reads) == 1 + len(steps), counted.reads  # the first token, then the scan's copy
 
 
 def _drain(run) -> tuple[list, tuple]:

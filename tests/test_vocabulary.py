@@ -70,7 +70,10 @@ def test_a_registered_rule_reaches_config_metrics_render_plots_and_the_ui(coin_r
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_a_rule_declares_the_reasons_its_check_gives_in_order(name):
-    """Rule.checks (what the sentences, lessons and lab read) names exactly what its check function returns."""
+    """Rule.checks (what the sentences, lessons and lab read) names exactly what its check returns (a rule
+    without a check of its own tries the TESTS its checks name, so each of those must have a test)."""
+    assert RULES[name].check is not acceptance.tests_in_order or set(RULES[name].checks) <= set(acceptance.TESTS)
+    assert set(acceptance.TESTS) <= set(acceptance.REASONS), "a test of no reason"
     signals = verifying.position_signals(torch.tensor([1, 2]), torch.full((2, 4), 0.25), torch.eye(4)[[0, 0]])
     paths = torch.zeros(5, 2, dtype=torch.long)
     signals = acceptance.Signals(**{**vars(signals), "path_tokens": paths, "js_draft_centroid": torch.zeros(2),

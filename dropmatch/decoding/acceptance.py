@@ -164,10 +164,15 @@ class Reason:
     lossy: bool = False
 
 
+def tests_in_order(s: "Signals", cfg: RuleKnobs) -> list[tuple[str, torch.Tensor]]:
+    """A rule's check by default: the TESTS its `checks` name (RULES[cfg.rule].checks), tried in that order."""
+    return [(name, TESTS[name](s, cfg)) for name in RULES[cfg.rule].checks]
+
+
 @dataclass(frozen=True)
 class Rule:
     """An acceptance rule's decision (its words: rule_words.RULE_WORDS). check: Signals, RuleKnobs -> [(reason,
-    accepted mask [g])] (None: TESTS' tests its checks name, in order).
+    accepted mask [g])] (by default its `checks`' tests in TESTS, tried in that order: tests_in_order).
     knobs: the settings it reads (Knob); knob: the one the frontier sweeps (None: not swept).
     uses_paths: reads the K Monte-Carlo dropout paths; uses_judge: the trained judge's scores."""
 
@@ -175,7 +180,7 @@ class Rule:
     label: str
     lossy: bool
     uses_paths: bool
-    check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]] | None = None
+    check: Callable[["Signals", RuleKnobs], list[tuple[str, torch.Tensor]]] = tests_in_order
     knobs: tuple[Knob, ...] = ()
     knob: str | None = None
     uses_judge: bool = False
@@ -198,10 +203,6 @@ class Rule:
     # False: its authors never run it on prompt-lookup drafts, and those rounds get the exact test alone
     # (judges_drafts; rule_words.RuleWords.lookup_note says why).
     judges_lookup: bool = True
-
-    def __post_init__(self):
-        if self.check is None:
-            object.__setattr__(self, "check", lambda s, cfg: [(name, TESTS[name](s, cfg)) for name in self.checks])
 
 
 REASONS: dict[str, Reason] = {}
@@ -405,6 +406,7 @@ def _mars_replaces(s: Signals, cfg: RuleKnobs, greedy: bool) -> torch.Tensor | N
 
 # Each check's test, by the reason it gives: Signals, RuleKnobs -> accepted mask [g]. A rule declared without a
 # check function tries the tests its `checks` name, in that order (DropMatch: JS, then majority).
+
 TESTS = {
     "naive": lambda s, cfg: s.draft_votes > 0,
     "js": lambda s, cfg: s.js_draft_centroid <= s.js_threshold,

@@ -292,7 +292,7 @@ class LookupDrafter(_Learning):
     def of(self, proposal: list[int]) -> Draft:
         """The draft of a proposal, cut to gamma = auto's length."""
         gamma = self.length(len(proposal))
-        return self.space.one_hot(proposal[:gamma], self.source, gamma)
+        return self.space.one_hot(proposal[:max(gamma, 0)], self.source, gamma)
 
 
 class HybridDrafter:

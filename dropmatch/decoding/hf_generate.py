@@ -122,8 +122,7 @@ def parse_request(model, inputs, generation_config, assistant_model, kwargs: dic
     decode = DecodeConfig(**DecodeConfig.parse_gamma(own.get("gamma", "auto")), max_new_tokens=max_new,
                           temperature=0.0 if greedy else (config.temperature if config.temperature is not None else 1.0),
                           top_p=config.top_p if config.top_p is not None else 1.0,
-                          seed=own["seed"] if "seed" in own else GREEDY_SEED if greedy
-                          else int(torch.randint(0, 2**62, (1,))),
+                          seed=_seed(own, greedy),
                           draft_source=eagle3.SOURCE if head else "model")
     _check_draft_length(rule, decode)
     stop_strings = config.stop_strings or ()
@@ -143,6 +142,14 @@ def _check_draft_length(rule: RuleConfig, decode: DecodeConfig) -> None:
         asked = f"'auto' (at most {decode.gamma} drafts a round)" if decode.gamma_auto else str(decode.gamma)
         raise ConfigError(f"{PREFIX}rule={rule.rule!r} can never act at {PREFIX}gamma={asked}: its window needs at "
                           f"least {needed} drafts a round; pass {PREFIX}gamma={needed} or more")
+
+
+def _seed(own: dict, greedy: bool) -> int:
+    """dropmatch_seed as given; else GREEDY_SEED under greedy (torch's global generator untouched), one
+    draw from torch's global generator under sampling."""
+    if "seed" in own:
+        return own["seed"]
+    return GREEDY_SEED if greedy else int(torch.randint(0, 2**62, (1,)))
 
 
 def _prompt_ids(inputs, kwargs: dict) -> list[int]:

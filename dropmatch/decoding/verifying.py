@@ -257,7 +257,8 @@ def verify(head: Head, rule, batch: list[VerifyInputs], *, staged: bool = True,
                                     judge)
     paths = _PathWork([], [0] * len(batch), [[] for _ in batch])
     if rule.uses_paths and spans[-1][1] > 0:
-        (_staged_paths if staged else _paths_everywhere)(paths, head, rows, spans, signals, rule, temperature, memo)
+        fill = _staged_paths if staged else _paths_everywhere
+        fill(paths, head, rows, spans, signals, rule, temperature, memo)
         signals = with_path_parts(signals, paths.parts, rule.num_paths)
     if timer is not None:
         timer.mark("mc_end")

@@ -55,13 +55,15 @@ def draft_dir() -> str:
     return str(out)
 
 
-EAGLE3_VOCAB = tuple(range(0, 49152, 6))  # the test head's draft vocabulary: every sixth id of the target's
+def eagle3_vocab() -> tuple[int, ...]:
+    """The test head's draft vocabulary: every sixth id of the target's."""
+    return tuple(range(0, json.loads((Path(target_dir()) / "config.json").read_text())["vocab_size"], 6))
 
 
 @lru_cache(maxsize=None)
 def eagle3_head_dir() -> str:
     """A seeded random EAGLE-3 head over the embedded target in its authors' format (SafeAILab's config and keys,
-    d2t and t2d), drafting from EAGLE3_VOCAB: it drafts poorly, which these tests do not need; they check that
+    d2t and t2d), drafting from eagle3_vocab(): it drafts poorly, which these tests do not need; they check that
     vLLM's own EAGLE-3 proposer serves DropMatch with the head's distribution as the draft's."""
     import torch
     from safetensors.torch import save_file
@@ -69,7 +71,7 @@ def eagle3_head_dir() -> str:
     config = json.loads((Path(target_dir()) / "config.json").read_text())
     hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    used = torch.tensor(EAGLE3_VOCAB)
+    used = torch.tensor(eagle3_vocab())
     layers = [2, config["num_hidden_layers"] // 2, config["num_hidden_layers"] - 3]
     generator = torch.Generator().manual_seed(0)
 
@@ -105,7 +107,7 @@ def engine_spec(speculative: str | None, dropmatch: dict | None, runs: list[dict
     draft = {"draft_model": draft_dir, "eagle3": eagle3_head_dir}.get(speculative)
     return {"target": target_dir(), "speculative": speculative, "dropmatch": dropmatch, "runs": runs,
             "recheck": recheck, "draft": draft() if draft else None,
-            "q_vocab": list(EAGLE3_VOCAB) if speculative == "eagle3" else None}
+            "q_vocab": list(eagle3_vocab()) if speculative == "eagle3" else None}
 
 
 def greedy(name: str, dropmatch: dict | None = None, alone: bool = False) -> dict:

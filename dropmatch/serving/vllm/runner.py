@@ -37,7 +37,7 @@ from ...decoding.server_rounds import Round, verify_rounds
 from .params import SAMPLING_EPS, edits_target_logits
 from .request_counts import attach_step
 from .settings import ServeSettings, read_judge, request_settings
-from .stats import StatsFile, stats_dir
+from .stats import StatsFile
 
 LOG = logging.getLogger("dropmatch.vllm")
 CAPTURED_METHODS = ("draft_model", "eagle3")  # their greedy drafting step is wrapped to keep its logits
@@ -127,7 +127,7 @@ class _Verifier:
         self.step_reasons: dict[str, dict[str, int]] = {}  # this step's reasons per re-verified request
         # Under tensor parallelism every rank re-verifies the same rows (same masks, gathered logits) and
         # emits the same tokens; one of them counts, or /metrics would count each token once per rank.
-        self.stats = StatsFile(stats_dir() / f"worker-{os.getpid()}.json") if _counting_rank() else None
+        self.stats = StatsFile.for_this_process() if _counting_rank() else None
         self.warned: set[str] = set()
 
     @classmethod
@@ -156,7 +156,7 @@ class _Verifier:
         """Wraps the drafter's greedy step (vLLM's SpecDecodeBaseProposer._greedy_sample, the draft model's and
         EAGLE-3's): the same argmax tokens, and its logits over the target's vocabulary kept."""
         if getattr(drafter, "use_local_argmax_reduction", False) or getattr(drafter, "use_heterogeneous_vocab", False):
-            raise ValueError("DropMatch needs the draft model's full logits: turn off local argmax reduction "
+            raise ValueError("DropMatch needs the drafter's full logits: turn off local argmax reduction "
                              "and use a draft with the target's vocabulary")
         self.draft_steps = []
 

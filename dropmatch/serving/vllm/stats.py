@@ -40,6 +40,11 @@ class StatsFile:
         self.changed = threading.Event()
         self.writer: threading.Thread | None = None
 
+    @classmethod
+    def for_this_process(cls) -> "StatsFile":
+        """This worker's file in the folder /metrics reads (worker-*.json: read_counts)."""
+        return cls(stats_dir() / f"worker-{os.getpid()}.json")
+
     def add(self, reasons) -> None:
         with self.lock:
             self.reasons.update(reasons)
