@@ -10,6 +10,7 @@ field, so that the reader can say it in one line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -24,10 +25,18 @@ class SchemaError(ValueError):
 def check_dataclass(data, cls, where: str) -> None:
     """data (JSON) fills the dataclass cls: a dict with no unknown key, every field without a default
     present, every value of its field's declared type."""
+    schema, defaulted = _declared(cls)
+    check_fields(data, schema, where, optional=defaulted, closed=True)
+
+
+@functools.cache
+def _declared(cls) -> tuple[dict, tuple[str, ...]]:
+    """({field: type hint}, the fields with a default) of a dataclass; read once per class (resolving the
+    hints evaluates every annotation's text)."""
     fields, hints = dataclasses.fields(cls), typing.get_type_hints(cls)
-    defaulted = [f.name for f in fields if f.default is not dataclasses.MISSING
-                 or f.default_factory is not dataclasses.MISSING]
-    check_fields(data, {f.name: hints[f.name] for f in fields}, where, optional=defaulted, closed=True)
+    defaulted = tuple(f.name for f in fields if f.default is not dataclasses.MISSING
+                      or f.default_factory is not dataclasses.MISSING)
+    return {f.name: hints[f.name] for f in fields}, defaulted
 
 
 def check_fields(data, schema: dict, where: str, optional=(), closed: bool = False) -> None:
@@ -40,7 +49,9 @@ def check_fields(data, schema: dict, where: str, optional=(), closed: bool = Fal
         raise SchemaError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     for name, hint in schema.items():
         if name in data:
-            check_value(data[name], hint, f"{where}.{name}")
+            check = _checker(hint)
+            if not check.passes(data[name]):  # the field's name is spelled out only for a message
+                check(data[name], f"{where}.{name}")
         elif name not in optional:
             raise SchemaError(f"{where}: missing field {name!r}")
 
@@ -48,24 +59,47 @@ def check_fields(data, schema: dict, where: str, optional=(), closed: bool = Fal
 def check_value(value, hint, where: str) -> None:
     """value (JSON) is of the declared type hint (str, int, float, bool, None, tuples, unions, dicts,
     nested dataclasses)."""
+    _checker(hint)(value, where)
+
+
+class _Check:
+    """The check of one declared type: called as check(value, where), it raises a SchemaError naming
+    `where` when value is not of the type; passes(value) answers without a message for a type whose
+    check is one test (a scalar), and False otherwise (then the call decides)."""
+
+    def __init__(self, check, passes=None):
+        self.check, self.passes = check, passes or (lambda value: False)
+
+    def __call__(self, value, where: str) -> None:
+        self.check(value, where)
+
+
+@functools.cache
+def _checker(hint) -> _Check:
+    """The check of `hint`, built once per type: a run file holds ~10^5 values of a dozen types."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        check_dataclass(value, hint, where)
-    elif origin in (typing.Union, types.UnionType):
-        _check_union(value, args, where)
-    elif origin is tuple:
-        _check_tuple(value, args, where)
-    elif origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
-    else:
-        _check_scalar(value, hint, where)
+        return _Check(lambda value, where: check_dataclass(value, hint, where))
+    if origin in (typing.Union, types.UnionType):
+        options = [_checker(option) for option in args]
+        return _Check(lambda value, where: _check_union(value, options, where),
+                      lambda value: any(option.passes(value) for option in options))
+    if origin is tuple:
+        return _Check(lambda value, where: _check_tuple(value, args, where))
+    if origin is dict or hint is dict:
+        return _Check(_check_object, lambda value: isinstance(value, dict))
+    return _scalar_check(hint)
 
 
-def _check_union(value, args, where: str) -> None:
-    for option in args:
+def _check_object(value, where: str) -> None:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
+
+
+def _check_union(value, options: list[_Check], where: str) -> None:
+    for option in options:
         try:
-            check_value(value, option, where)
+            option(value, where)
             return
         except SchemaError as error:
             last = error
@@ -76,27 +110,42 @@ def _check_tuple(value, args, where: str) -> None:
     if not isinstance(value, (list, tuple)):
         raise SchemaError(f"{where}: expected a list, got {_kind(value)}")
     if len(args) == 2 and args[1] is Ellipsis:
-        for i, item in enumerate(value):
-            check_value(item, args[0], f"{where}[{i}]")
+        item = _checker(args[0])
+        for i, element in enumerate(value):
+            if not item.passes(element):
+                item(element, f"{where}[{i}]")
         return
     if len(value) != len(args):
         raise SchemaError(f"{where}: expected {len(args)} items, got {len(value)}")
-    for i, (item, hint) in enumerate(zip(value, args)):
-        check_value(item, hint, f"{where}[{i}]")
+    for i, (element, hint) in enumerate(zip(value, args)):
+        check_value(element, hint, f"{where}[{i}]")
 
 
-def _check_scalar(value, hint, where: str) -> None:
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and abs(value) < LIMIT
+
+
+def _scalar_check(hint) -> _Check:
     if hint in (type(None), bool, str):
-        ok = isinstance(value, hint)
+        test = lambda value: isinstance(value, hint)  # noqa: E731
     elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT
+        test = _is_int
     elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and abs(value) < LIMIT
+        test = _is_float
     else:
-        raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
-    if not ok:
-        raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {_kind(value)}")
+        def cannot(value, where: str) -> None:
+            raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
+        return _Check(cannot)
+
+    def check(value, where: str) -> None:
+        if not test(value):
+            raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {_kind(value)}")
+    return _Check(check, test)
 
 
 EXTRA_KINDS = ("correction", "bonus", "target")

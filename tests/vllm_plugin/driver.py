@@ -135,8 +135,7 @@ def close(llm) -> None:
     """An engine whose core runs in this process shut down now (its distributed groups destroyed, the garbage
     collector unfrozen), so that the process's next engine starts clean: vLLM freezes the collector after a
     start, and a dropped engine collected later, in the middle of the next one's start, would destroy that
-    one's groups. An engine whose core and workers are processes of their own (tensor parallel 2) leaves
-    nothing here: they end with this process (vLLM's own shutdown of them can race with their exit)."""
+    one's groups (tensor parallel 2: the core's shutdown also ends its ranks' processes)."""
     from vllm.v1.engine.core_client import InprocClient
 
     if isinstance(llm.llm_engine.engine_core, InprocClient):
