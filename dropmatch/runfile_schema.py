@@ -31,12 +31,10 @@ def check_dataclass(data, cls, where: str) -> None:
 
 @functools.cache
 def _declared(cls) -> tuple[dict, tuple[str, ...]]:
-    """({field: type hint}, the fields with a default) of a dataclass; read once per class (resolving the
-    hints evaluates every annotation's text)."""
+    """({field: type hint}, the fields with a default) of a dataclass, read once (hints are evaluated text)."""
     fields, hints = dataclasses.fields(cls), typing.get_type_hints(cls)
-    defaulted = tuple(f.name for f in fields if f.default is not dataclasses.MISSING
-                      or f.default_factory is not dataclasses.MISSING)
-    return {f.name: hints[f.name] for f in fields}, defaulted
+    return {f.name: hints[f.name] for f in fields}, tuple(
+        f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2)
 
 
 def check_fields(data, schema: dict, where: str, optional=(), closed: bool = False) -> None:
@@ -49,57 +47,52 @@ def check_fields(data, schema: dict, where: str, optional=(), closed: bool = Fal
         raise SchemaError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     for name, hint in schema.items():
         if name in data:
-            check = _checker(hint)
-            if not check.passes(data[name]):  # the field's name is spelled out only for a message
+            check, passes = _checker(hint)
+            if not passes(data[name]):  # the field's name is spelled out only for a message
                 check(data[name], f"{where}.{name}")
         elif name not in optional:
             raise SchemaError(f"{where}: missing field {name!r}")
 
 
 def check_value(value, hint, where: str) -> None:
-    """value (JSON) is of the declared type hint (str, int, float, bool, None, tuples, unions, dicts,
-    nested dataclasses)."""
-    _checker(hint)(value, where)
+    """value (JSON) is of the declared type hint (scalars, tuples, unions, dicts, nested dataclasses)."""
+    _checker(hint)[0](value, where)
 
 
-class _Check:
-    """The check of one declared type: called as check(value, where), it raises a SchemaError naming
-    `where` when value is not of the type; passes(value) answers without a message for a type whose
-    check is one test (a scalar), and False otherwise (then the call decides)."""
-
-    def __init__(self, check, passes=None):
-        self.check, self.passes = check, passes or (lambda value: False)
-
-    def __call__(self, value, where: str) -> None:
-        self.check(value, where)
+SCALARS = {object: lambda value: True, type(None): lambda value: value is None, bool: lambda value: isinstance(value, bool),
+           str: lambda value: isinstance(value, str), dict: lambda value: isinstance(value, dict),
+           int: lambda value: isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT,
+           float: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+           and math.isfinite(value) and abs(value) < LIMIT}
 
 
 @functools.cache
-def _checker(hint) -> _Check:
-    """The check of `hint`, built once per type: a run file holds ~10^5 values of a dozen types."""
+def _checker(hint) -> tuple:
+    """(check(value, where): raises a SchemaError naming `where`, passes(value): a test without a message, True
+    only where the check is that one test) of `hint`, built once per type: a run file holds ~10^5 values."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _Check(lambda value, where: check_dataclass(value, hint, where))
+        return (lambda value, where: check_dataclass(value, hint, where)), (lambda value: False)
     if origin in (typing.Union, types.UnionType):
-        options = [_checker(option) for option in args]
-        return _Check(lambda value, where: _check_union(value, options, where),
-                      lambda value: any(option.passes(value) for option in options))
+        return (lambda value, where: _check_union(value, args, where)), \
+            (lambda value: any(_checker(option)[1](value) for option in args))
     if origin is tuple:
-        return _Check(lambda value, where: _check_tuple(value, args, where))
-    if origin is dict or hint is dict:
-        return _Check(_check_object, lambda value: isinstance(value, dict))
-    return _scalar_check(hint)
+        return (lambda value, where: _check_tuple(value, args, where)), (lambda value: False)
+    test = SCALARS.get(dict if origin is dict else hint)
+    name = "an object" if test is SCALARS[dict] else getattr(hint, "__name__", hint)
+
+    def check(value, where: str) -> None:
+        if test is None:
+            raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
+        if not test(value):
+            raise SchemaError(f"{where}: expected {name}, got {_kind(value)}")
+    return check, test or (lambda value: False)
 
 
-def _check_object(value, where: str) -> None:
-    if not isinstance(value, dict):
-        raise SchemaError(f"{where}: expected an object, got {_kind(value)}")
-
-
-def _check_union(value, options: list[_Check], where: str) -> None:
-    for option in options:
+def _check_union(value, args, where: str) -> None:
+    for option in args:
         try:
-            option(value, where)
+            check_value(value, option, where)
             return
         except SchemaError as error:
             last = error
@@ -110,42 +103,15 @@ def _check_tuple(value, args, where: str) -> None:
     if not isinstance(value, (list, tuple)):
         raise SchemaError(f"{where}: expected a list, got {_kind(value)}")
     if len(args) == 2 and args[1] is Ellipsis:
-        item = _checker(args[0])
-        for i, element in enumerate(value):
-            if not item.passes(element):
-                item(element, f"{where}[{i}]")
+        check, passes = _checker(args[0])
+        for i, item in enumerate(value):
+            if not passes(item):  # an item's place is spelled out only for a message
+                check(item, f"{where}[{i}]")
         return
     if len(value) != len(args):
         raise SchemaError(f"{where}: expected {len(args)} items, got {len(value)}")
-    for i, (element, hint) in enumerate(zip(value, args)):
-        check_value(element, hint, f"{where}[{i}]")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and -LIMIT < value < LIMIT
-
-
-def _is_float(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and abs(value) < LIMIT
-
-
-def _scalar_check(hint) -> _Check:
-    if hint in (type(None), bool, str):
-        test = lambda value: isinstance(value, hint)  # noqa: E731
-    elif hint is int:
-        test = _is_int
-    elif hint is float:
-        test = _is_float
-    else:
-        def cannot(value, where: str) -> None:
-            raise SchemaError(f"{where}: a field of type {hint!r} cannot be checked")
-        return _Check(cannot)
-
-    def check(value, where: str) -> None:
-        if not test(value):
-            raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {_kind(value)}")
-    return _Check(check, test)
+    for i, (item, hint) in enumerate(zip(value, args)):
+        check_value(item, hint, f"{where}[{i}]")
 
 
 EXTRA_KINDS = ("correction", "bonus", "target")
@@ -203,10 +169,10 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
     check_fields(lab, {}, "lab")  # an object
     _check_lab_settings(lab.get("settings"))
     rules = lab.get("rules")
-    _check_list(rules, "lab.rules")
+    check_value(rules, tuple[object, ...], "lab.rules")
     for i, rule in enumerate(rules):
         check_fields(rule, LAB_RULE, f"lab.rules[{i}]")
-    _check_list(lab.get("rows"), "lab.rows")
+    check_value(lab.get("rows"), tuple[object, ...], "lab.rows")
     for i, row in enumerate(lab["rows"]):
         check_fields(row, LAB_ROW, f"lab.rows[{i}]")
         if len(row["cells"]) != len(rules):
@@ -215,7 +181,7 @@ def check_lab(lab, reasons: typing.Collection[str]) -> None:
             check_fields(cell, LAB_CELL, f"lab.rows[{i}].cells[{j}]")
             if cell["reason"] not in reasons:
                 raise SchemaError(f"lab.rows[{i}].cells[{j}].reason: unknown reason {cell['reason']!r}")
-    _check_list(lab.get("summary"), "lab.summary")
+    check_value(lab.get("summary"), tuple[object, ...], "lab.summary")
     names = {rule["name"] for rule in rules}
     for i, part in enumerate(lab["summary"]):
         check_fields(part, LAB_SUMMARY, f"lab.summary[{i}]")
@@ -229,11 +195,6 @@ def _check_lab_settings(settings) -> None:
 
     knobs = {name: knob.kind | None if knob.auto else knob.kind for name, knob in KNOBS.items() if name != "p"}
     check_fields(settings, {"p": float, **knobs}, "lab.settings", optional=knobs)
-
-
-def _check_list(value, where: str) -> None:
-    if not isinstance(value, list):
-        raise SchemaError(f"{where}: expected a list, got {_kind(value)}")
 
 
 def _kind(value) -> str:
