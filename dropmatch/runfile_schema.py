@@ -34,7 +34,7 @@ def _declared(cls) -> tuple[dict, tuple[str, ...]]:
     """({field: type hint}, the fields with a default) of a dataclass, read once (hints are evaluated text)."""
     fields, hints = dataclasses.fields(cls), typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields}, tuple(
-        f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2)
+        f.name for f in fields if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
 
 
 def check_fields(data, schema: dict, where: str, optional=(), closed: bool = False) -> None:
@@ -74,8 +74,8 @@ def _checker(hint) -> tuple:
     if dataclasses.is_dataclass(hint):
         return (lambda value, where: check_dataclass(value, hint, where)), (lambda value: False)
     if origin in (typing.Union, types.UnionType):
-        return (lambda value, where: _check_union(value, args, where)), \
-            (lambda value: any(_checker(option)[1](value) for option in args))
+        tests = [_checker(option)[1] for option in args]  # each option's quick test, looked up once
+        return (lambda value, where: _check_union(value, args, where)), (lambda value: any(t(value) for t in tests))
     if origin is tuple:
         return (lambda value, where: _check_tuple(value, args, where)), (lambda value: False)
     test = SCALARS.get(dict if origin is dict else hint)
